@@ -1,0 +1,25 @@
+# scratchflow: tar the data -> stage it to node-local scratch -> train -> predict -> sync back ->
+# clean up, for every point of a hyperparameter grid; then compare the runs.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/train.smk"
+include: "rules/predict.smk"
+include: "rules/aggregate.smk"
+
+
+rule all:
+    input:
+        final_outputs,
+    default_target: True
+
+
+onsuccess:
+    print(describe_results())

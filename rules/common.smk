@@ -1,0 +1,92 @@
+# Config validation, the run table, and the named input functions the rules use.
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+from scratchflow.config import check_paths
+from scratchflow.dataset import fingerprint, resolve_location
+from scratchflow.grid import build_run_table, run_identity
+from scratchflow.models import is_local_source
+
+
+validate(config, "../config/schemas/config.schema.yaml")
+check_paths(config)
+
+DATASET = config["dataset"]
+MODEL = config["model"]
+# run_id -> that run's training parameters; run_id is the only wildcard of train and predict.
+RUNS = build_run_table(config)
+
+
+wildcard_constraints:
+    run_id="[0-9a-f]{10}",
+    dataset=DATASET["name"],
+    model=MODEL["name"],
+
+
+def dataset_location(wildcards):
+    return resolve_location(DATASET["path"])
+
+
+def dataset_fingerprint(wildcards):
+    """Changes when any file of the dataset does, so that the archive is rebuilt (params trigger)."""
+    return fingerprint(resolve_location(DATASET["path"]))
+
+
+def model_source_location(wildcards):
+    """A local model source, watched like an input; a hub model has nothing here to watch."""
+    if is_local_source(MODEL["source"]):
+        return resolve_location(MODEL["source"])
+    return []
+
+
+def model_source_fingerprint(wildcards):
+    if is_local_source(MODEL["source"]):
+        return fingerprint(resolve_location(MODEL["source"]))
+    return None
+
+
+def dataset_archive(wildcards):
+    return {
+        "archive": f"archives/{DATASET['name']}.tar",
+        "manifest": f"archives/{DATASET['name']}.manifest.json",
+    }
+
+
+def model_cache(wildcards):
+    return f"models/{MODEL['name']}"
+
+
+def run_identity_of(wildcards):
+    """What determines the run's result (dataset settings, model, training parameters)."""
+    return run_identity(RUNS[wildcards.run_id], DATASET, MODEL["name"])
+
+
+def checkpoint_folder(wildcards):
+    return f"checkpoints/{wildcards.run_id}"
+
+
+def trained_model(wildcards):
+    return f"results/runs/{wildcards.run_id}/model"
+
+
+def run_results(wildcards):
+    """The params and test metrics of every run of the grid, for the comparison."""
+    return {
+        "params": expand("results/runs/{run_id}/params.json", run_id=RUNS),
+        "metrics": expand("results/runs/{run_id}/metrics.json", run_id=RUNS),
+    }
+
+
+def final_outputs(wildcards):
+    return ["results/summary.tsv", "results/best_run.json", "results/comparison.png"]
+
+
+def describe_results():
+    """Where the comparison is, printed when the workflow succeeds."""
+    found = [Path(path).resolve() for path in final_outputs(None) if Path(path).exists()]
+    if not found:
+        return "scratchflow: done."
+    return "scratchflow: done. The comparison of the runs:\n" + "\n".join(f"  {path}" for path in found)

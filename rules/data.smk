@@ -1,0 +1,43 @@
+# Data and model onto shared storage, once: the archive every job stages, the model cache every job loads.
+
+
+rule archive_dataset:
+    input:
+        dataset_location,
+    output:
+        archive="archives/{dataset}.tar",
+        manifest="archives/{dataset}.manifest.json",
+    params:
+        dataset=DATASET,
+        fingerprint=dataset_fingerprint,
+    log:
+        "logs/archive_dataset/{dataset}.log",
+    benchmark:
+        "results/benchmarks/archive_dataset/{dataset}.tsv"
+    conda:
+        "../envs/scratchflow.yaml"
+    script:
+        "../scripts/archive_dataset.py"
+
+
+# The only step that may download: it runs where the internet is (the login node).
+localrules:
+    prefetch_model,
+
+
+rule prefetch_model:
+    input:
+        model_source_location,
+    output:
+        directory("models/{model}"),
+    params:
+        source=MODEL["source"],
+        fingerprint=model_source_fingerprint,
+    log:
+        "logs/prefetch_model/{model}.log",
+    benchmark:
+        "results/benchmarks/prefetch_model/{model}.tsv"
+    conda:
+        "../envs/scratchflow.yaml"
+    script:
+        "../scripts/prefetch_model.py"

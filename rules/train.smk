@@ -1,0 +1,23 @@
+# One fine-tune per grid point: stage in, train (resuming from shared checkpoints), sync back, clean up.
+
+
+rule train:
+    input:
+        unpack(dataset_archive),
+        base_model=model_cache,
+    output:
+        model=directory("results/runs/{run_id}/model"),
+        params="results/runs/{run_id}/params.json",
+        record="results/runs/{run_id}/record.json",
+    params:
+        identity=run_identity_of,
+        checkpoints=checkpoint_folder,
+    threads: 4
+    log:
+        "logs/train/{run_id}.log",
+    benchmark:
+        "results/benchmarks/train/{run_id}.tsv"
+    conda:
+        "../envs/scratchflow.yaml"
+    script:
+        "../scripts/train.py"

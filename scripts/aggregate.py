@@ -1,0 +1,18 @@
+# Entry point of rule aggregate; the work is scratchflow.jobs.aggregate_job.
+from pathlib import Path
+
+from scratchflow.jobs import aggregate_job, job_context
+
+with job_context(snakemake.log[0]):
+    aggregate_job(
+        runs={
+            run_id: {"params": Path(params), "metrics": Path(metrics)}
+            for run_id, params, metrics in zip(
+                snakemake.params.run_ids, snakemake.input.params, snakemake.input.metrics
+            )
+        },
+        metric=snakemake.params.metric,
+        summary_out=Path(snakemake.output.summary),
+        best_out=Path(snakemake.output.best),
+        plot_out=Path(snakemake.output.plot),
+    )

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the workflow on this machine with the local profile; extra arguments go to Snakemake.
+#
+# A run killed outright (SIGKILL, a power cut) leaves Snakemake's directory lock behind, and the
+# next run would refuse to start. This script holds an exclusive flock for as long as its run lives,
+# and the kernel drops that flock however the run dies, so acquiring it proves that no other run of
+# this script is active here: only then is a leftover lock lifted, and the run resumes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+snakemake=.venv/bin/snakemake
+mkdir -p .snakemake
+exec 9>.snakemake/run_local.flock
+if ! flock --nonblock 9; then
+    echo "scratchflow: another run is active in $(pwd); wait for it to finish." >&2
+    exit 75
+fi
+if compgen -G ".snakemake/locks/*" >/dev/null; then
+    echo "scratchflow: lifting the lock left by an interrupted run; it resumes now." >&2
+    "$snakemake" --unlock --quiet all
+fi
+exec "$snakemake" --profile profiles/local "$@"

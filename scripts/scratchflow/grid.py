@@ -1,0 +1,67 @@
+"""The run table: a hyperparameter grid expanded into runs with stable ids."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from typing import Any
+
+RUN_ID_LENGTH = 10
+
+# Dataset settings that change what a run trains and is tested on. The dataset's path is left out on
+# purpose: moving the data must not rename every run.
+DATASET_IDENTITY_KEYS = (
+    "name",
+    "format",
+    "text_column",
+    "label_column",
+    "test_fraction",
+    "validation_fraction",
+    "split_seed",
+)
+
+
+def run_identity(params: dict[str, Any], dataset: dict[str, Any], model_name: str) -> dict[str, Any]:
+    """Everything that determines a run's result, in the form that is hashed into its id."""
+    return {
+        "dataset": {key: dataset[key] for key in DATASET_IDENTITY_KEYS},
+        "model": model_name,
+        "training": dict(sorted(params.items())),
+    }
+
+
+def _same_number_same_text(value: Any) -> Any:
+    """2 and 2.0 (or 0 and 0.0) are the same setting, so they must hash the same."""
+    if isinstance(value, dict):
+        return {key: _same_number_same_text(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_same_number_same_text(item) for item in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def run_id_for(identity: dict[str, Any]) -> str:
+    """A short id that depends only on the run's identity, never on its position in the grid."""
+    canonical = json.dumps(_same_number_same_text(identity), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:RUN_ID_LENGTH]
+
+
+def expand_grid(defaults: dict[str, Any], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The cartesian product of the grid's lists, each point completed with the defaults.
+
+    A key in the grid overrides the default of the same name, so moving a value from the defaults
+    into the grid (or back) leaves the run, and so its id, unchanged.
+    """
+    keys = sorted(grid)
+    return [{**defaults, **dict(zip(keys, values))} for values in itertools.product(*(grid[key] for key in keys))]
+
+
+def build_run_table(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """run_id -> that run's complete training parameters, for a validated config."""
+    runs: dict[str, dict[str, Any]] = {}
+    for params in expand_grid(config["training"], config["grid"]):
+        identity = run_identity(params, config["dataset"], config["model"]["name"])
+        runs[run_id_for(identity)] = params
+    return runs

@@ -1,0 +1,193 @@
+"""One function per workflow job: the lifecycle stage -> work -> sync back -> clean up.
+
+Each takes plain values (the rule's entry script unpacks the `snakemake` object into them), so tests
+run a whole job without Snakemake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from scratchflow import aggregation, checkpoints
+from scratchflow.dataset import Example, label_names, load_examples, resolve_location, split_examples
+from scratchflow.models import prefetch, switch_hub_off
+from scratchflow.record import PhaseTimer, environment_record, output_to_log, stop_cleanly_on_sigterm
+from scratchflow.staging import (
+    archive_dataset,
+    read_json,
+    scratch_directory,
+    stage_in,
+    sync_back,
+    write_json_atomically,
+)
+
+log = logging.getLogger("scratchflow")
+
+
+@contextlib.contextmanager
+def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
+    """What every job needs: its output in the rule's log, SIGTERM that still cleans up, a fixed
+    number of CPU threads, and a failure message in the log, not only in Snakemake's output."""
+    stop_cleanly_on_sigterm()
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = str(threads)
+    with output_to_log(log_path):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+        try:
+            yield
+        except BaseException as error:
+            log.error("job failed: %s: %s", type(error).__name__, error)
+            raise
+
+
+def archive_job(*, dataset: dict[str, Any], archive: Path, manifest: Path) -> None:
+    record = archive_dataset(resolve_location(dataset["path"]), archive, manifest, dataset)
+    log.info("archived %(files)d files (%(bytes)d bytes) into one tar, sha256 %(sha256)s", record)
+
+
+def prefetch_job(*, source: str, destination: Path) -> None:
+    prefetch(source, destination)
+    log.info("model %s cached in %s for offline loading", source, destination)
+
+
+def _staged_splits(archive: Path, manifest: Path, scratch: Path, dataset: dict[str, Any]) -> dict[str, Any]:
+    """Stage the dataset archive into scratch and split it as every job of this dataset does."""
+    data_root = stage_in(archive, manifest, scratch)
+    examples = load_examples(data_root, dataset["format"], dataset["text_column"], dataset["label_column"])
+    return {
+        "labels": label_names(examples),
+        "splits": split_examples(
+            examples, dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"]
+        ),
+    }
+
+
+def train_job(
+    *,
+    run_id: str,
+    identity: dict[str, Any],
+    archive: Path,
+    manifest: Path,
+    base_model: Path,
+    scratch_root: str | None,
+    checkpoint_folder: Path,
+    checkpointing: dict[str, Any],
+    threads: int,
+    workflow_dir: Path,
+    model_out: Path,
+    params_out: Path,
+    record_out: Path,
+) -> None:
+    """Stage the data in, fine-tune (resuming from shared checkpoints), sync the model back, clean up.
+
+    `record_out` is written last: its presence means the other outputs are complete.
+    """
+    import torch
+
+    from scratchflow.training import fine_tune
+
+    torch.set_num_threads(threads)
+    switch_hub_off()
+    timer = PhaseTimer()
+    params = identity["training"]
+    with scratch_directory(scratch_root, f"train-{run_id}", timer) as scratch:
+        log.info("run %s: scratch %s", run_id, scratch)
+        with timer.phase("stage"):
+            data = _staged_splits(archive, manifest, scratch, identity["dataset"])
+        with timer.phase("train"):
+            trained, metrics = fine_tune(
+                splits=data["splits"],
+                labels=data["labels"],
+                model_dir=base_model,
+                params=params,
+                work_dir=scratch,
+                shared_checkpoints=checkpoint_folder,
+                checkpoint_owner={"run_id": run_id, **identity, "data_sha256": read_json(manifest)["sha256"]},
+                save_every_steps=checkpointing["every_steps"],
+                keep_checkpoints=checkpointing["keep"],
+            )
+        with timer.phase("sync"):
+            sync_back(trained, model_out)
+            write_json_atomically(params, params_out)
+    write_json_atomically(
+        {
+            "run_id": run_id,
+            "run": identity,
+            "data": read_json(manifest),
+            "training": metrics,
+            "seed": params["seed"],
+            "threads": threads,
+            "timings_seconds": timer.seconds,
+            "environment": environment_record(workflow_dir),
+        },
+        record_out,
+    )
+    if not checkpointing["keep_after_training"]:
+        checkpoints.release(checkpoint_folder)
+    log.info("run %s trained; phases (s): %s", run_id, timer.seconds)
+
+
+def predict_job(
+    *,
+    run_id: str,
+    identity: dict[str, Any],
+    archive: Path,
+    manifest: Path,
+    model: Path,
+    scratch_root: str | None,
+    threads: int,
+    workflow_dir: Path,
+    predictions_out: Path,
+    metrics_out: Path,
+    record_out: Path,
+) -> None:
+    """Stage the test split and the trained model in, predict, sync predictions and metrics back."""
+    import torch
+
+    from scratchflow.prediction import classification_metrics, predict
+
+    torch.set_num_threads(threads)
+    switch_hub_off()
+    timer = PhaseTimer()
+    params = identity["training"]
+    with scratch_directory(scratch_root, f"predict-{run_id}", timer) as scratch:
+        with timer.phase("stage"):
+            data = _staged_splits(archive, manifest, scratch, identity["dataset"])
+            local_model = scratch / "model"
+            sync_back(model, local_model)
+        with timer.phase("predict"):
+            test: list[Example] = data["splits"]["test"]
+            table = predict(local_model, test, params["max_length"], params["batch_size"] * 2)
+            metrics = classification_metrics(list(table["label"]), list(table["predicted"]), data["labels"])
+            table.to_csv(scratch / predictions_out.name, index=False)
+        with timer.phase("sync"):
+            sync_back(scratch / predictions_out.name, predictions_out)
+            write_json_atomically(metrics, metrics_out)
+    write_json_atomically(
+        {"run_id": run_id, "timings_seconds": timer.seconds, "environment": environment_record(workflow_dir)},
+        record_out,
+    )
+    log.info("run %s: test accuracy %.4f, macro-F1 %.4f", run_id, metrics["accuracy"], metrics["macro_f1"])
+
+
+def aggregate_job(
+    *,
+    runs: dict[str, dict[str, Path]],
+    metric: str,
+    summary_out: Path,
+    best_out: Path,
+    plot_out: Path,
+) -> None:
+    summary = aggregation.summarize(runs)
+    best = aggregation.best_run(summary, metric)
+    partial = summary_out.with_name(f".{summary_out.name}.partial")
+    summary.sort_values(metric, ascending=False).to_csv(partial, sep="\t", index=False)
+    os.replace(partial, summary_out)
+    write_json_atomically(best, best_out)
+    aggregation.plot_comparison(summary, metric, plot_out)
+    log.info("best of %d runs by %s: %s (%.4f)", len(summary), metric, best["run_id"], best["value"])

@@ -1,0 +1,55 @@
+"""The model cache: every model the compute jobs load, resolved on shared storage beforehand.
+
+Compute nodes of some clusters (the Alliance's) have no internet, so jobs load models only from this
+cache, with the hub switched off. Resolving a model (the one step that may download) runs on the
+login node, as a local rule.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from scratchflow.dataset import PACKAGE_PREFIX, resolve_location
+from scratchflow.staging import sync_back
+
+LOCAL_PATH_STARTS = ("/", "./", "../", "~")
+
+
+class ModelSourceError(ValueError):
+    """The configured model source cannot be resolved."""
+
+
+def is_local_source(source: str) -> bool:
+    """A path or packaged model (must exist here), as opposed to a hub name like 'org/model'."""
+    return source.startswith((PACKAGE_PREFIX, *LOCAL_PATH_STARTS)) or Path(source).exists()
+
+
+def switch_hub_off() -> None:
+    """No download from here on: a job that would need one fails at once instead of hanging."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def prefetch(source: str, destination: Path) -> None:
+    """Resolve `source` (a local path, 'package:NAME/path', or a hub name) into `destination`, a
+    directory that loads with `local_files_only=True`. The directory appears whole or not at all."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if is_local_source(source):
+        location = resolve_location(source)
+        if not (location / "config.json").is_file():
+            raise ModelSourceError(f"model source {source!r} -> {location}: no config.json there")
+        sync_back(location, destination)
+    else:
+        from huggingface_hub import snapshot_download
+
+        with tempfile.TemporaryDirectory(dir=destination.parent) as download:
+            snapshot_download(repo_id=source, local_dir=download)
+            sync_back(Path(download), destination)
+    switch_hub_off()
+    # Prove now, on the login node, that the cache is complete for offline loading.
+    AutoConfig.from_pretrained(destination, local_files_only=True)
+    AutoTokenizer.from_pretrained(destination, local_files_only=True)

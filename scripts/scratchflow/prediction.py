@@ -1,0 +1,76 @@
+"""Predicting with a trained classifier, and the metrics that compare runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from scratchflow.dataset import Example
+
+
+def predict(model_dir: Path, examples: list[Example], max_length: int, batch_size: int) -> pd.DataFrame:
+    """One row per example: id, true label, predicted label, and the model's confidence in it."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True).to(device).eval()
+    predicted: list[int] = []
+    confidence: list[float] = []
+    with torch.inference_mode():
+        for start in range(0, len(examples), batch_size):
+            batch = examples[start : start + batch_size]
+            inputs = tokenizer(
+                [example.text for example in batch],
+                truncation=True,
+                max_length=max_length,
+                padding=True,
+                return_tensors="pt",
+            ).to(device)
+            probabilities = model(**inputs).logits.softmax(dim=-1)
+            best = probabilities.max(dim=-1)
+            predicted += best.indices.tolist()
+            confidence += best.values.tolist()
+    names = model.config.id2label
+    return pd.DataFrame(
+        {
+            "id": [example.id for example in examples],
+            "label": [example.label for example in examples],
+            "predicted": [names[index] for index in predicted],
+            "confidence": np.round(confidence, 6),
+        }
+    )
+
+
+def classification_metrics(truth: list[str], predicted: list[str], labels: list[str]) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix (rows: truth)."""
+    index = {label: position for position, label in enumerate(labels)}
+    confusion = np.zeros((len(labels), len(labels)), dtype=int)
+    for true_label, predicted_label in zip(truth, predicted):
+        confusion[index[true_label], index[predicted_label]] += 1
+    hits = np.diag(confusion)
+    support = confusion.sum(axis=1)
+    claimed = confusion.sum(axis=0)
+    precision = np.divide(hits, claimed, out=np.zeros(len(labels)), where=claimed > 0)
+    recall = np.divide(hits, support, out=np.zeros(len(labels)), where=support > 0)
+    both = precision + recall
+    f1 = np.divide(2 * precision * recall, both, out=np.zeros(len(labels)), where=both > 0)
+    return {
+        "accuracy": float(hits.sum() / max(confusion.sum(), 1)),
+        "macro_f1": float(f1.mean()),
+        "examples": int(confusion.sum()),
+        "per_class": {
+            label: {
+                "precision": float(precision[i]),
+                "recall": float(recall[i]),
+                "f1": float(f1[i]),
+                "support": int(support[i]),
+            }
+            for i, label in enumerate(labels)
+        },
+        "confusion_matrix": {"labels": labels, "rows_true_columns_predicted": confusion.tolist()},
+    }

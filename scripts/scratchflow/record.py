@@ -1,0 +1,103 @@
+"""What a run records about itself so that it can be reproduced and its overhead seen."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+RECORDED_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "pandas", "numpy", "snakemake")
+
+
+class PhaseTimer:
+    """Wall-clock seconds per lifecycle phase (stage, train, sync, cleanup, ...)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
+
+
+def git_state(directory: Path) -> dict[str, Any]:
+    """The commit the workflow ran from, and whether its tracked files had uncommitted changes."""
+
+    def git(*args: str) -> str | None:
+        try:
+            result = subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def package_versions(names: tuple[str, ...] = RECORDED_PACKAGES) -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def environment_record(workflow_dir: Path) -> dict[str, Any]:
+    """Where and with what a job ran."""
+    return {
+        "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": package_versions(),
+        "git": git_state(workflow_dir),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def stop_cleanly_on_sigterm() -> None:
+    """Make SIGTERM (Snakemake or Slurm cancelling a job) unwind the stack like an exception, so that
+    `finally` blocks remove scratch directories. SIGKILL cannot be caught; see remove_leftovers."""
+
+    def raise_system_exit(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, raise_system_exit)
+
+
+@contextlib.contextmanager
+def output_to_log(log_path: str | os.PathLike[str]) -> Iterator[None]:
+    """Send everything the job prints, C libraries included, to the rule's log file."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log_path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])

