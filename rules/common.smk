@@ -2,16 +2,20 @@
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
-from scratchflow.config import check_paths
+from scratchflow.config import ConfigError, check_paths, explain_schema_error
 from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
 
 
-validate(config, "../config/schemas/config.schema.yaml")
+try:
+    validate(config, "../config/schemas/config.schema.yaml")
+except WorkflowError as error:
+    raise ConfigError(explain_schema_error(error) or str(error)) from None
 check_paths(config)
 
 DATASET = config["dataset"]

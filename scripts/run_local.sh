@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Runs the workflow on this machine with the local profile; extra arguments go to Snakemake.
+# Runs scratchflow on this machine (local profile) in the current directory, which holds
+# config/config.yaml and receives archives/, models/, checkpoints/, results/ and logs/.
+# Extra arguments go to Snakemake.
 #
 # A run killed outright (SIGKILL, a power cut) leaves Snakemake's directory lock behind, and the
 # next run would refuse to start. This script holds an exclusive flock for as long as its run lives,
 # and the kernel drops that flock however the run dies, so acquiring it proves that no other run of
 # this script is active here: only then is a leftover lock lifted, and the run resumes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-snakemake=.venv/bin/snakemake
+repo=$(cd "$(dirname "$0")/.." && pwd)
+snakemake=snakemake
+[ -x "$repo/.venv/bin/snakemake" ] && snakemake="$repo/.venv/bin/snakemake"
+workflow=(--snakefile "$repo/Snakefile" --profile "$repo/profiles/local")
+
 mkdir -p .snakemake
 exec 9>.snakemake/run_local.flock
 if ! flock --nonblock 9; then
@@ -16,6 +21,6 @@ if ! flock --nonblock 9; then
 fi
 if compgen -G ".snakemake/locks/*" >/dev/null; then
     echo "scratchflow: lifting the lock left by an interrupted run; it resumes now." >&2
-    "$snakemake" --unlock --quiet all
+    "$snakemake" "${workflow[@]}" --unlock --quiet all
 fi
-exec "$snakemake" --profile profiles/local "$@"
+exec "$snakemake" "${workflow[@]}" "$@"

@@ -36,6 +36,7 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
     stop_cleanly_on_sigterm()
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(threads)
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # progress bars make unreadable log files
     with output_to_log(log_path):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
         try:

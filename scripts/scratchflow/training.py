@@ -104,7 +104,7 @@ def fine_tune(
         bf16=params["bf16"],
         tf32=params["tf32"] and on_gpu and is_torch_tf32_available(),
         use_cpu=not on_gpu,
-        eval_strategy="epoch",
+        eval_strategy="epoch" if splits["validation"] else "no",
         save_strategy="steps",
         save_steps=save_every_steps,
         save_total_limit=keep_checkpoints,
@@ -131,8 +131,10 @@ def fine_tune(
         "train_examples": len(splits["train"]),
         "validation_examples": len(splits["validation"]),
     }
-    if splits["validation"]:
-        metrics.update(trainer.evaluate())
+    evaluations = [entry for entry in trainer.state.log_history if "eval_accuracy" in entry]
+    if evaluations:
+        metrics["validation_accuracy"] = evaluations[-1]["eval_accuracy"]
+        metrics["validation_loss"] = evaluations[-1]["eval_loss"]
     trained = work_dir / "model"
     trainer.save_model(str(trained))
     return trained, metrics

@@ -1,0 +1,172 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scratchflow.staging import (
+    HOST,
+    StagingError,
+    archive_dataset,
+    read_json,
+    remove_leftovers,
+    resolve_scratch_root,
+    scratch_directory,
+    sha256_of,
+    stage_in,
+    sync_back,
+)
+
+DATASET = {"name": "toy", "format": "folder"}
+
+
+@pytest.fixture
+def raw(tmp_path) -> Path:
+    root = tmp_path / "raw" / "toy"
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(20):
+            (root / label / f"{i}.txt").write_text(f"{label} example {i}\n" * (i + 1))
+    return root
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def a_dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_archive_is_one_reproducible_tar_with_its_manifest(raw, tmp_path):
+    first = archive_dataset(raw, tmp_path / "1.tar", tmp_path / "1.json", DATASET)
+    second = archive_dataset(raw, tmp_path / "2.tar", tmp_path / "2.json", DATASET)
+    assert first["sha256"] == second["sha256"] == sha256_of(tmp_path / "1.tar")
+    assert first["files"] == 40
+    assert first["bytes"] == sum(len(content) for content in tree(raw).values())
+    assert read_json(tmp_path / "1.json") == first
+    listing = subprocess.run(["tar", "-tf", tmp_path / "1.tar"], capture_output=True, text=True, check=True).stdout
+    assert "toy/a/0.txt" in listing.split()
+
+
+def test_stage_in_verifies_and_extracts_the_same_files(raw, tmp_path):
+    archive_dataset(raw, tmp_path / "toy.tar", tmp_path / "toy.json", DATASET)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    staged = stage_in(tmp_path / "toy.tar", tmp_path / "toy.json", scratch)
+    assert tree(staged) == tree(raw)
+    assert not (scratch / "toy.tar").exists(), "the copied archive is removed once extracted"
+
+
+def test_a_corrupted_archive_stops_before_extraction(raw, tmp_path):
+    archive_dataset(raw, tmp_path / "toy.tar", tmp_path / "toy.json", DATASET)
+    with open(tmp_path / "toy.tar", "r+b") as archive:
+        archive.seek(2000)
+        archive.write(b"corrupt")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(StagingError, match="checksum mismatch"):
+        stage_in(tmp_path / "toy.tar", tmp_path / "toy.json", scratch)
+    assert not (scratch / "data").exists()
+
+
+def test_sync_back_replaces_the_destination_whole(tmp_path):
+    source = tmp_path / "scratch" / "model"
+    source.mkdir(parents=True)
+    (source / "weights").write_text("new")
+    destination = tmp_path / "shared" / "model"
+    destination.mkdir(parents=True)
+    (destination / "stale").write_text("old")
+    sync_back(source, destination)
+    assert tree(destination) == {"weights": b"new"}
+    assert os.listdir(destination.parent) == ["model"], "no partial or superseded copy is left"
+
+
+def test_a_failed_sync_leaves_no_result(tmp_path):
+    destination = tmp_path / "shared" / "model"
+    with pytest.raises(StagingError, match="rsync failed"):
+        sync_back(tmp_path / "does-not-exist", destination)
+    assert not destination.exists()
+
+
+def test_a_sync_killed_midway_never_looks_finished(tmp_path):
+    """SIGKILL a process in the middle of sync_back: the destination is absent, and the partial
+    copy it left is removed by the next sync of the same destination."""
+    source = tmp_path / "big"
+    source.mkdir()
+    for i in range(200):
+        (source / f"{i}.bin").write_bytes(os.urandom(256 * 1024))
+    destination = tmp_path / "shared" / "big"
+    code = f"from pathlib import Path; from scratchflow.staging import sync_back; sync_back(Path({str(source)!r}), Path({str(destination)!r}))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "scripts")}
+    syncing = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not list(destination.parent.glob(".big.partial*")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(syncing.pid, signal.SIGKILL)
+    syncing.wait()
+    assert list(destination.parent.glob(".big.partial*")), "the kill should have hit mid-copy"
+    assert not destination.exists()
+    sync_back(source, destination)
+    assert sorted(os.listdir(destination.parent)) == ["big"]
+    assert len(os.listdir(destination)) == 200
+
+
+def test_scratch_is_removed_when_the_job_fails(tmp_path):
+    with pytest.raises(RuntimeError), scratch_directory(str(tmp_path), "train-abc") as scratch:
+        (scratch / "data").write_text("x")
+        raise RuntimeError("training failed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_scratch_is_removed_when_the_job_is_terminated(tmp_path):
+    """Snakemake and Slurm cancel jobs with SIGTERM: the job's `finally` must still run."""
+    code = (
+        "import time\n"
+        "from scratchflow.record import stop_cleanly_on_sigterm\n"
+        "from scratchflow.staging import scratch_directory\n"
+        "stop_cleanly_on_sigterm()\n"
+        f"with scratch_directory({str(tmp_path)!r}, 'train-abc') as scratch:\n"
+        "    (scratch / 'ready').write_text('')\n"
+        "    time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "scripts")}
+    job = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("*/ready")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=30) == 128 + signal.SIGTERM
+    assert os.listdir(tmp_path) == []
+
+
+def test_scratch_left_by_a_killed_job_is_removed_by_its_retry(tmp_path):
+    leftover = tmp_path / f"scratchflow-train-abc@{HOST}@{a_dead_pid()}@x1"
+    leftover.mkdir()
+    living = tmp_path / f"scratchflow-train-abc@{HOST}@{os.getpid()}@x2"
+    living.mkdir()
+    other_run = tmp_path / f"scratchflow-train-def@{HOST}@{a_dead_pid()}@x3"
+    other_run.mkdir()
+    with scratch_directory(str(tmp_path), "train-abc"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([living.name, other_run.name])
+
+
+def test_leftovers_of_other_hosts_are_not_touched(tmp_path):
+    elsewhere = tmp_path / f"scratchflow-train-abc@another-node@{a_dead_pid()}@x"
+    elsewhere.mkdir()
+    assert remove_leftovers(tmp_path) == []
+    assert elsewhere.exists()
+
+
+def test_scratch_root_expands_job_variables(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path))
+    assert resolve_scratch_root("$SLURM_TMPDIR") == tmp_path
+    monkeypatch.delenv("SLURM_TMPDIR")
+    with pytest.raises(StagingError, match="SLURM_TMPDIR"):
+        resolve_scratch_root("$SLURM_TMPDIR/x")

@@ -1,0 +1,167 @@
+"""The whole lifecycle through Snakemake, on real data with a tiny real transformer."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import run_workflow, snakemake_command, workflow_config, workflow_env, write_config
+from scratchflow.checkpoints import newest_complete_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def jobs_run(stdout: str) -> dict[str, int]:
+    """Snakemake's 'Job stats' table: rule -> number of jobs it ran."""
+    table = stdout.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
+
+
+def run_dirs(workdir: Path) -> list[Path]:
+    return sorted((workdir / "results" / "runs").iterdir())
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, bbc_subset, tiny_model):
+    workdir = tmp_path_factory.mktemp("workflow")
+    scratch = workdir / "scratch"
+    write_config(workdir, workflow_config(bbc_subset, tiny_model, scratch))
+    result = run_workflow(workdir)
+    return workdir, scratch, result
+
+
+def test_a_grid_runs_through_the_whole_lifecycle(finished):
+    workdir, scratch, result = finished
+    summary = pd.read_csv(workdir / "results" / "summary.tsv", sep="\t")
+    assert sorted(summary["learning_rate"]) == [1.0e-3, 2.0e-3]
+    assert set(summary["run_id"]) == {path.name for path in run_dirs(workdir)}
+    best = json.loads((workdir / "results" / "best_run.json").read_text())
+    assert best["run_id"] == summary.loc[summary["macro_f1"].idxmax(), "run_id"]
+    assert (workdir / "results" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    assert str(workdir / "results" / "summary.tsv") in result.stdout + result.stderr
+    # The tiny model learns the topics far above chance (0.2) from 210 articles.
+    assert summary["accuracy"].max() > 0.5
+
+
+def test_each_run_records_what_reproduces_it(finished):
+    workdir, _, _ = finished
+    for run in run_dirs(workdir):
+        record = json.loads((run / "record.json").read_text())
+        assert record["run_id"] == run.name
+        assert record["run"]["training"] == json.loads((run / "params.json").read_text())
+        assert set(record["timings_seconds"]) == {"stage", "train", "sync", "cleanup"}
+        assert record["data"]["files"] == 300
+        assert record["environment"]["packages"]["torch"].startswith("2.13.0")
+        assert "commit" in record["environment"]["git"]
+        predictions = pd.read_csv(run / "predictions.csv")
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert len(predictions) == metrics["examples"] == 60
+        assert metrics["accuracy"] == pytest.approx((predictions["label"] == predictions["predicted"]).mean())
+        assert (run / "model" / "config.json").is_file()
+
+
+def test_scratch_and_checkpoints_are_gone_after_success(finished):
+    workdir, scratch, _ = finished
+    assert list(scratch.iterdir()) == []
+    assert list((workdir / "checkpoints").iterdir()) == []
+
+
+def test_a_second_run_has_nothing_to_do(finished):
+    workdir, _, _ = finished
+    result = run_workflow(workdir)
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_predict_reruns_without_retraining(finished):
+    workdir, _, _ = finished
+    trained = {run.name: (run / "record.json").stat().st_mtime_ns for run in run_dirs(workdir)}
+    result = run_workflow(workdir, "--forcerun", "predict")
+    assert jobs_run(result.stdout + result.stderr) == {"predict": 2, "aggregate": 1, "all": 1}
+    assert {run.name: (run / "record.json").stat().st_mtime_ns for run in run_dirs(workdir)} == trained
+
+
+def test_a_new_grid_value_runs_only_the_new_runs(finished, bbc_subset, tiny_model):
+    workdir, scratch, _ = finished
+    before = {run.name: (run / "record.json").stat().st_mtime_ns for run in run_dirs(workdir)}
+    config = workflow_config(bbc_subset, tiny_model, scratch)
+    config["grid"]["learning_rate"].append(5.0e-4)
+    write_config(workdir, config)
+    result = run_workflow(workdir)
+    assert jobs_run(result.stdout + result.stderr) == {"train": 1, "predict": 1, "aggregate": 1, "all": 1}
+    for run_id, mtime in before.items():
+        assert (workdir / "results" / "runs" / run_id / "record.json").stat().st_mtime_ns == mtime
+    assert len(pd.read_csv(workdir / "results" / "summary.tsv", sep="\t")) == 3
+
+
+def test_a_corrupted_archive_stops_the_run_before_training(tmp_path, bbc_subset, tiny_model):
+    scratch = tmp_path / "scratch"
+    write_config(tmp_path, workflow_config(bbc_subset, tiny_model, scratch))
+    run_workflow(tmp_path, "archives/bbc-subset.tar")
+    with open(tmp_path / "archives" / "bbc-subset.tar", "r+b") as archive:
+        archive.seek(4096)
+        archive.write(b"\0bitrot\0")
+    result = run_workflow(tmp_path, check=False)
+    assert result.returncode != 0
+    assert "checksum mismatch" in result.stdout + result.stderr
+    assert not list((tmp_path / "results").glob("runs/*/record.json"))
+    assert list(scratch.iterdir()) == []
+    for log in (tmp_path / "logs" / "train").iterdir():
+        assert "checksum mismatch" in log.read_text()
+        assert "epoch" not in log.read_text(), "training must not have started"
+
+
+def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path_factory, bbc_subset, tiny_model):
+    """SIGKILL snakemake and its jobs mid-training; the same command then resumes from the newest
+    checkpoint and ends with exactly the metrics of an uninterrupted run."""
+
+    def one_long_run(workdir: Path) -> Path:
+        scratch = workdir / "scratch"
+        config = workflow_config(bbc_subset, tiny_model, scratch, grid={"seed": [7]})
+        config["training"].update(epochs=40, max_length=128)
+        config["checkpointing"] = {"every_steps": 20, "keep": 2}
+        write_config(workdir, config)
+        return scratch
+
+    reference = tmp_path_factory.mktemp("uninterrupted")
+    one_long_run(reference)
+    run_workflow(reference)
+
+    workdir = tmp_path_factory.mktemp("killed")
+    scratch = one_long_run(workdir)
+    workflow = subprocess.Popen(
+        snakemake_command(),
+        cwd=workdir,
+        env=workflow_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and workflow.poll() is None:
+        found = list((workdir / "checkpoints").glob("*"))
+        if found and newest_complete_checkpoint(found[0]) is not None:
+            break
+        time.sleep(0.05)
+    os.killpg(workflow.pid, signal.SIGKILL)
+    workflow.wait()
+    (run_id,) = [path.name for path in (workdir / "checkpoints").iterdir()]
+    assert not (workdir / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
+    assert list(scratch.iterdir()), "the killed job's scratch is left behind, as SIGKILL allows"
+
+    run_workflow(workdir)  # the same command, again
+
+    record = json.loads((workdir / "results" / "runs" / run_id / "record.json").read_text())
+    assert record["training"]["resumed_from_step"] >= 20
+    assert "resuming from" in (workdir / "logs" / "train" / f"{run_id}.log").read_text()
+    assert list(scratch.iterdir()) == [], "the retry removed the killed job's scratch"
+    for name in ("metrics.json", "predictions.csv"):
+        resumed = (workdir / "results" / "runs" / run_id / name).read_text()
+        assert resumed == (reference / "results" / "runs" / run_id / name).read_text()
