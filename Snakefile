@@ -16,9 +16,9 @@ include: "rules/aggregate.smk"
 
 
 rule all:
+    default_target: True
     input:
         final_outputs,
-    default_target: True
 
 
 onsuccess:

@@ -12,14 +12,14 @@ rule aggregate:
         summary="results/summary.tsv",
         best="results/best_run.json",
         plot="results/comparison.png",
-    params:
-        run_ids=list(RUNS),
-        metric=config["aggregate"]["metric"],
     log:
         "logs/aggregate.log",
     benchmark:
         "results/benchmarks/aggregate.tsv"
     conda:
         "../envs/scratchflow.yaml"
+    params:
+        run_ids=list(RUNS),
+        metric=config["aggregate"]["metric"],
     script:
         "../scripts/aggregate.py"

@@ -11,7 +11,6 @@ from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
 
-
 try:
     validate(config, "../config/schemas/config.schema.yaml")
 except WorkflowError as error:
@@ -90,7 +89,11 @@ def final_outputs(wildcards):
 
 def describe_results():
     """Where the comparison is, printed when the workflow succeeds."""
-    found = [Path(path).resolve() for path in final_outputs(None) if Path(path).exists()]
+    found = [
+        Path(path).resolve() for path in final_outputs(None) if Path(path).exists()
+    ]
     if not found:
         return "scratchflow: done."
-    return "scratchflow: done. The comparison of the runs:\n" + "\n".join(f"  {path}" for path in found)
+    return "scratchflow: done. The comparison of the runs:\n" + "\n".join(
+        f"  {path}" for path in found
+    )

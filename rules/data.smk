@@ -7,15 +7,15 @@ rule archive_dataset:
     output:
         archive="archives/{dataset}.tar",
         manifest="archives/{dataset}.manifest.json",
-    params:
-        dataset=DATASET,
-        fingerprint=dataset_fingerprint,
     log:
         "logs/archive_dataset/{dataset}.log",
     benchmark:
         "results/benchmarks/archive_dataset/{dataset}.tsv"
     conda:
         "../envs/scratchflow.yaml"
+    params:
+        dataset=DATASET,
+        fingerprint=dataset_fingerprint,
     script:
         "../scripts/archive_dataset.py"
 
@@ -30,14 +30,14 @@ rule prefetch_model:
         model_source_location,
     output:
         directory("models/{model}"),
-    params:
-        source=MODEL["source"],
-        fingerprint=model_source_fingerprint,
     log:
         "logs/prefetch_model/{model}.log",
     benchmark:
         "results/benchmarks/prefetch_model/{model}.tsv"
     conda:
         "../envs/scratchflow.yaml"
+    params:
+        source=MODEL["source"],
+        fingerprint=model_source_fingerprint,
     script:
         "../scripts/prefetch_model.py"

@@ -9,14 +9,14 @@ rule predict:
         predictions="results/runs/{run_id}/predictions.csv",
         metrics="results/runs/{run_id}/metrics.json",
         record="results/runs/{run_id}/predict_record.json",
-    params:
-        identity=run_identity_of,
-    threads: 4
     log:
         "logs/predict/{run_id}.log",
     benchmark:
         "results/benchmarks/predict/{run_id}.tsv"
     conda:
         "../envs/scratchflow.yaml"
+    threads: 4
+    params:
+        identity=run_identity_of,
     script:
         "../scripts/predict.py"

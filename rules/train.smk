@@ -9,15 +9,15 @@ rule train:
         model=directory("results/runs/{run_id}/model"),
         params="results/runs/{run_id}/params.json",
         record="results/runs/{run_id}/record.json",
-    params:
-        identity=run_identity_of,
-        checkpoints=checkpoint_folder,
-    threads: 4
     log:
         "logs/train/{run_id}.log",
     benchmark:
         "results/benchmarks/train/{run_id}.tsv"
     conda:
         "../envs/scratchflow.yaml"
+    threads: 4
+    params:
+        identity=run_identity_of,
+        checkpoints=checkpoint_folder,
     script:
         "../scripts/train.py"

@@ -8,7 +8,7 @@ with job_context(snakemake.log[0]):
         runs={
             run_id: {"params": Path(params), "metrics": Path(metrics)}
             for run_id, params, metrics in zip(
-                snakemake.params.run_ids, snakemake.input.params, snakemake.input.metrics
+                snakemake.params.run_ids, snakemake.input.params, snakemake.input.metrics, strict=True
             )
         },
         metric=snakemake.params.metric,

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from scratchflow.dataset import load_examples, resolve_location
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,7 +3,6 @@
 import copy
 
 import pytest
-
 from conftest import run_workflow, workflow_config, write_config
 
 

@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from scratchflow.dataset import (
     DatasetError,
     Example,
@@ -29,7 +28,12 @@ def test_folder_per_label_reads_every_file_and_survives_bad_bytes(tmp_path):
     [
         ("csv", 'body,topic\n"hello, world",a\nbye,b\n'),
         ("tsv", "body\ttopic\nhello, world\ta\nbye\tb\n"),
-        ("jsonl", "\n".join(json.dumps(row) for row in [{"body": "hello, world", "topic": "a"}, {"body": "bye", "topic": "b"}])),
+        (
+            "jsonl",
+            "\n".join(
+                json.dumps(row) for row in [{"body": "hello, world", "topic": "a"}, {"body": "bye", "topic": "b"}]
+            ),
+        ),
     ],
 )
 def test_tables_read_the_named_columns(tmp_path, fmt, content):

@@ -1,5 +1,4 @@
 import pytest
-
 from scratchflow.prediction import classification_metrics
 
 

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from scratchflow.staging import (
     HOST,
     StagingError,
@@ -102,7 +101,11 @@ def test_a_sync_killed_midway_never_looks_finished(tmp_path):
     for i in range(200):
         (source / f"{i}.bin").write_bytes(os.urandom(256 * 1024))
     destination = tmp_path / "shared" / "big"
-    code = f"from pathlib import Path; from scratchflow.staging import sync_back; sync_back(Path({str(source)!r}), Path({str(destination)!r}))"
+    code = (
+        "from pathlib import Path\n"
+        "from scratchflow.staging import sync_back\n"
+        f"sync_back(Path({str(source)!r}), Path({str(destination)!r}))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "scripts")}
     syncing = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
     deadline = time.monotonic() + 30

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import run_workflow, snakemake_command, workflow_config, workflow_env, write_config
 from scratchflow.checkpoints import newest_complete_checkpoint
 
@@ -39,7 +38,7 @@ def finished(tmp_path_factory, bbc_subset, tiny_model):
 
 
 def test_a_grid_runs_through_the_whole_lifecycle(finished):
-    workdir, scratch, result = finished
+    workdir, _, result = finished
     summary = pd.read_csv(workdir / "results" / "summary.tsv", sep="\t")
     assert sorted(summary["learning_rate"]) == [1.0e-3, 2.0e-3]
     assert set(summary["run_id"]) == {path.name for path in run_dirs(workdir)}

@@ -61,7 +61,8 @@ def fingerprint(path: Path) -> str:
     digest = hashlib.sha256()
     for file in list_files(path):
         status = file.stat()
-        digest.update(f"{file.relative_to(path) if file != path else file.name}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+        name = file.name if file == path else file.relative_to(path).as_posix()
+        digest.update(f"{name}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 
@@ -80,7 +81,7 @@ def load_examples(path: Path, fmt: str, text_column: str, label_column: str) -> 
         raise DatasetError(f"{path}: no column {' or '.join(map(repr, missing))}; it has {list(table.columns)}")
     return [
         Example(id=str(row_number), text=str(text), label=str(label))
-        for row_number, (text, label) in enumerate(zip(table[text_column], table[label_column]))
+        for row_number, (text, label) in enumerate(zip(table[text_column], table[label_column], strict=True))
     ]
 
 

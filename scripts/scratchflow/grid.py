@@ -55,7 +55,8 @@ def expand_grid(defaults: dict[str, Any], grid: dict[str, list[Any]]) -> list[di
     into the grid (or back) leaves the run, and so its id, unchanged.
     """
     keys = sorted(grid)
-    return [{**defaults, **dict(zip(keys, values))} for values in itertools.product(*(grid[key] for key in keys))]
+    points = itertools.product(*(grid[key] for key in keys))
+    return [{**defaults, **dict(zip(keys, values, strict=True))} for values in points]
 
 
 def build_run_table(config: dict[str, Any]) -> dict[str, dict[str, Any]]:

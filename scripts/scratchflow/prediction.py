@@ -50,7 +50,7 @@ def classification_metrics(truth: list[str], predicted: list[str], labels: list[
     """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix (rows: truth)."""
     index = {label: position for position, label in enumerate(labels)}
     confusion = np.zeros((len(labels), len(labels)), dtype=int)
-    for true_label, predicted_label in zip(truth, predicted):
+    for true_label, predicted_label in zip(truth, predicted, strict=True):
         confusion[index[true_label], index[predicted_label]] += 1
     hits = np.diag(confusion)
     support = confusion.sum(axis=1)

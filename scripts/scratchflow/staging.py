@@ -55,7 +55,9 @@ def _run(command: list[str]) -> None:
 def require_tools(*names: str) -> None:
     missing = [name for name in names if shutil.which(name) is None]
     if missing:
-        raise StagingError(f"{', '.join(missing)} not found on PATH; install it (Debian: apt-get install {' '.join(missing)})")
+        raise StagingError(
+            f"{', '.join(missing)} not found on PATH; install it (Debian: apt-get install {' '.join(missing)})"
+        )
 
 
 def sha256_of(path: Path) -> str:
@@ -95,7 +97,17 @@ def archive_dataset(source: Path, archive: Path, manifest: Path, dataset: dict[s
         raise StagingError(f"{source}: the dataset has no files")
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_name(f".{archive.name}.partial{OWNER_TAG}")
-    _run(["tar", "--create", f"--file={partial}", *REPRODUCIBLE_TAR_OPTIONS, f"--directory={source.parent}", "--", source.name])
+    _run(
+        [
+            "tar",
+            "--create",
+            f"--file={partial}",
+            *REPRODUCIBLE_TAR_OPTIONS,
+            f"--directory={source.parent}",
+            "--",
+            source.name,
+        ]
+    )
     os.replace(partial, archive)
     record = {
         "dataset": dataset["name"],
@@ -200,7 +212,9 @@ def resolve_scratch_root(root: str | None) -> Path:
         return Path(tempfile.gettempdir())
     expanded = os.path.expandvars(os.path.expanduser(root))
     if "$" in expanded:
-        raise StagingError(f"scratch root {root!r} names an environment variable that is not set in this job: {expanded!r}")
+        raise StagingError(
+            f"scratch root {root!r} names an environment variable that is not set in this job: {expanded!r}"
+        )
     return Path(expanded)
 
 
