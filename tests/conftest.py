@@ -76,17 +76,25 @@ def snakemake_command(*args: str) -> list[str]:
     return [str(REPO / "scripts" / "run_local.sh"), *args]
 
 
-def run_workflow(workdir: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_workflow(
+    workdir: Path, *args: str, check: bool = True, offline: bool = False, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """Run the README's local command in `workdir` (its whole output in `.stdout`); `offline` runs it
+    with no network at all."""
+    command = snakemake_command(*args)
+    if offline:
+        command = ["unshare", "--net", *command]
     result = subprocess.run(
-        snakemake_command(*args),
+        command,
         cwd=workdir,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # Snakemake reports on stderr: tests read one stream, in order
         text=True,
         timeout=timeout,
         env=workflow_env(),
     )
     if check and result.returncode != 0:
-        pytest.fail(f"workflow failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+        pytest.fail(f"workflow failed ({result.returncode}):\n{result.stdout[-8000:]}")
     return result
 
 
