@@ -7,6 +7,7 @@ with job_context(snakemake.log[0], snakemake.threads):
     train_job(
         run_id=snakemake.wildcards.run_id,
         identity=snakemake.params.identity,
+        resolved_config=dict(snakemake.config),
         archive=Path(snakemake.input.archive),
         manifest=Path(snakemake.input.manifest),
         base_model=Path(snakemake.input.base_model),

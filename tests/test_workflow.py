@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from conftest import run_workflow, snakemake_command, workflow_config, workflow_env, write_config
 from scratchflow.checkpoints import newest_complete_checkpoint
+from scratchflow.dataset import load_examples
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +59,8 @@ def test_each_run_records_what_reproduces_it(finished):
         record = json.loads((run / "record.json").read_text())
         assert record["run_id"] == run.name
         assert record["run"]["training"] == json.loads((run / "params.json").read_text())
+        assert record["config"]["checkpointing"]["every_steps"] == 5  # the config as validated and resolved
+        assert record["config"]["aggregate"]["metric"] == "macro_f1"  # a default filled in
         assert set(record["timings_seconds"]) == {"stage", "train", "sync", "cleanup"}
         assert record["data"]["files"] == 300
         assert record["environment"]["packages"]["torch"].startswith("2.13.0")
@@ -100,6 +103,22 @@ def test_a_new_grid_value_runs_only_the_new_runs(finished, bbc_subset, tiny_mode
     for run_id, mtime in before.items():
         assert (workdir / "results" / "runs" / run_id / "record.json").stat().st_mtime_ns == mtime
     assert len(pd.read_csv(workdir / "results" / "summary.tsv", sep="\t")) == 3
+
+
+def test_a_table_dataset_runs_the_same_lifecycle(tmp_path, bbc_subset, tiny_model):
+    """Nothing in the rules assumes a folder per label (or BBC): a CSV with named columns works."""
+    examples = load_examples(bbc_subset, "folder", "text", "label")
+    table = pd.DataFrame({"body": [e.text for e in examples], "topic": [e.label for e in examples]})
+    table.to_csv(tmp_path / "news.csv", index=False)
+    dataset = {"name": "news-csv", "path": str(tmp_path / "news.csv"), "format": "csv"}
+    dataset.update(text_column="body", label_column="topic")
+    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", dataset=dataset, grid={"seed": [0]})
+    write_config(tmp_path, config)
+    run_workflow(tmp_path)
+    (run,) = run_dirs(tmp_path)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["examples"] == 60
+    assert sorted(metrics["per_class"]) == sorted({e.label for e in examples})
 
 
 def test_the_archive_is_rebuilt_when_a_data_file_changes(tmp_path, bbc_subset, tiny_model):

@@ -72,6 +72,7 @@ def train_job(
     *,
     run_id: str,
     identity: dict[str, Any],
+    resolved_config: dict[str, Any],
     archive: Path,
     manifest: Path,
     base_model: Path,
@@ -119,6 +120,7 @@ def train_job(
         {
             "run_id": run_id,
             "run": identity,
+            "config": resolved_config,
             "data": read_json(manifest),
             "training": metrics,
             "seed": params["seed"],
