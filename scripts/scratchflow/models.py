@@ -15,6 +15,8 @@ from scratchflow.dataset import PACKAGE_PREFIX, resolve_location
 from scratchflow.staging import sync_back
 
 LOCAL_PATH_STARTS = ("/", "./", "../", "~")
+# Hub repositories often carry the same weights for other frameworks too; PyTorch needs none of them.
+OTHER_FRAMEWORK_FILES = ["*.h5", "*.msgpack", "*.ot", "*.onnx", "onnx/*", "openvino/*", "coreml/*", "tf_model*"]
 
 
 class ModelSourceError(ValueError):
@@ -47,7 +49,7 @@ def prefetch(source: str, destination: Path) -> None:
         from huggingface_hub import snapshot_download
 
         with tempfile.TemporaryDirectory(dir=destination.parent) as download:
-            snapshot_download(repo_id=source, local_dir=download)
+            snapshot_download(repo_id=source, local_dir=download, ignore_patterns=OTHER_FRAMEWORK_FILES)
             sync_back(Path(download), destination)
     switch_hub_off()
     # Prove now, on the login node, that the cache is complete for offline loading.
