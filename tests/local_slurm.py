@@ -1,0 +1,276 @@
+"""A real single-host Slurm cluster for the tests: munge, MariaDB, slurmdbd, slurmctld and slurmd from
+Debian's packages, configured under one directory and started directly (there is no systemd here).
+
+Only the daemons started here are stopped here. Clients on the "login node" find the cluster through
+$SLURM_CONF and clients inside jobs through slurmd's configless cache, so nothing under /etc/slurm
+is touched. Partitions carry the real clusters' names, so that every
+profile's own resource names are exercised, not replaced.
+
+    python tests/local_slurm.py start|stop     (by hand; the tests use the `slurm` fixture)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "lmod")
+CLUSTER = "scratchflow"
+ACCOUNT = "def-lab"
+DATABASE = "scratchflow_slurm_acct"
+DB_USER, DB_PASSWORD = "slurm", "scratchflow-test-only"
+MARIADB_SOCKET = Path("/run/mysqld/mysqld.sock")
+NETWORK_NAMESPACE = "scratchflow-slurm"
+FAKE_GPUS = 2
+GPU_TYPE = "a100"
+# The node claims what the profiles ask of a real GPU node (SlurmdParameters=config_overrides keeps
+# slurmd from draining it for lacking them), so each profile's own requests schedule as they are.
+NODE_CPUS = 64
+NODE_MEMORY_MB = 512_000
+# The real clusters' partition names (shared/reference/clusters.md); `batch` is the default, which
+# is where a job without a partition (the Alliance's way) lands.
+PARTITIONS = (
+    "batch",
+    "gpu",
+    "normal",
+    "debug",
+    "A100-40GB",
+    "A100-80GB",
+    "H100",
+    "RTXA6000",
+    "V100-32GB",
+    "PGR-Standard",
+    "ILCC-Standard",
+    "Teach-Standard",
+    "lrz-v100x2",
+    "lrz-hgx-h100-94x4",
+    "lrz-dgx-a100-80x8",
+)
+
+
+def install_packages() -> None:
+    """apt-get the daemons if any is missing (about 30 s the first time)."""
+    needed = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sacctmgr")
+    if all(shutil.which(tool) or Path("/usr/sbin", tool).exists() for tool in needed):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", *DEBIAN_PACKAGES], check=True, env=env, stdout=subprocess.DEVNULL
+    )
+
+
+@dataclass
+class LocalSlurm:
+    root: Path
+    host: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    daemons: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def scratch_root(self) -> Path:
+        """Node-local scratch: each job gets root/job_<id> as $SLURM_TMPDIR, removed when it ends."""
+        return self.root / "localscratch"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def inside(self, *command: str) -> list[str]:
+        """`command` run in the cluster's network namespace: only loopback, no route out. Login
+        node and compute node alike live there, so every job proves it needs no network."""
+        return ["nsenter", f"--net=/run/netns/{NETWORK_NAMESPACE}", *command]
+
+    def run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(self.inside(*command), env=self.env, capture_output=True, text=True, check=check)
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        for folder in ("etc", "state", "spool", "log", "run", "gpus", "localscratch"):
+            (self.root / folder).mkdir(parents=True, exist_ok=True)
+        for index in range(FAKE_GPUS):  # gres needs device files; slurmd rejects plain files
+            device = self.root / "gpus" / f"nvidia{index}"
+            if not device.is_symlink():
+                device.symlink_to("/dev/null")
+        etc, run, log = self.root / "etc", self.root / "run", self.root / "log"
+        self._write_job_scripts(etc)
+        partitions = "\n".join(
+            f"PartitionName={name} Nodes={self.host} MaxTime=7-00:00:00 State=UP"
+            + (" Default=YES" if name == "batch" else "")
+            for name in PARTITIONS
+        )
+        self.conf.write_text(
+            textwrap.dedent(f"""\
+            ClusterName={CLUSTER}
+            SlurmctldHost={self.host}(127.0.0.1)
+            SlurmUser=root
+            AuthType=auth/munge
+            StateSaveLocation={self.root / "state"}
+            SlurmdSpoolDir={self.root / "spool"}
+            SlurmctldPidFile={run / "slurmctld.pid"}
+            SlurmdPidFile={run / "slurmd.pid"}
+            SlurmctldLogFile={log / "slurmctld.log"}
+            SlurmdLogFile={log / "slurmd.log"}
+            ProctrackType=proctrack/linuxproc
+            TaskPlugin=task/none
+            SelectType=select/cons_tres
+            SelectTypeParameters=CR_Core_Memory
+            DefMemPerCPU=1000
+            EnforcePartLimits=ALL
+            ReturnToService=2
+            MinJobAge=300
+            AccountingStorageType=accounting_storage/slurmdbd
+            AccountingStorageHost=localhost
+            AccountingStorageEnforce=associations,limits
+            JobAcctGatherType=jobacct_gather/linux
+            JobAcctGatherFrequency=5
+            GresTypes=gpu
+            PrologFlags=Alloc
+            SlurmctldParameters=enable_configless
+            SlurmdParameters=config_overrides
+            Prolog={etc / "prolog.sh"}
+            Epilog={etc / "epilog.sh"}
+            TaskProlog={etc / "task_prolog.sh"}
+            NodeName={self.host} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} \\
+                Gres=gpu:{GPU_TYPE}:{FAKE_GPUS} State=UNKNOWN
+            """)
+            + partitions
+            + "\n"
+        )
+        (etc / "gres.conf").write_text(
+            "AutoDetect=off\n"
+            + "".join(
+                f"NodeName={self.host} Name=gpu Type={GPU_TYPE} File={self.root / 'gpus' / f'nvidia{index}'}\n"
+                for index in range(FAKE_GPUS)
+            )
+        )
+        dbd = etc / "slurmdbd.conf"
+        dbd.write_text(
+            textwrap.dedent(f"""\
+            DbdHost=localhost
+            SlurmUser=root
+            AuthType=auth/munge
+            PidFile={run / "slurmdbd.pid"}
+            LogFile={log / "slurmdbd.log"}
+            StorageType=accounting_storage/mysql
+            StorageHost=localhost
+            StorageUser={DB_USER}
+            StoragePass={DB_PASSWORD}
+            StorageLoc={DATABASE}
+            """)
+        )
+        dbd.chmod(0o600)
+
+    def _write_job_scripts(self, etc: Path) -> None:
+        """Job-private node-local scratch, like the Alliance's $SLURM_TMPDIR."""
+        job_dir = f"{self.scratch_root}/job_$SLURM_JOB_ID"
+        scripts = {
+            "prolog.sh": f'mkdir -p "{job_dir}"\n',
+            "epilog.sh": f'rm -rf "{job_dir}"\n',
+            "task_prolog.sh": f'echo "export SLURM_TMPDIR={job_dir}"\n',
+        }
+        for name, body in scripts.items():
+            path = etc / name
+            path.write_text("#!/bin/sh\n" + body)
+            path.chmod(0o755)
+
+    # -- daemons -------------------------------------------------------------------------------
+
+    def _start(self, name: str, command: list[str], user: str | None = None) -> None:
+        log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 (lives as long as the daemon)
+        if user:
+            command = ["runuser", "-u", user, "--", *command]
+        self.daemons[name] = subprocess.Popen(
+            self.inside(*command), env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def _wait(self, what: str, ready, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, process in self.daemons.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited ({process.returncode}); see {self.root / 'log'}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{what} not ready after {timeout} s; see {self.root / 'log'}")
+
+    def _sql(self, statement: str) -> None:
+        subprocess.run(["mariadb", f"--socket={MARIADB_SOCKET}", "-e", statement], check=True)
+
+    def start(self) -> LocalSlurm:
+        install_packages()
+        self.write_config()
+        subprocess.run(["ip", "netns", "delete", NETWORK_NAMESPACE], capture_output=True)
+        subprocess.run(["ip", "netns", "add", NETWORK_NAMESPACE], check=True)
+        # Daemons resolve their listening address with AI_ADDRCONFIG, which discounts 127.0.0.1:
+        # give loopback a second address (TEST-NET-1; nothing routes anywhere from here).
+        for command in (["link", "set", "lo", "up"], ["address", "add", "192.0.2.1/32", "dev", "lo"]):
+            subprocess.run(["ip", "-n", NETWORK_NAMESPACE, *command], check=True)
+        for folder, owner in ((Path("/run/munge"), "munge"), (MARIADB_SOCKET.parent, "mysql")):
+            folder.mkdir(exist_ok=True)
+            shutil.chown(folder, owner, owner)
+        self._start("munged", ["munged", "--foreground"], user="munge")
+        self._wait("munge", lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0)
+        # slurmdbd's client library finds MariaDB at its default socket only; no TCP port is opened.
+        self._start("mariadbd", ["mariadbd", "--user=mysql", f"--socket={MARIADB_SOCKET}", "--skip-networking"])
+        self._wait("MariaDB", MARIADB_SOCKET.exists)
+        # A clean accounting database every time (with SQL: deleting its folder breaks MariaDB).
+        self._sql(
+            f"DROP DATABASE IF EXISTS {DATABASE}; "
+            f"CREATE OR REPLACE USER '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASSWORD}'; "
+            f"GRANT ALL ON {DATABASE}.* TO '{DB_USER}'@'localhost';"
+        )
+        self._start("slurmdbd", ["slurmdbd", "-D"])  # reads slurmdbd.conf beside $SLURM_CONF
+        self._wait("slurmdbd", lambda: self.run("sacctmgr", "-n", "list", "cluster", check=False).returncode == 0)
+        user = os.environ.get("USER") or "root"
+        self.run("sacctmgr", "-i", "add", "cluster", CLUSTER)
+        self.run("sacctmgr", "-i", "add", "account", ACCOUNT, f"cluster={CLUSTER}")
+        self.run("sacctmgr", "-i", "add", "user", user, f"account={ACCOUNT}", f"cluster={CLUSTER}")
+        self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._wait("slurmctld", lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0)
+        # Configless, like many real clusters: the node fetches its config from slurmctld and caches
+        # it under /run/slurm/conf, where clients inside jobs find it (the jobstep plugin strips
+        # every SLURM_* variable, $SLURM_CONF included, before its nested srun).
+        self._start("slurmd", ["slurmd", "-D", "--conf-server", "127.0.0.1"])
+        self._wait("the node", self._node_idle)
+        return self
+
+    def _node_idle(self) -> bool:
+        state = self.run("sinfo", "-h", "-n", self.host, "-o", "%T", check=False).stdout.split()
+        return bool(state) and all(s.rstrip("*") in ("idle", "mixed", "allocated") for s in state)
+
+    def stop(self) -> None:
+        """Stop the daemons started here, newest first."""
+        for name, process in reversed(list(self.daemons.items())):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            del self.daemons[name]
+        subprocess.run(["ip", "netns", "delete", NETWORK_NAMESPACE], capture_output=True)
+
+
+if __name__ == "__main__":
+    cluster = LocalSlurm(Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/scratchflow-slurm"))
+    if sys.argv[1:2] == ["start"]:
+        cluster.start()
+        print(f"export SLURM_CONF={cluster.conf}")
+        print(" ".join(f"{name}={process.pid}" for name, process in cluster.daemons.items()))
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        cluster.stop()

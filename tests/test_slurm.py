@@ -1,0 +1,143 @@
+"""The lifecycle through `--executor slurm` on a real Slurm cluster, with each cluster's profile.
+
+Each profile runs as written, layered with tests/slurm_overlay, which changes only what this machine
+cannot provide (2 real cores; status checks sooner). The whole cluster, login side included, lives
+in a network namespace with no route out, so every job also proves it needs no internet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, workflow_config, workflow_env, write_config
+from local_slurm import ACCOUNT, LocalSlurm
+
+pytestmark = pytest.mark.slow
+
+OVERLAY = REPO / "tests" / "slurm_overlay"
+USER = os.environ.get("USER") or "root"  # unset in some sandboxes; always set on a login node
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def alliance_software(tmp_path_factory):
+    """What a Narval login node provides: Lmod with a python/3.11 module, and a wheelhouse of
+    local wheels for `pip install --no-index` (here: this repository's requirements)."""
+    if shutil.which("virtualenv") is None:
+        subprocess.run(["apt-get", "install", "-y", "-qq", "virtualenv"], check=True, stdout=subprocess.DEVNULL)
+    root = tmp_path_factory.mktemp("alliance")
+    bin_dir = root / "python-3.11" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").symlink_to("/usr/bin/python3.11")
+    modulefile = root / "modules" / "python" / "3.11.lua"
+    modulefile.parent.mkdir(parents=True)
+    modulefile.write_text(
+        f'-- Stand-in for the Alliance module: Debian\'s Python 3.11.\nprepend_path("PATH", "{bin_dir}")\n'
+    )
+    wheelhouse = root / "wheelhouse"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "-r", REPO / "requirements.txt", "-d", wheelhouse],
+        check=True,
+    )
+    return {
+        "LMOD_PKG": "/usr/share/lmod/lmod",
+        "MODULEPATH": str(root / "modules"),
+        "PIP_FIND_LINKS": str(wheelhouse),
+        "SCRATCHFLOW_REQUIREMENTS": str(REPO / "requirements.txt"),
+    }
+
+
+def run_on_slurm(slurm: LocalSlurm, workdir: Path, profile: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    command = slurm.inside(
+        str(Path(sys.executable).parent / "snakemake"),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--profile",
+        str(REPO / "profiles" / profile),
+        "--profile",
+        str(OVERLAY),
+        "--verbose",
+    )
+    full_env = {**workflow_env(), "SLURM_CONF": str(slurm.conf), "USER": USER, **env}
+    return subprocess.run(
+        command, cwd=workdir, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def sbatch_lines(output: str, rule: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("sbatch call:") and f"rule_{rule}" in line]
+
+
+def scratch_used(workdir: Path, run_id: str) -> Path:
+    log = (workdir / "logs" / "train" / f"{run_id}.log").read_text()
+    return Path(re.search(r"scratch (\S+)", log).group(1))
+
+
+# profile -> (flags on the train job's sbatch line, flags that must not be there, extra environment)
+PROFILES = {
+    "edinburgh": (["-p PGR-Standard", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=4", "-t 720"], [" -A "], {}),
+    "oscer": (["-p gpu", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=8"], [" -A "], {}),
+    "narval": (["--gpus=a100:1", "--mem 64000", "--cpus-per-task=12", "-t 1440"], [" -p ", " -A "], {}),
+    "dfki": (["-p A100-80GB", "--gpus=1", "--container-image=/images/scratchflow.sqsh", "--container-mounts="], [], {}),
+    "lrz": (["-p lrz-hgx-h100-94x4", "--gres=gpu:1", "--container-image=/images/scratchflow.sqsh"], [], {}),
+}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
+    profile, slurm, tmp_path, bbc_subset, tiny_model, request
+):
+    expected, absent, env = PROFILES[profile]
+    env = dict(env)
+    if profile == "narval":
+        env.update(request.getfixturevalue("alliance_software"), SBATCH_ACCOUNT=ACCOUNT)
+    if profile in ("dfki", "lrz"):
+        env.update(
+            SCRATCHFLOW_IMAGE="/images/scratchflow.sqsh",
+            PATH=f"{OVERLAY / 'without_pyxis'}{os.pathsep}{workflow_env()['PATH']}",
+        )
+    if profile == "edinburgh":
+        Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the nodes' local disk
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    config["training"]["epochs"] = 2
+    del config["cluster"]  # the profile's cluster facts apply
+    write_config(tmp_path, config)
+
+    result = run_on_slurm(slurm, tmp_path, profile, env)
+    assert result.returncode == 0, result.stdout[-6000:]
+
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert json.loads((run / "record.json").read_text())["config"]["cluster"]["name"] == profile
+    (train_line,) = sbatch_lines(result.stdout, "train")
+    for flag in expected:
+        assert flag in train_line, f"{flag!r} missing from {train_line}"
+    for flag in absent:
+        assert flag not in train_line.split("--wrap")[0]
+
+    jobs = slurm.run(
+        "sacct", "-X", "-n", "--parsable2", "--format=JobName,Account,State", "--starttime=now-1hour"
+    ).stdout
+    ours = [line.split("|") for line in jobs.splitlines() if line]
+    assert ours and all(state == "COMPLETED" for _name, _account, state in ours[-3:])
+
+    scratch = scratch_used(tmp_path, run.name)
+    if profile == "narval":
+        assert scratch.parent.parent == slurm.scratch_root  # $SLURM_TMPDIR = <root>/job_<id>
+        assert ours[-1][1] == ACCOUNT  # billed to $SBATCH_ACCOUNT
+    elif profile == "edinburgh":
+        assert scratch.parent == Path(f"/disk/scratch/{USER}")
+    assert not scratch.exists()
+    assert list(slurm.scratch_root.iterdir()) == [], "Slurm's epilog removed every job's scratch"
