@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "lmod")
+# The daemons, plus what an Alliance login node offers the narval profile: Lmod and virtualenv.
+DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "lmod", "virtualenv")
 CLUSTER = "scratchflow"
 ACCOUNT = "def-lab"
 DATABASE = "scratchflow_slurm_acct"
@@ -58,7 +59,7 @@ PARTITIONS = (
 
 def install_packages() -> None:
     """apt-get the daemons if any is missing (about 30 s the first time)."""
-    needed = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sacctmgr")
+    needed = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sacctmgr", "virtualenv")
     if all(shutil.which(tool) or Path("/usr/sbin", tool).exists() for tool in needed):
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}

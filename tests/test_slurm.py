@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +35,6 @@ def slurm(tmp_path_factory):
 def alliance_software(tmp_path_factory):
     """What a Narval login node provides: Lmod with a python/3.11 module, and a wheelhouse of
     local wheels for `pip install --no-index` (here: this repository's requirements)."""
-    if shutil.which("virtualenv") is None:
-        subprocess.run(["apt-get", "install", "-y", "-qq", "virtualenv"], check=True, stdout=subprocess.DEVNULL)
     root = tmp_path_factory.mktemp("alliance")
     bin_dir = root / "python-3.11" / "bin"
     bin_dir.mkdir(parents=True)
@@ -51,6 +48,7 @@ def alliance_software(tmp_path_factory):
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "-r", REPO / "requirements.txt", "-d", wheelhouse],
         check=True,
+        capture_output=True,
     )
     return {
         "LMOD_PKG": "/usr/share/lmod/lmod",
@@ -60,7 +58,10 @@ def alliance_software(tmp_path_factory):
     }
 
 
-def run_on_slurm(slurm: LocalSlurm, workdir: Path, profile: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def run_on_slurm(
+    slurm: LocalSlurm, workdir: Path, profile: str, env: dict[str, str], *arguments: str
+) -> subprocess.CompletedProcess:
+    """`snakemake --profile profiles/<profile>` on the test cluster's login side, with the overlay."""
     command = slurm.inside(
         str(Path(sys.executable).parent / "snakemake"),
         "--snakefile",
@@ -70,6 +71,7 @@ def run_on_slurm(slurm: LocalSlurm, workdir: Path, profile: str, env: dict[str, 
         "--profile",
         str(OVERLAY),
         "--verbose",
+        *arguments,
     )
     full_env = {**workflow_env(), "SLURM_CONF": str(slurm.conf), "USER": USER, **env}
     return subprocess.run(
@@ -90,7 +92,8 @@ def scratch_used(workdir: Path, run_id: str) -> Path:
 PROFILES = {
     "edinburgh": (["-p PGR-Standard", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=4", "-t 720"], [" -A "], {}),
     "oscer": (["-p gpu", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=8"], [" -A "], {}),
-    "narval": (["--gpus=a100:1", "--mem 64000", "--cpus-per-task=12", "-t 1440"], [" -p ", " -A "], {}),
+    # No partition in the profile; the plugin adds the cluster's default one (here `batch`) itself.
+    "narval": (["--gpus=a100:1", "--mem 64000", "--cpus-per-task=12", "-t 1440", "-p batch"], [" -A "], {}),
     "dfki": (["-p A100-80GB", "--gpus=1", "--container-image=/images/scratchflow.sqsh", "--container-mounts="], [], {}),
     "lrz": (["-p lrz-hgx-h100-94x4", "--gres=gpu:1", "--container-image=/images/scratchflow.sqsh"], [], {}),
 }
@@ -137,7 +140,37 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     if profile == "narval":
         assert scratch.parent.parent == slurm.scratch_root  # $SLURM_TMPDIR = <root>/job_<id>
         assert ours[-1][1] == ACCOUNT  # billed to $SBATCH_ACCOUNT
+        # The job ran the venv it built in its own $SLURM_TMPDIR with Lmod's python/3.11.
+        python = json.loads((run / "record.json").read_text())["environment"]["python_executable"]
+        assert Path(python).relative_to(slurm.scratch_root).parts[1:] == ("env", "bin", "python")
     elif profile == "edinburgh":
         assert scratch.parent == Path(f"/disk/scratch/{USER}")
     assert not scratch.exists()
     assert list(slurm.scratch_root.iterdir()) == [], "Slurm's epilog removed every job's scratch"
+
+
+REJECTIONS = {
+    "bad account": ("narval", [], {"SBATCH_ACCOUNT": "def-nobody"}, "Invalid account"),
+    "unknown partition": (
+        "edinburgh",
+        ["--default-resources", "slurm_partition=no-such-partition"],
+        {},
+        "invalid partition specified: no-such-partition",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REJECTIONS)
+def test_a_job_slurm_rejects_fails_fast_with_its_error_and_leaves_nothing(
+    case, slurm, tmp_path, bbc_subset, tiny_model
+):
+    profile, arguments, env, error = REJECTIONS[case]
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    del config["cluster"]
+    write_config(tmp_path, config)
+    result = run_on_slurm(slurm, tmp_path, profile, env, *arguments)
+    assert result.returncode != 0
+    assert error in result.stdout, result.stdout[-4000:]
+    # The first cluster job was refused: nothing it would have made exists, whole or in part.
+    assert not list(tmp_path.glob("archives/*")) + list(tmp_path.glob("archives/.*"))
+    assert not list(tmp_path.glob("results/runs/*"))

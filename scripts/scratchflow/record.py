@@ -64,6 +64,7 @@ def environment_record(workflow_dir: Path) -> dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,
         "platform": platform.platform(),
         "packages": package_versions(),
         "git": git_state(workflow_dir),
