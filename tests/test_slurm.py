@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,20 @@ PROFILES = {
 }
 
 
+CONTAINER_ARGV = {
+    "dfki": lambda workdir: {
+        "--container-image=/images/scratchflow.sqsh",
+        f"--container-mounts=/netscratch/{USER}:/netscratch/{USER},/ds:/ds:ro",
+        f"--container-workdir={workdir}",
+    },
+    "lrz": lambda workdir: {
+        "--container-image=/images/scratchflow.sqsh",
+        f"--container-mounts={workdir}:{workdir}",
+        f"--container-workdir={workdir}",
+    },
+}
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     profile, slurm, tmp_path, bbc_subset, tiny_model, request
@@ -110,6 +125,7 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     if profile in ("dfki", "lrz"):
         env.update(
             SCRATCHFLOW_IMAGE="/images/scratchflow.sqsh",
+            SCRATCHFLOW_SBATCH_ARGV=str(tmp_path / "sbatch-argv"),
             PATH=f"{OVERLAY / 'without_pyxis'}{os.pathsep}{workflow_env()['PATH']}",
         )
     if profile == "edinburgh":
@@ -136,6 +152,13 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     ours = [line.split("|") for line in jobs.splitlines() if line]
     assert ours and all(state == "COMPLETED" for _name, _account, state in ours[-3:])
 
+    if profile in ("dfki", "lrz"):
+        # What pyxis would get, as sbatch receives it: every job runs in the image, mounts expanded.
+        submissions = [path.read_text().splitlines() for path in tmp_path.glob("sbatch-argv.*")]
+        assert len(submissions) == 3  # archive_dataset, train, predict
+        for argv in submissions:
+            assert CONTAINER_ARGV[profile](tmp_path) <= set(argv)
+
     scratch = scratch_used(tmp_path, run.name)
     if profile == "narval":
         assert scratch.parent.parent == slurm.scratch_root  # $SLURM_TMPDIR = <root>/job_<id>
@@ -145,6 +168,8 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
         assert Path(python).relative_to(slurm.scratch_root).parts[1:] == ("env", "bin", "python")
     elif profile == "edinburgh":
         assert scratch.parent == Path(f"/disk/scratch/{USER}")
+    else:  # no node-local scratch known: the node's temporary directory
+        assert scratch.parent == Path(tempfile.gettempdir())
     assert not scratch.exists()
     assert list(slurm.scratch_root.iterdir()) == [], "Slurm's epilog removed every job's scratch"
 
