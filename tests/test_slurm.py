@@ -146,6 +146,8 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     for flag in absent:
         assert flag not in train_line.split("--wrap")[0]
 
+    assert list((tmp_path / "logs" / "slurm").glob("efficiency_report_*.csv")), "the plugin's efficiency report"
+
     jobs = slurm.run(
         "sacct", "-X", "-n", "--parsable2", "--format=JobName,Account,State", "--starttime=now-1hour"
     ).stdout
