@@ -139,7 +139,8 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     assert result.returncode == 0, result.stdout[-6000:]
 
     (run,) = (tmp_path / "results" / "runs").iterdir()
-    assert json.loads((run / "record.json").read_text())["config"]["cluster"]["name"] == profile
+    record = json.loads((run / "record.json").read_text())
+    assert record["config"]["cluster"]["name"] == profile
     (train_line,) = sbatch_lines(result.stdout, "train")
     for flag in expected:
         assert flag in train_line, f"{flag!r} missing from {train_line}"
@@ -148,11 +149,11 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
 
     assert list((tmp_path / "logs" / "slurm").glob("efficiency_report_*.csv")), "the plugin's efficiency report"
 
-    jobs = slurm.run(
-        "sacct", "-X", "-n", "--parsable2", "--format=JobName,Account,State", "--starttime=now-1hour"
-    ).stdout
-    ours = [line.split("|") for line in jobs.splitlines() if line]
-    assert ours and all(state == "COMPLETED" for _name, _account, state in ours[-3:])
+    # Slurm's own accounting of this workflow's jobs (named after its run id).
+    workflow_run = re.search(r"--job-name (\S+)", train_line).group(1)
+    jobs = slurm.run("sacct", "-X", "-n", "--parsable2", "--format=Account,State", f"--name={workflow_run}").stdout
+    accounting = [line.split("|") for line in jobs.splitlines() if line]
+    assert len(accounting) == 3 and all(state == "COMPLETED" for _account, state in accounting)
 
     if profile in ("dfki", "lrz"):
         # What pyxis would get, as sbatch receives it: every job runs in the image, mounts expanded.
@@ -164,9 +165,9 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     scratch = scratch_used(tmp_path, run.name)
     if profile == "narval":
         assert scratch.parent.parent == slurm.scratch_root  # $SLURM_TMPDIR = <root>/job_<id>
-        assert ours[-1][1] == ACCOUNT  # billed to $SBATCH_ACCOUNT
+        assert {account for account, _state in accounting} == {ACCOUNT}  # billed to $SBATCH_ACCOUNT
         # The job ran the venv it built in its own $SLURM_TMPDIR with Lmod's python/3.11.
-        python = json.loads((run / "record.json").read_text())["environment"]["python_executable"]
+        python = record["environment"]["python_executable"]
         assert Path(python).relative_to(slurm.scratch_root).parts[1:] == ("env", "bin", "python")
     elif profile == "edinburgh":
         assert scratch.parent == Path(f"/disk/scratch/{USER}")
