@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from scratchflow.staging import read_json
+from scratchflow.staging import read_json, written_whole
 
 SUMMARY_METRICS = ("accuracy", "macro_f1")
 # A plot stays readable up to about this many bars; larger grids show their best runs.
@@ -63,8 +62,6 @@ def plot_comparison(summary: pd.DataFrame, metric: str, path: Path) -> None:
     shown = f"best {len(ordered)} of {len(summary)}" if len(ordered) < len(summary) else str(len(summary))
     axes.set_title(f"{shown} runs; best run {best_id} in orange")
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    figure.savefig(partial, dpi=110, format="png")
+    with written_whole(path) as partial:
+        figure.savefig(partial, dpi=110, format="png")
     plt.close(figure)
-    os.replace(partial, path)

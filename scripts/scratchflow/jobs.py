@@ -24,6 +24,7 @@ from scratchflow.staging import (
     stage_in,
     sync_back,
     write_json_atomically,
+    written_whole,
 )
 
 log = logging.getLogger("scratchflow")
@@ -188,9 +189,8 @@ def aggregate_job(
 ) -> None:
     summary = aggregation.summarize(runs)
     best = aggregation.best_run(summary, metric)
-    partial = summary_out.with_name(f".{summary_out.name}.partial")
-    summary.sort_values(metric, ascending=False).to_csv(partial, sep="\t", index=False)
-    os.replace(partial, summary_out)
+    with written_whole(summary_out) as partial:
+        summary.sort_values(metric, ascending=False).to_csv(partial, sep="\t", index=False)
     write_json_atomically(best, best_out)
     aggregation.plot_comparison(summary, metric, plot_out)
     log.info("best of %d runs by %s: %s (%.4f)", len(summary), metric, best["run_id"], best["value"])

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from scratchflow.dataset import list_files
 from scratchflow.record import PhaseTimer
@@ -68,16 +68,27 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_json_atomically(data: Any, path: Path) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a part."""
+@contextlib.contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """Yield a hidden partial name to write `path` under; rename it into place only if the writing
+    succeeds. Readers see the old file or the whole new one, never a part; a partial left by a killed
+    writer carries its owner tag, so `remove_leftovers` can tell it from live work."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial{OWNER_TAG}")
-    with open(partial, "w") as out:
+    try:
+        yield partial
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, path)
+
+
+def write_json_atomically(data: Any, path: Path) -> None:
+    with written_whole(path) as partial, open(partial, "w") as out:
         json.dump(data, out, indent=2, sort_keys=True)
         out.write("\n")
         out.flush()
         os.fsync(out.fileno())
-    os.replace(partial, path)
 
 
 def read_json(path: Path) -> Any:
@@ -95,20 +106,22 @@ def archive_dataset(source: Path, archive: Path, manifest: Path, dataset: dict[s
     files = list_files(source)
     if not files:
         raise StagingError(f"{source}: the dataset has no files")
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    partial = archive.with_name(f".{archive.name}.partial{OWNER_TAG}")
-    _run(
-        [
-            "tar",
-            "--create",
-            f"--file={partial}",
-            *REPRODUCIBLE_TAR_OPTIONS,
-            f"--directory={source.parent}",
-            "--",
-            source.name,
-        ]
-    )
-    os.replace(partial, archive)
+    tar = [
+        "tar",
+        "--create",
+        "--file=-",
+        *REPRODUCIBLE_TAR_OPTIONS,
+        f"--directory={source.parent}",
+        "--",
+        source.name,
+    ]
+    # tar's output is hashed as it is written: the archive is never read back.
+    with written_whole(archive) as partial, tempfile.TemporaryFile() as errors, open(partial, "wb") as writer:
+        packing = subprocess.Popen(tar, stdout=subprocess.PIPE, stderr=errors)
+        sha256 = _copy_hashing(packing.stdout, writer)
+        if packing.wait() != 0:
+            errors.seek(0)
+            raise StagingError(f"tar failed (exit {packing.returncode}): {errors.read().decode().strip()}")
     record = {
         "dataset": dataset["name"],
         "format": dataset["format"],
@@ -116,20 +129,25 @@ def archive_dataset(source: Path, archive: Path, manifest: Path, dataset: dict[s
         "files": len(files),
         "bytes": sum(file.stat().st_size for file in files),
         "archive_bytes": archive.stat().st_size,
-        "sha256": sha256_of(archive),
+        "sha256": sha256,
     }
     write_json_atomically(record, manifest)
     return record
 
 
+def _copy_hashing(reader: BinaryIO, writer: BinaryIO) -> str:
+    """Copy a stream and return its sha256, computed in the same pass."""
+    digest = hashlib.sha256()
+    while block := reader.read(HASH_BLOCK_BYTES):
+        digest.update(block)
+        writer.write(block)
+    return digest.hexdigest()
+
+
 def copy_with_sha256(source: Path, destination: Path) -> str:
     """Copy a file and hash it in the same pass: the archive is read from shared storage once."""
-    digest = hashlib.sha256()
     with open(source, "rb") as reader, open(destination, "wb") as writer:
-        while block := reader.read(HASH_BLOCK_BYTES):
-            digest.update(block)
-            writer.write(block)
-    return digest.hexdigest()
+        return _copy_hashing(reader, writer)
 
 
 def stage_in(archive: Path, manifest: Path, scratch: Path) -> Path:
