@@ -89,14 +89,14 @@ def scratch_used(workdir: Path, run_id: str) -> Path:
     return Path(re.search(r"scratch (\S+)", log).group(1))
 
 
-# profile -> (flags on the train job's sbatch line, flags that must not be there, extra environment)
+# profile -> (flags on the train job's sbatch line, flags that must not be there)
 PROFILES = {
-    "edinburgh": (["-p PGR-Standard", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=4", "-t 720"], [" -A "], {}),
-    "oscer": (["-p gpu", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=8"], [" -A "], {}),
+    "edinburgh": (["-p PGR-Standard", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=4", "-t 720"], [" -A "]),
+    "oscer": (["-p gpu", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=8"], [" -A "]),
     # No partition in the profile; the plugin adds the cluster's default one (here `batch`) itself.
-    "narval": (["--gpus=a100:1", "--mem 64000", "--cpus-per-task=12", "-t 1440", "-p batch"], [" -A "], {}),
-    "dfki": (["-p A100-80GB", "--gpus=1", "--container-image=/images/scratchflow.sqsh", "--container-mounts="], [], {}),
-    "lrz": (["-p lrz-hgx-h100-94x4", "--gres=gpu:1", "--container-image=/images/scratchflow.sqsh"], [], {}),
+    "narval": (["--gpus=a100:1", "--mem 64000", "--cpus-per-task=12", "-t 1440", "-p batch"], [" -A "]),
+    "dfki": (["-p A100-80GB", "--gpus=1", "--container-image=/images/scratchflow.sqsh", "--container-mounts="], []),
+    "lrz": (["-p lrz-hgx-h100-94x4", "--gres=gpu:1", "--container-image=/images/scratchflow.sqsh"], []),
 }
 
 
@@ -118,8 +118,8 @@ CONTAINER_ARGV = {
 def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     profile, slurm, tmp_path, bbc_subset, tiny_model, request
 ):
-    expected, absent, env = PROFILES[profile]
-    env = dict(env)
+    expected, absent = PROFILES[profile]
+    env: dict[str, str] = {}
     if profile == "narval":
         env.update(request.getfixturevalue("alliance_software"), SBATCH_ACCOUNT=ACCOUNT)
     if profile in ("dfki", "lrz"):

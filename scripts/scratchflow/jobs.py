@@ -98,6 +98,7 @@ def train_job(
     switch_hub_off()
     timer = PhaseTimer()
     params = identity["training"]
+    data_record = read_json(manifest)
     with scratch_directory(scratch_root, f"train-{run_id}", timer) as scratch:
         log.info("run %s: scratch %s", run_id, scratch)
         with timer.phase("stage"):
@@ -110,7 +111,7 @@ def train_job(
                 params=params,
                 work_dir=scratch,
                 shared_checkpoints=checkpoint_folder,
-                checkpoint_owner={"run_id": run_id, **identity, "data_sha256": read_json(manifest)["sha256"]},
+                checkpoint_owner={"run_id": run_id, **identity, "data_sha256": data_record["sha256"]},
                 save_every_steps=checkpointing["every_steps"],
                 keep_checkpoints=checkpointing["keep"],
             )
@@ -122,7 +123,7 @@ def train_job(
             "run_id": run_id,
             "run": identity,
             "config": resolved_config,
-            "data": read_json(manifest),
+            "data": data_record,
             "training": metrics,
             "seed": params["seed"],
             "threads": threads,
