@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from scratchflow import staging
 from scratchflow.staging import (
     HOST,
     StagingError,
@@ -17,6 +18,7 @@ from scratchflow.staging import (
     sha256_of,
     stage_in,
     sync_back,
+    written_whole,
 )
 
 DATASET = {"name": "toy", "format": "folder"}
@@ -51,6 +53,23 @@ def test_archive_is_one_reproducible_tar_with_its_manifest(raw, tmp_path):
     assert read_json(tmp_path / "1.json") == first
     listing = subprocess.run(["tar", "-tf", tmp_path / "1.tar"], capture_output=True, text=True, check=True).stdout
     assert "toy/a/0.txt" in listing.split()
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_partial(tmp_path):
+    target = tmp_path / "summary.tsv"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), written_whole(target) as partial:
+        partial.write_text("half of the new")
+        raise RuntimeError("killed while writing")
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["summary.tsv"]
+
+
+def test_tar_errors_are_reported_and_leave_no_archive(raw, tmp_path, monkeypatch):
+    monkeypatch.setattr(staging, "REPRODUCIBLE_TAR_OPTIONS", ("--no-such-option",))
+    with pytest.raises(StagingError, match=r"tar failed.*no-such-option"):
+        archive_dataset(raw, tmp_path / "x.tar", tmp_path / "x.json", DATASET)
+    assert os.listdir(tmp_path) == ["raw"], "no archive, manifest or partial"
 
 
 def test_stage_in_verifies_and_extracts_the_same_files(raw, tmp_path):
