@@ -22,4 +22,5 @@ rule all:
 
 
 onsuccess:
+    release_finished_checkpoints()
     print(describe_results())

@@ -1,11 +1,14 @@
 # Config validation, the run table, and the named input functions the rules use.
+import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+from scratchflow import checkpoints
 from scratchflow.config import ConfigError, check_paths, explain_schema_error
 from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.grid import build_run_table, run_identity
@@ -16,6 +19,12 @@ try:
 except WorkflowError as error:
     raise ConfigError(explain_schema_error(error) or str(error)) from None
 check_paths(config)
+
+if workflow.remote_exec:
+    # Slurm's warning before the wall time (--signal=USR1@<s>) reaches every process of the job step,
+    # this Snakemake included, which USR1 would kill, and the step with it. Ignored here (and so in
+    # the job's script, which inherits it) except where the trainer listens for it.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 DATASET = config["dataset"]
 MODEL = config["model"]
@@ -97,3 +106,16 @@ def describe_results():
     return "scratchflow: done. The comparison of the runs:\n" + "\n".join(
         f"  {path}" for path in found
     )
+
+
+def release_finished_checkpoints():
+    """Delete the checkpoints of runs whose training Snakemake has accepted as complete.
+
+    Done here, after the workflow succeeded, not by the train job: until Snakemake has seen a job
+    finish, a rerun may delete its outputs as incomplete, and the final checkpoint saves retraining.
+    """
+    if config["checkpointing"]["keep_after_training"]:
+        return
+    for run_id in RUNS:
+        if Path(f"results/runs/{run_id}/record.json").is_file():
+            checkpoints.release(Path(checkpoint_folder(SimpleNamespace(run_id=run_id))))

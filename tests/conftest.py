@@ -103,3 +103,33 @@ def workflow_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return env
+
+
+def long_run(workdir: Path, data: Path, model: Path) -> Path:
+    """One run long enough to interrupt (about 500 steps, a minute on 2 cores): config in `workdir`,
+    returns its scratch root. The fault tests compare their results with an uninterrupted one."""
+    scratch = workdir / "scratch"
+    config = workflow_config(data, model, scratch, grid={"seed": [7]})
+    config["training"].update(epochs=40, max_length=128)
+    config["checkpointing"] = {"every_steps": 20, "keep": 2}
+    write_config(workdir, config)
+    return scratch
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_long_run(tmp_path_factory, bbc_subset, tiny_model) -> Path:
+    """The long run, trained without interruption on this machine (2 threads, as on the test cluster)."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    long_run(workdir, bbc_subset, tiny_model)
+    run_workflow(workdir)
+    return workdir
+
+
+def same_results(workdir: Path, reference: Path) -> list[str]:
+    """Names of the result files of the long run that differ from the uninterrupted run's."""
+    (run,) = (reference / "results" / "runs").iterdir()
+    return [
+        name
+        for name in ("metrics.json", "predictions.csv")
+        if (workdir / "results" / "runs" / run.name / name).read_text() != (run / name).read_text()
+    ]

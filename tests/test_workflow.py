@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import run_workflow, snakemake_command, workflow_config, workflow_env, write_config
+from conftest import (
+    long_run,
+    run_workflow,
+    same_results,
+    snakemake_command,
+    workflow_config,
+    workflow_env,
+    write_config,
+)
 from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.dataset import load_examples
 
@@ -149,50 +157,66 @@ def test_a_corrupted_archive_stops_the_run_before_training(tmp_path, bbc_subset,
         assert "epoch" not in log.read_text(), "training must not have started"
 
 
-def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path_factory, bbc_subset, tiny_model):
-    """SIGKILL snakemake and its jobs mid-training; the same command then resumes from the newest
-    checkpoint and ends with exactly the metrics of an uninterrupted run."""
-
-    def one_long_run(workdir: Path) -> Path:
-        scratch = workdir / "scratch"
-        config = workflow_config(bbc_subset, tiny_model, scratch, grid={"seed": [7]})
-        config["training"].update(epochs=40, max_length=128)
-        config["checkpointing"] = {"every_steps": 20, "keep": 2}
-        write_config(workdir, config)
-        return scratch
-
-    reference = tmp_path_factory.mktemp("uninterrupted")
-    one_long_run(reference)
-    run_workflow(reference)
-
-    workdir = tmp_path_factory.mktemp("killed")
-    scratch = one_long_run(workdir)
-    workflow = subprocess.Popen(
-        snakemake_command(),
+def start_workflow(workdir: Path, *args: str) -> subprocess.Popen:
+    """The README's local command, in the background, in a process group of its own."""
+    return subprocess.Popen(
+        snakemake_command(*args),
         cwd=workdir,
         env=workflow_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
+
+
+def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen) -> Path:
+    """The run's checkpoint folder, once it holds a complete checkpoint."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and workflow.poll() is None:
-        found = list((workdir / "checkpoints").glob("*"))
+        found = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
         if found and newest_complete_checkpoint(found[0]) is not None:
-            break
+            return found[0]
         time.sleep(0.05)
+    raise AssertionError(f"no checkpoint appeared; the workflow said:\n{workflow.communicate()[0][-4000:]}")
+
+
+def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset, tiny_model, uninterrupted_long_run):
+    """SIGKILL snakemake and its jobs mid-training; the same command then resumes from the newest
+    checkpoint and ends with exactly the metrics of an uninterrupted run."""
+    scratch = long_run(tmp_path, bbc_subset, tiny_model)
+    workflow = start_workflow(tmp_path)
+    run_id = wait_for_first_checkpoint(tmp_path, workflow).name
     os.killpg(workflow.pid, signal.SIGKILL)
     workflow.wait()
-    (run_id,) = [path.name for path in (workdir / "checkpoints").iterdir()]
-    assert not (workdir / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
+    assert not (tmp_path / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
     assert list(scratch.iterdir()), "the killed job's scratch is left behind, as SIGKILL allows"
 
-    run_workflow(workdir)  # the same command, again
+    run_workflow(tmp_path)  # the same command, again
 
-    record = json.loads((workdir / "results" / "runs" / run_id / "record.json").read_text())
+    record = json.loads((tmp_path / "results" / "runs" / run_id / "record.json").read_text())
     assert record["training"]["resumed_from_step"] >= 20
-    assert "resuming from" in (workdir / "logs" / "train" / f"{run_id}.log").read_text()
+    assert "resuming from" in (tmp_path / "logs" / "train" / f"{run_id}.log").read_text()
     assert list(scratch.iterdir()) == [], "the retry removed the killed job's scratch"
-    for name in ("metrics.json", "predictions.csv"):
-        resumed = (workdir / "results" / "runs" / run_id / name).read_text()
-        assert resumed == (reference / "results" / "runs" / run_id / name).read_text()
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+
+
+def test_a_stop_signal_saves_progress_and_the_retry_resumes(tmp_path, bbc_subset, tiny_model, uninterrupted_long_run):
+    """USR1 (Slurm's warning before the wall time) to the trainer: it saves a checkpoint at once and
+    fails; Snakemake's retry resumes from exactly there, and the result equals an uninterrupted run."""
+    scratch = long_run(tmp_path, bbc_subset, tiny_model)
+    workflow = start_workflow(tmp_path, "--retries", "1")
+    checkpoint_folder = wait_for_first_checkpoint(tmp_path, workflow)
+    trainer = subprocess.run(["pgrep", "-s", str(workflow.pid), "-f", r"\.train\.py"], capture_output=True, text=True)
+    os.kill(int(trainer.stdout.split()[0]), signal.SIGUSR1)
+    output = workflow.communicate(timeout=600)[0]
+    assert workflow.returncode == 0, output[-6000:]
+
+    run = tmp_path / "results" / "runs" / checkpoint_folder.name
+    first, second = json.loads((run / "record.json").read_text())["pieces"]
+    stopped_at = int(re.search(r"stopped on SIGUSR1 at step (\d+)", first["outcome"]).group(1))
+    assert 20 <= stopped_at < second["reached_step"], "stopped mid-training, after the first checkpoint"
+    assert (first["piece"], second["piece"], second["outcome"]) == (1, 2, "finished")
+    assert second["resumed_from_step"] == stopped_at, "resumed from the checkpoint saved on the signal"
+    assert list(scratch.iterdir()) == []
+    assert same_results(tmp_path, uninterrupted_long_run) == []

@@ -4,22 +4,41 @@ They live outside the rule's declared outputs (Snakemake deletes the outputs of 
 `checkpoints/<run_id>/`, and appear there only whole: each is written to scratch by the trainer and
 then moved in with `staging.sync_back`. The folder's `run.json` says which run (parameters and data)
 the checkpoints belong to, so that a checkpoint is never resumed by a run it does not match.
+While a job trains the run, `running.json` names it: a second copy of the same run (a requeued job
+next to its resubmission, a rerun while an orphaned job still trains) waits instead of writing the
+same checkpoints at the same time. `pieces.json` lists the jobs that trained the run, in order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
 import re
 import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from scratchflow.staging import OWNER_TAG, read_json, remove_leftovers, sync_back, write_json_atomically
 
+log = logging.getLogger(__name__)
+
 CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 # The trainer writes this last, so a checkpoint without it is incomplete.
 COMPLETION_FILE = "trainer_state.json"
 OWNER_FILE = "run.json"
+HOLDER_FILE = "running.json"
+PIECES_FILE = "pieces.json"
+# squeue states of a job that may still write (a pending one was requeued and will start again).
+ACTIVE_SLURM_STATES = {
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
+    "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",
+}  # fmt: skip
 
 
 class CheckpointMismatch(RuntimeError):
@@ -82,3 +101,86 @@ def release(folder: Path) -> None:
     """Remove a finished run's checkpoints: its model is on shared storage now."""
     if folder.is_dir():
         _remove_whole(folder)
+
+
+def this_process() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+
+
+def holder_is_alive(holder: dict[str, Any]) -> bool:
+    """Whether the job or process recorded in `running.json` may still be training."""
+    job_id = holder.get("slurm_job_id")
+    if job_id:
+        if job_id == os.environ.get("SLURM_JOB_ID"):
+            return False  # this very job, requeued: its earlier run on a node is over
+        try:
+            result = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+        except FileNotFoundError:
+            return True  # cannot ask Slurm: assume it is alive rather than train twice at once
+        return result.stdout.strip() in ACTIVE_SLURM_STATES
+    if holder.get("host") != socket.gethostname():
+        return True  # another machine, outside Slurm: nothing here can tell
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def held(folder: Path, poll_seconds: float = 20) -> Iterator[None]:
+    """Train the run of `folder` alone: wait while another live job holds it, then hold it until done.
+
+    The holder file is created exclusively (O_EXCL, atomic on local disks, NFS and Lustre), so of
+    two jobs that find the run free at once, one waits. A holder left by a killed job is taken over.
+    """
+    holder_file = folder / HOLDER_FILE
+    me = this_process()
+    while True:
+        try:
+            descriptor = os.open(holder_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = read_json(holder_file)
+            except (FileNotFoundError, ValueError):
+                time.sleep(1)  # being written or just released: look again
+                continue
+            if holder_is_alive(holder):
+                log.warning("another job is training this run (%s); waiting for it to end", holder)
+                time.sleep(poll_seconds)
+            else:
+                log.info("taking over from a job that is gone: %s", holder)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(holder_file, folder / f".{HOLDER_FILE}.stale{OWNER_TAG}")
+                    os.unlink(folder / f".{HOLDER_FILE}.stale{OWNER_TAG}")
+            continue
+        with os.fdopen(descriptor, "w") as out:
+            out.write(json.dumps(me))
+        break
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            if read_json(holder_file) == me:
+                os.unlink(holder_file)
+
+
+def pieces(folder: Path) -> list[dict[str, Any]]:
+    """The jobs that have trained this run so far, oldest first."""
+    path = folder / PIECES_FILE
+    return read_json(path) if path.is_file() else []
+
+
+def record_piece(folder: Path, piece: dict[str, Any]) -> list[dict[str, Any]]:
+    """Add or update (same `started_at` and job) this job's entry in the run's list of pieces."""
+    listed = [
+        entry
+        for entry in pieces(folder)
+        if (entry.get("started_at"), entry.get("slurm_job_id"), entry.get("pid"))
+        != (piece["started_at"], piece["slurm_job_id"], piece["pid"])
+    ]
+    listed.append(piece)
+    write_json_atomically(listed, folder / PIECES_FILE)
+    return listed

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,8 @@ def train_job(
 ) -> None:
     """Stage the data in, fine-tune (resuming from shared checkpoints), sync the model back, clean up.
 
-    `record_out` is written last: its presence means the other outputs are complete.
+    One call is one piece of the run: a piece stopped by a signal saves its progress and fails, and
+    the next attempt resumes. `record_out` is written last: its presence means the outputs are complete.
     """
     import torch
 
@@ -99,8 +101,13 @@ def train_job(
     timer = PhaseTimer()
     params = identity["training"]
     data_record = read_json(manifest)
-    with scratch_directory(scratch_root, f"train-{run_id}", timer) as scratch:
-        log.info("run %s: scratch %s", run_id, scratch)
+    checkpoints.claim(checkpoint_folder, {"run_id": run_id, **identity, "data_sha256": data_record["sha256"]})
+    with (
+        checkpoints.held(checkpoint_folder),
+        _piece_of(checkpoint_folder) as piece,
+        scratch_directory(scratch_root, f"train-{run_id}", timer) as scratch,
+    ):
+        log.info("run %s, piece %d: scratch %s", run_id, piece["piece"], scratch)
         with timer.phase("stage"):
             data = _staged_splits(archive, manifest, scratch, identity["dataset"])
         with timer.phase("train"):
@@ -111,10 +118,10 @@ def train_job(
                 params=params,
                 work_dir=scratch,
                 shared_checkpoints=checkpoint_folder,
-                checkpoint_owner={"run_id": run_id, **identity, "data_sha256": data_record["sha256"]},
                 save_every_steps=checkpointing["every_steps"],
                 keep_checkpoints=checkpointing["keep"],
             )
+        piece.update(resumed_from_step=metrics["resumed_from_step"], reached_step=metrics["global_steps"])
         with timer.phase("sync"):
             sync_back(trained, model_out)
             write_json_atomically(params, params_out)
@@ -125,6 +132,7 @@ def train_job(
             "config": resolved_config,
             "data": data_record,
             "training": metrics,
+            "pieces": checkpoints.pieces(checkpoint_folder),
             "seed": params["seed"],
             "threads": threads,
             "timings_seconds": timer.seconds,
@@ -132,9 +140,29 @@ def train_job(
         },
         record_out,
     )
-    if not checkpointing["keep_after_training"]:
-        checkpoints.release(checkpoint_folder)
     log.info("run %s trained; phases (s): %s", run_id, timer.seconds)
+
+
+@contextlib.contextmanager
+def _piece_of(checkpoint_folder: Path) -> Iterator[dict[str, Any]]:
+    """List this job in the run's pieces (the jobs that trained it, in order) with how it ended."""
+    piece = {
+        "piece": len(checkpoints.pieces(checkpoint_folder)) + 1,
+        **checkpoints.this_process(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "outcome": "running",
+    }
+    checkpoints.record_piece(checkpoint_folder, piece)
+    try:
+        yield piece
+    except BaseException as error:
+        piece["outcome"] = f"{type(error).__name__}: {error}"
+        raise
+    else:
+        piece["outcome"] = "finished"
+    finally:
+        piece["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        checkpoints.record_piece(checkpoint_folder, piece)
 
 
 def predict_job(

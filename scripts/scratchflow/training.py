@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,44 @@ class MirrorCheckpointsToShared(TrainerCallback):
                 log.info("checkpoint %s saved to %s", newest.name, self.shared_folder)
 
 
+class TrainingStopped(RuntimeError):
+    """Training stopped early on request (time limit near, job cancelled); its progress is saved."""
+
+
+# USR1: Slurm's warning before the wall time (--signal=USR1@<seconds>). TERM: scancel, preemption,
+# the time limit itself. Either way: save a checkpoint at the end of the current step, then stop.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class StopOnSignal(TrainerCallback):
+    """Turns a stop signal into "save a checkpoint now and stop"; also saves one after the last step,
+    so that a run whose job dies after training resumes from its end instead of from zero."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+        for number in STOP_SIGNALS:
+            signal.signal(number, self._receive)
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+    def _receive(self, number: int, _frame: Any) -> None:
+        self.received = signal.Signals(number).name
+        log.warning("%s received: saving a checkpoint after the current step, then stopping", self.received)
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.received or state.global_step >= state.max_steps:
+            control.should_save = True
+        if self.received:
+            control.should_training_stop = True
+
+
 def accuracy(evaluation: Any) -> dict[str, float]:
     logits, labels = evaluation
     return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
@@ -70,17 +111,16 @@ def fine_tune(
     params: dict[str, Any],
     work_dir: Path,
     shared_checkpoints: Path,
-    checkpoint_owner: dict[str, Any],
     save_every_steps: int,
     keep_checkpoints: int,
 ) -> tuple[Path, dict[str, Any]]:
     """Fine-tune the model in `model_dir` on `splits['train']`, evaluating on `splits['validation']`.
 
-    Works under `work_dir` (node-local scratch) and mirrors each checkpoint to `shared_checkpoints`;
-    if that folder already holds a complete checkpoint of the same run, training resumes from it.
+    Works under `work_dir` (node-local scratch) and mirrors each checkpoint to `shared_checkpoints`
+    (claimed for this run by the caller); training resumes from the newest complete one there.
+    SIGUSR1 or SIGTERM stop it after saving a checkpoint (TrainingStopped).
     Returns the directory of the trained model (on scratch) and the training metrics.
     """
-    checkpoints.claim(shared_checkpoints, checkpoint_owner)
     label_ids = {label: index for index, label in enumerate(labels)}
     set_seed(params["seed"])  # before the model is built: the new classifier head is random
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -91,6 +131,7 @@ def fine_tune(
         id2label=dict(enumerate(labels)),
         label2id=label_ids,
     )
+    stop = StopOnSignal()
     on_gpu = torch.cuda.is_available()
     arguments = TrainingArguments(
         output_dir=str(work_dir / "checkpoints"),
@@ -120,12 +161,21 @@ def fine_tune(
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
         compute_metrics=accuracy,
-        callbacks=[MirrorCheckpointsToShared(shared_checkpoints, keep_checkpoints)],
+        # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
+        callbacks=[stop, MirrorCheckpointsToShared(shared_checkpoints, keep_checkpoints)],
     )
     resume_from = _bring_newest_checkpoint(shared_checkpoints, work_dir / "checkpoints")
-    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    with stop.listening():
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if result.global_step < trainer.state.max_steps:
+        raise TrainingStopped(
+            f"stopped on {stop.received} at step {result.global_step} of {trainer.state.max_steps}; "
+            f"checkpoint-{result.global_step} is saved in {shared_checkpoints} and the next attempt resumes from it"
+        )
+    logged_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     metrics: dict[str, Any] = {
-        "train_loss": result.training_loss,
+        # Over all pieces of a resumed run (the trainer's own figure covers only the last piece).
+        "train_loss": float(np.mean(logged_losses)) if logged_losses else result.training_loss,
         "global_steps": result.global_step,
         "resumed_from_step": int(resume_from.name.split("-")[1]) if resume_from else None,
         "train_examples": len(splits["train"]),
