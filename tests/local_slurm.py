@@ -249,6 +249,15 @@ class LocalSlurm:
         self._wait("the node", self._node_idle)
         return self
 
+    def restart_controller(self, down_seconds: float) -> None:
+        """Stop slurmctld, as a crash or an upgrade does, and start it again from its saved state."""
+        controller = self.daemons.pop("slurmctld")
+        controller.send_signal(signal.SIGTERM)
+        controller.wait(timeout=30)
+        time.sleep(down_seconds)
+        self._start("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+        self._wait("slurmctld", lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0)
+
     def _node_idle(self) -> bool:
         state = self.run("sinfo", "-h", "-n", self.host, "-o", "%T", check=False).stdout.split()
         return bool(state) and all(s.rstrip("*") in ("idle", "mixed", "allocated") for s in state)

@@ -16,20 +16,19 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, workflow_config, workflow_env, write_config
+from conftest import (
+    OVERLAY,
+    REPO,
+    USER,
+    slurm_workflow_command,
+    slurm_workflow_env,
+    workflow_config,
+    workflow_env,
+    write_config,
+)
 from local_slurm import ACCOUNT, LocalSlurm
 
 pytestmark = pytest.mark.slow
-
-OVERLAY = REPO / "tests" / "slurm_overlay"
-USER = os.environ.get("USER") or "root"  # unset in some sandboxes; always set on a login node
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -63,20 +62,13 @@ def run_on_slurm(
     slurm: LocalSlurm, workdir: Path, profile: str, env: dict[str, str], *arguments: str
 ) -> subprocess.CompletedProcess:
     """`snakemake --profile profiles/<profile>` on the test cluster's login side, with the overlay."""
-    command = slurm.inside(
-        str(Path(sys.executable).parent / "snakemake"),
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--profile",
-        str(REPO / "profiles" / profile),
-        "--profile",
-        str(OVERLAY),
-        "--verbose",
-        *arguments,
-    )
-    full_env = {**workflow_env(), "SLURM_CONF": str(slurm.conf), "USER": USER, **env}
     return subprocess.run(
-        command, cwd=workdir, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        slurm_workflow_command(slurm, profile, *arguments),
+        cwd=workdir,
+        env=slurm_workflow_env(slurm, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

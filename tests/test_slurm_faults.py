@@ -1,0 +1,229 @@
+"""A researcher's worst day, on the real test cluster: jobs cancelled, timed out, requeued, a killed
+Snakemake, a restarted controller, a failing step. Each ends in a clean resume or a clear error,
+with every result either whole or absent.
+
+All run the edinburgh profile (layered with tests/slurm_overlay), whose jobs use the submitting
+environment's software, so that each test pays for its fault rather than for building a venv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import (
+    USER,
+    long_run,
+    same_results,
+    slurm_workflow_command,
+    slurm_workflow_env,
+    workflow_config,
+    write_config,
+)
+from scratchflow.checkpoints import newest_complete_checkpoint
+
+pytestmark = pytest.mark.slow
+
+PROFILE = "edinburgh"
+SCRATCH = Path(f"/disk/scratch/{USER}")  # the profile's node-local scratch root
+
+
+@pytest.fixture(autouse=True)
+def node_local_disk():
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    before = set(SCRATCH.iterdir())
+    yield
+    assert set(SCRATCH.iterdir()) == before, "every job removed its node-local scratch"
+
+
+def configure_long_run(workdir: Path, data: Path, model: Path) -> dict:
+    """The long run of conftest, with the profile's cluster facts (its scratch root)."""
+    long_run(workdir, data, model)
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    del config["cluster"]
+    write_config(workdir, config)
+    return config
+
+
+def start(slurm, workdir: Path, *arguments: str) -> subprocess.Popen:
+    """The profile's command in the background; its output goes to <workdir>.out."""
+    output = open(workdir.with_suffix(".out"), "w")  # noqa: SIM115 (closed by finish)
+    return subprocess.Popen(
+        slurm_workflow_command(slurm, PROFILE, *arguments),
+        cwd=workdir,
+        env=slurm_workflow_env(slurm),
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def finish(workflow: subprocess.Popen, workdir: Path, timeout: float = 480) -> tuple[int, str]:
+    returncode = workflow.wait(timeout=timeout)
+    return returncode, workdir.with_suffix(".out").read_text()
+
+
+def wait_until(condition, workflow: subprocess.Popen, workdir: Path, what: str, timeout: float = 300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        if workflow.poll() is not None:
+            break
+        time.sleep(0.2)
+    output = workdir.with_suffix(".out").read_text()
+    raise AssertionError(f"{what} did not happen; the workflow said:\n{output[-4000:]}")
+
+
+def first_checkpoint(workdir: Path):
+    """The checkpoint folder of the (only) run, once it holds a complete checkpoint."""
+    folders = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
+    return folders[0] if folders and newest_complete_checkpoint(folders[0]) else None
+
+
+def active_jobs(slurm, rule: str) -> list[str]:
+    """Ids of this rule's jobs that Slurm is running (the plugin puts the rule in the comment)."""
+    listing = slurm.run("squeue", "-h", "-t", "RUNNING", "-o", "%i %k").stdout
+    return [line.split()[0] for line in listing.splitlines() if f"rule_{rule}" in line]
+
+
+def pieces_of(workdir: Path) -> list[dict]:
+    (run,) = (workdir / "results" / "runs").iterdir()
+    return json.loads((run / "record.json").read_text())["pieces"]
+
+
+def states(slurm, job_ids: list[str]) -> list[str]:
+    listing = slurm.run("sacct", "-X", "-n", "--parsable2", "--format=JobID,State", "-j", ",".join(job_ids)).stdout
+    by_id = dict(line.split("|") for line in listing.splitlines() if line)
+    return [by_id[job_id].split()[0] for job_id in job_ids]
+
+
+def stopped_at(piece: dict, signal_name: str) -> int:
+    match = re.search(rf"stopped on {signal_name} at step (\d+)", piece["outcome"])
+    assert match, piece
+    return int(match.group(1))
+
+
+def test_a_cancelled_train_job_is_retried_and_resumes_to_the_same_result(
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    configure_long_run(tmp_path, bbc_subset, tiny_model)
+    workflow = start(slurm, tmp_path)
+    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
+    (job,) = active_jobs(slurm, "train")
+    slurm.run("scancel", job)  # SIGTERM to every process of the job, SIGKILL after KillWait
+
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+    first, second = pieces_of(tmp_path)
+    step = stopped_at(first, "SIGTERM")
+    assert second["resumed_from_step"] == step and second["outcome"] == "finished"
+    assert states(slurm, [first["slurm_job_id"], second["slurm_job_id"]]) == ["CANCELLED", "COMPLETED"]
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+
+
+def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resumes(
+    slurm, tmp_path, bbc_subset, tiny_model
+):
+    config = configure_long_run(tmp_path, bbc_subset, tiny_model)
+    config["training"]["epochs"] = 120  # about 80 s of training: longer than the first job's minute
+    write_config(tmp_path, config)
+    # One minute for the first attempt, two for the second; USR1 30 s before the end (Slurm checks
+    # time limits every 30 s, so it comes 30 to 60 s into the first job).
+    workflow = start(
+        slurm, tmp_path, "--set-resources", "train:runtime=attempt", "train:slurm_extra='--signal=USR1@30'"
+    )
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+
+    first, second = pieces_of(tmp_path)
+    step = stopped_at(first, "SIGUSR1")
+    assert step > 20, "it trained on until the warning"
+    assert second["resumed_from_step"] == step and second["outcome"] == "finished"
+    # The first job ended itself, before Slurm's kill, so that its checkpoint was complete.
+    assert states(slurm, [first["slurm_job_id"], second["slurm_job_id"]]) == ["FAILED", "COMPLETED"]
+
+
+def test_a_killed_snakemake_picks_up_on_the_same_command_without_retraining(
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    configure_long_run(tmp_path, bbc_subset, tiny_model)
+    workflow = start(slurm, tmp_path)
+    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
+    os.kill(workflow.pid, signal.SIGKILL)  # Snakemake only: its Slurm job trains on, orphaned
+    workflow.wait()
+    (orphan,) = active_jobs(slurm, "train")
+
+    # Snakemake's lock outlives a SIGKILL: lift it (README), then the same command again.
+    unlock = start(slurm, tmp_path, "--unlock")
+    assert finish(unlock, tmp_path)[0] == 0
+    returncode, output = finish(start(slurm, tmp_path), tmp_path)
+    assert returncode == 0, output[-6000:]
+
+    pieces = pieces_of(tmp_path)
+    assert pieces[0]["slurm_job_id"] == orphan and pieces[0]["outcome"] == "finished"
+    # The rerun's job waited for the orphan, then resumed from its final checkpoint: nothing trained twice.
+    assert all(piece["resumed_from_step"] == pieces[0]["reached_step"] for piece in pieces[1:])
+    assert "another job is training this run" in (tmp_path / "logs" / "train").glob("*.log").__next__().read_text()
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+
+
+def test_a_restarted_controller_loses_no_job_and_no_result(
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    configure_long_run(tmp_path, bbc_subset, tiny_model)
+    workflow = start(slurm, tmp_path)
+    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
+    slurm.restart_controller(down_seconds=15)
+
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+    (piece,) = pieces_of(tmp_path)
+    assert piece["resumed_from_step"] is None, "the job ran on through the outage"
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run):
+    """What preemption or a node failure does with --requeue: Slurm kills the job and queues it
+    again under the same id; its second start resumes."""
+    configure_long_run(tmp_path, bbc_subset, tiny_model)
+    workflow = start(slurm, tmp_path)
+    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
+    (job,) = active_jobs(slurm, "train")
+    slurm.run("scontrol", "requeue", job)
+
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+    first, second = pieces_of(tmp_path)
+    assert first["slurm_job_id"] == second["slurm_job_id"] == job
+    assert second["resumed_from_step"] == stopped_at(first, "SIGTERM")
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+
+
+def test_a_failing_predict_job_keeps_the_trained_run_and_says_where_to_look(slurm, tmp_path, bbc_subset, tiny_model):
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    config["training"]["epochs"] = 2
+    config["checkpointing"]["keep_after_training"] = False
+    del config["cluster"]
+    write_config(tmp_path, config)
+    returncode, output = finish(start(slurm, tmp_path, "--until", "train"), tmp_path)
+    assert returncode == 0, output[-6000:]
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    (run / "model" / "model.safetensors").unlink()  # the trained weights lost, as on a damaged disk
+    trained = sorted(path.relative_to(run) for path in run.rglob("*"))
+
+    returncode, output = finish(start(slurm, tmp_path), tmp_path)
+    assert returncode != 0
+    assert "Error in rule predict" in output and f"logs/predict/{run.name}.log" in output
+    log = (tmp_path / "logs" / "predict" / f"{run.name}.log").read_text()
+    assert "job failed" in log
+    assert sorted(path.relative_to(run) for path in run.rglob("*")) == trained, "train results stay"
+    assert (tmp_path / "checkpoints" / run.name).is_dir(), "kept: the workflow did not succeed"
