@@ -108,11 +108,11 @@ def workflow_env() -> dict[str, str]:
 
 
 def long_run(workdir: Path, data: Path, model: Path) -> Path:
-    """One run long enough to interrupt (about 500 steps, a minute on 2 cores): config in `workdir`,
+    """One run long enough to interrupt (280 steps, checkpoints every 20): config in `workdir`,
     returns its scratch root. The fault tests compare their results with an uninterrupted one."""
     scratch = workdir / "scratch"
     config = workflow_config(data, model, scratch, grid={"seed": [7]})
-    config["training"].update(epochs=40, max_length=128)
+    config["training"].update(epochs=20, max_length=128)
     config["checkpointing"] = {"every_steps": 20, "keep": 2}
     write_config(workdir, config)
     return scratch
@@ -165,3 +165,13 @@ def slurm_workflow_command(slurm, profile: str, *arguments: str) -> list[str]:
 
 def slurm_workflow_env(slurm, env: dict[str, str] | None = None) -> dict[str, str]:
     return {**workflow_env(), "SLURM_CONF": str(slurm.conf), "USER": USER, **(env or {})}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KB filesystem (tmpfs), like a node whose local disk is nearly full."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", mount_point], check=True)
+    yield mount_point
+    subprocess.run(["umount", mount_point], check=True)

@@ -1,7 +1,13 @@
 import json
+import os
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 from scratchflow import checkpoints
+from scratchflow.checkpoints import held, this_process
 
 
 def make_checkpoint(folder, step, complete=True):
@@ -55,3 +61,45 @@ def test_release_removes_the_folder(tmp_path):
     make_checkpoint(folder, 5)
     checkpoints.release(folder)
     assert list(tmp_path.iterdir()) == []
+
+
+HOLD_UNTIL_RELEASED = """
+import sys, time
+from pathlib import Path
+from scratchflow.checkpoints import held
+folder, release = Path(sys.argv[1]), Path(sys.argv[2])
+with held(folder):
+    (folder / "first-holds").touch()
+    while not release.exists():
+        time.sleep(0.05)
+    (folder / "first-done").touch()
+"""
+
+
+def test_a_second_copy_of_a_run_waits_for_the_first_to_finish(tmp_path):
+    folder, release = tmp_path / "run", tmp_path / "release"
+    folder.mkdir()
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLD_UNTIL_RELEASED, folder, release], env={**os.environ, "PYTHONPATH": "scripts"}
+    )
+    while not (folder / "first-holds").exists():
+        assert first.poll() is None
+        time.sleep(0.05)
+    threading.Timer(1.0, release.touch).start()
+    with held(folder, poll_seconds=0.1):
+        assert (folder / "first-done").exists(), "the second copy started before the first ended"
+        assert json.loads((folder / "running.json").read_text())["pid"] == os.getpid()
+    assert first.wait() == 0
+    assert not (folder / "running.json").exists()
+
+
+def test_a_holder_that_is_gone_is_taken_over(tmp_path, monkeypatch):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "running.json").write_text(json.dumps({**this_process(), "pid": int(dead.stdout)}))
+    with held(tmp_path, poll_seconds=0.1):
+        assert json.loads((tmp_path / "running.json").read_text())["pid"] == os.getpid()
+    # A requeued job finds its own job id, left by its first start on a node: that start is over.
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    (tmp_path / "running.json").write_text(json.dumps({**this_process(), "host": "node-that-died"}))
+    with held(tmp_path, poll_seconds=0.1):
+        pass

@@ -170,9 +170,9 @@ def test_a_killed_snakemake_picks_up_on_the_same_command_without_retraining(
 
     pieces = pieces_of(tmp_path)
     assert pieces[0]["slurm_job_id"] == orphan and pieces[0]["outcome"] == "finished"
-    # The rerun's job waited for the orphan, then resumed from its final checkpoint: nothing trained twice.
+    # The rerun's job waited for the orphan if it still ran (checkpoints/<run>/running.json), then
+    # resumed from its final checkpoint: nothing was trained twice.
     assert all(piece["resumed_from_step"] == pieces[0]["reached_step"] for piece in pieces[1:])
-    assert "another job is training this run" in (tmp_path / "logs" / "train").glob("*.log").__next__().read_text()
     assert same_results(tmp_path, uninterrupted_long_run) == []
 
 
@@ -199,6 +199,14 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, bbc_subset,
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     (job,) = active_jobs(slurm, "train")
     slurm.run("scontrol", "requeue", job)
+    # Slurm holds a requeued job back for about two minutes; let it start as soon as it may.
+    wait_until(
+        lambda: slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False).returncode == 0,
+        workflow,
+        tmp_path,
+        "the requeued job to be pending",
+        timeout=60,
+    )
 
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
@@ -220,10 +228,9 @@ def test_a_failing_predict_job_keeps_the_trained_run_and_says_where_to_look(slur
     (run / "model" / "model.safetensors").unlink()  # the trained weights lost, as on a damaged disk
     trained = sorted(path.relative_to(run) for path in run.rglob("*"))
 
-    returncode, output = finish(start(slurm, tmp_path), tmp_path)
+    returncode, output = finish(start(slurm, tmp_path, "--retries", "0"), tmp_path)
     assert returncode != 0
     assert "Error in rule predict" in output and f"logs/predict/{run.name}.log" in output
     log = (tmp_path / "logs" / "predict" / f"{run.name}.log").read_text()
     assert "job failed" in log
     assert sorted(path.relative_to(run) for path in run.rglob("*")) == trained, "train results stay"
-    assert (tmp_path / "checkpoints" / run.name).is_dir(), "kept: the workflow did not succeed"

@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import subprocess
@@ -81,16 +82,42 @@ def test_stage_in_verifies_and_extracts_the_same_files(raw, tmp_path):
     assert not (scratch / "toy.tar").exists(), "the copied archive is removed once extracted"
 
 
-def test_a_corrupted_archive_stops_before_extraction(raw, tmp_path):
+def corrupt(archive: Path, manifest: Path) -> None:
+    with open(archive, "r+b") as file:
+        file.seek(2000)
+        file.write(b"corrupt")
+
+
+def truncate(archive: Path, manifest: Path) -> None:
+    os.truncate(archive, archive.stat().st_size // 2)
+
+
+def swap_manifest(archive: Path, manifest: Path) -> None:
+    """The manifest of another version of the data beside this archive."""
+    record = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**record, "sha256": "0" * 64}))
+
+
+@pytest.mark.parametrize("damage", [corrupt, truncate, swap_manifest])
+def test_an_archive_that_does_not_match_its_manifest_stops_before_extraction(damage, raw, tmp_path):
     archive_dataset(raw, tmp_path / "toy.tar", tmp_path / "toy.json", DATASET)
-    with open(tmp_path / "toy.tar", "r+b") as archive:
-        archive.seek(2000)
-        archive.write(b"corrupt")
+    damage(tmp_path / "toy.tar", tmp_path / "toy.json")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     with pytest.raises(StagingError, match="checksum mismatch"):
         stage_in(tmp_path / "toy.tar", tmp_path / "toy.json", scratch)
     assert not (scratch / "data").exists()
+
+
+def test_scratch_too_small_for_the_data_fails_before_copying_with_the_figures(tmp_path, small_disk):
+    raw = tmp_path / "raw"
+    for index in range(40):
+        (raw / "label").mkdir(parents=True, exist_ok=True)
+        (raw / "label" / f"{index}.txt").write_bytes(os.urandom(8192))
+    archive_dataset(raw, tmp_path / "big.tar", tmp_path / "big.json", DATASET)
+    with pytest.raises(StagingError, match=r"has 0\.3 MB free, but staging the dataset needs 0\.8 MB"):
+        stage_in(tmp_path / "big.tar", tmp_path / "big.json", small_disk)
+    assert list(small_disk.iterdir()) == []
 
 
 def test_sync_back_replaces_the_destination_whole(tmp_path):

@@ -220,3 +220,39 @@ def test_a_stop_signal_saves_progress_and_the_retry_resumes(tmp_path, bbc_subset
     assert second["resumed_from_step"] == stopped_at, "resumed from the checkpoint saved on the signal"
     assert list(scratch.iterdir()) == []
     assert same_results(tmp_path, uninterrupted_long_run) == []
+
+
+def test_scratch_too_small_stops_the_job_before_training_and_is_left_empty(
+    tmp_path, small_disk, bbc_subset, tiny_model
+):
+    write_config(tmp_path, workflow_config(bbc_subset, tiny_model, small_disk, grid={"seed": [0]}))
+    result = run_workflow(tmp_path, check=False)
+    assert result.returncode != 0
+    assert "MB free, but staging the dataset needs" in result.stdout
+    (log,) = (tmp_path / "logs" / "train").iterdir()
+    assert "epoch" not in log.read_text(), "training must not have started"
+    assert list(small_disk.iterdir()) == []
+    assert not list(tmp_path.glob("results/runs/*/*"))
+
+
+def test_a_checkpoint_of_other_parameters_is_refused_not_resumed(tmp_path, bbc_subset, tiny_model):
+    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", grid={"seed": [0, 1]})
+    config["training"]["epochs"] = 2
+    config["checkpointing"]["keep_after_training"] = True
+    write_config(tmp_path, config)
+    run_workflow(tmp_path)
+    first, second = sorted((tmp_path / "checkpoints").iterdir())
+    # The second run's checkpoints replaced by the first's (a copy gone wrong, a reused folder).
+    shutil.rmtree(second)
+    shutil.copytree(first, second)
+    shutil.rmtree(tmp_path / "results" / "runs" / second.name)
+
+    result = run_workflow(tmp_path, f"results/runs/{second.name}/record.json", check=False)
+    assert result.returncode != 0
+    assert f"{second.relative_to(tmp_path)} holds checkpoints of a different run (differs in: run_id, training)" in (
+        result.stdout
+    )
+    log = (tmp_path / "logs" / "train" / f"{second.name}.log").read_text()
+    assert "resuming from" not in log and "epoch" not in log
+    assert not (tmp_path / "results" / "runs" / second.name).exists()
+    assert (tmp_path / "results" / "runs" / first.name / "record.json").is_file()

@@ -153,10 +153,11 @@ def copy_with_sha256(source: Path, destination: Path) -> str:
 def stage_in(archive: Path, manifest: Path, scratch: Path) -> Path:
     """Copy the archive to scratch, verify it against its manifest, extract it; return the data's path.
 
-    A checksum mismatch stops here, before any training, with the two checksums in the message.
+    Too little space on scratch, or a checksum mismatch, stops here, before any training.
     """
     require_tools("tar")
     expected = read_json(manifest)
+    _check_space(scratch, expected)
     local_archive = scratch / archive.name
     actual_sha256 = copy_with_sha256(archive, local_archive)
     if actual_sha256 != expected["sha256"]:
@@ -170,6 +171,23 @@ def stage_in(archive: Path, manifest: Path, scratch: Path) -> Path:
     _run(["tar", "--extract", f"--file={local_archive}", f"--directory={extracted}"])
     local_archive.unlink()
     return extracted / expected["root"]
+
+
+# What a file takes on disk beyond its bytes, at most (one filesystem block), for the space check.
+FILE_OVERHEAD_BYTES = 4096
+
+
+def _check_space(scratch: Path, manifest: dict[str, Any]) -> None:
+    """Fail with the figures, not halfway through extracting with ENOSPC, if the data cannot fit."""
+    needed = manifest["archive_bytes"] + manifest["bytes"] + manifest["files"] * FILE_OVERHEAD_BYTES
+    free = shutil.disk_usage(scratch).free
+    if needed > free:
+        raise StagingError(
+            f"node-local scratch {scratch} has {free / 1e6:.1f} MB free, but staging the dataset needs "
+            f"{needed / 1e6:.1f} MB (the archive, {manifest['archive_bytes'] / 1e6:.1f} MB, and its "
+            f"{manifest['files']} extracted files). Point cluster.scratch_root at a larger disk, or ask "
+            "Slurm for more local disk (e.g. --tmp in slurm_extra, where the cluster supports it)."
+        )
 
 
 def _owner_is_gone(name: str) -> bool:
