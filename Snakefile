@@ -15,10 +15,17 @@ include: "rules/predict.smk"
 include: "rules/aggregate.smk"
 
 
+check_rule_resources()
+
+
 rule all:
     default_target: True
     input:
         final_outputs,
+
+
+onstart:
+    check_rule_resources()
 
 
 onsuccess:

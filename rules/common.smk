@@ -9,7 +9,14 @@ from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
 from scratchflow import checkpoints
-from scratchflow.config import ConfigError, check_paths, explain_schema_error
+from scratchflow.config import (
+    ConfigError,
+    check_dataset,
+    check_paths,
+    check_resources,
+    check_split_fractions,
+    explain_schema_error,
+)
 from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
@@ -18,7 +25,10 @@ try:
     validate(config, "../config/schemas/config.schema.yaml")
 except WorkflowError as error:
     raise ConfigError(explain_schema_error(error) or str(error)) from None
-check_paths(config)
+check_paths(config, Path(workflow.basedir))
+check_split_fractions(config)
+if workflow.is_main_process:
+    check_dataset(config, Path(".snakemake/scratchflow/checked-data"))
 
 if workflow.remote_exec:
     # Slurm's warning before the wall time (--signal=USR1@<s>) reaches every process of the job step,
@@ -119,3 +129,31 @@ def release_finished_checkpoints():
     for run_id in RUNS:
         if Path(f"results/runs/{run_id}/record.json").is_file():
             checkpoints.release(Path(checkpoint_folder(SimpleNamespace(run_id=run_id))))
+
+
+def check_rule_resources():
+    """Profile resources checked before any job is submitted: unknown names, and runtimes above
+    cluster.max_runtime_minutes. Called when the workflow is read (first attempts: --retries is
+    not known yet) and again from onstart, for every attempt up to --retries."""
+    if not workflow.is_main_process:
+        return
+    runtimes = {}
+    for defined in workflow.rules:
+        runtime = defined.resources.get("runtime")
+        if runtime is None:
+            continue
+        retries = defined.restart_times if workflow.execution_settings else 0
+        try:
+            runtimes[defined.name] = [
+                runtime.evaluate(
+                    SimpleNamespace(), input=[], attempt=attempt, threads=1
+                ).value
+                for attempt in range(1, retries + 2)
+            ]
+        except Exception:
+            continue  # depends on the job's input or wildcards: sbatch checks it at submission
+    check_resources(
+        {defined.name: defined.resources for defined in workflow.rules},
+        runtimes,
+        config["cluster"],
+    )

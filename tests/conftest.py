@@ -79,10 +79,15 @@ def snakemake_command(*args: str) -> list[str]:
 
 
 def run_workflow(
-    workdir: Path, *args: str, check: bool = True, offline: bool = False, timeout: int = 600
+    workdir: Path,
+    *args: str,
+    check: bool = True,
+    offline: bool = False,
+    timeout: int = 600,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the README's local command in `workdir` (its whole output in `.stdout`); `offline` runs it
-    with no network at all."""
+    with no network at all; `env` adds to the environment."""
     command = snakemake_command(*args)
     if offline:
         command = ["unshare", "--net", *command]
@@ -93,7 +98,7 @@ def run_workflow(
         stderr=subprocess.STDOUT,  # Snakemake reports on stderr: tests read one stream, in order
         text=True,
         timeout=timeout,
-        env=workflow_env(),
+        env={**workflow_env(), **(env or {})},
     )
     if check and result.returncode != 0:
         pytest.fail(f"workflow failed ({result.returncode}):\n{result.stdout[-8000:]}")

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from scratchflow.dataset import DatasetError, resolve_location
+from scratchflow.dataset import DatasetError, check_examples, fingerprint, load_examples, resolve_location
 from scratchflow.models import is_local_source
+
+# Resources Snakemake defines, and those snakemake-executor-plugin-slurm 2.x turns into sbatch flags;
+# any other name in a profile is a typo that would be silently ignored.
+KNOWN_RESOURCES = frozenset(
+    {
+        *("_cores", "_nodes", "threads", "runtime", "tmpdir"),
+        *("mem", "mem_mb", "mem_mib", "disk", "disk_mb", "disk_mib", "mem_mb_per_cpu"),
+        *("slurm_account", "slurm_partition", "slurm_extra", "slurm_cluster", "clusters", "cluster"),
+        *("constraint", "qos", "nodes", "tasks", "tasks_per_node", "tasks_per_gpu", "mpi"),
+        *("cpus_per_task", "cpus_per_gpu", "gpu", "gpu_model", "gres"),
+    }
+)
 
 
 class ConfigError(ValueError):
@@ -36,9 +53,82 @@ def explain_schema_error(error: Exception) -> str | None:
     return message
 
 
-def check_paths(config: dict[str, Any]) -> None:
-    """The dataset and a local model source must exist here, in the form the config says."""
+def check_split_fractions(config: dict[str, Any]) -> None:
     dataset = config["dataset"]
+    if dataset["test_fraction"] + dataset["validation_fraction"] >= 1:
+        raise ConfigError(
+            f"dataset.test_fraction ({dataset['test_fraction']}) + dataset.validation_fraction "
+            f"({dataset['validation_fraction']}) must be below 1: nothing would be left to train on"
+        )
+
+
+def check_dataset(config: dict[str, Any], checked_dir: Path) -> None:
+    """Read the data once per version of it (a marker named by its fingerprint and the settings that
+    read it) and fail on what training would fail on hours later: missing columns, empty texts, one
+    label, too few examples for the split."""
+    dataset = config["dataset"]
+    data = resolve_location(dataset["path"])
+    settings = {key: dataset[key] for key in sorted(dataset) if key != "name"}
+    key = hashlib.sha256(json.dumps([fingerprint(data), settings]).encode()).hexdigest()[:16]
+    marker = checked_dir / f"{dataset['name']}-{key}"
+    if marker.exists():
+        return
+    try:
+        examples = load_examples(data, dataset["format"], dataset["text_column"], dataset["label_column"])
+        check_examples(examples, dataset)
+    except DatasetError as error:
+        raise ConfigError(f"dataset: {error}") from None
+    except ValueError as error:  # the table reader's own complaint about the file
+        raise ConfigError(f"dataset.path: cannot read {data} as {dataset['format']}: {error}") from None
+    checked_dir.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+
+
+def check_resources(
+    resources_by_rule: Mapping[str, Mapping[str, Any]], runtimes: Mapping[str, list[int]], cluster: dict[str, Any]
+) -> None:
+    """Resource names must be ones Snakemake or the Slurm plugin use; no attempt's runtime (minutes)
+    may exceed the cluster's maximum. `runtimes` maps a rule to its runtime for attempt 1, 2, ..."""
+    for rule, resources in resources_by_rule.items():
+        unknown = sorted(set(resources) - KNOWN_RESOURCES)
+        if unknown:
+            raise ConfigError(
+                f"resource {', '.join(unknown)} of rule {rule} (profile or --set-resources) is not one "
+                "Snakemake or the Slurm plugin knows, so it would be ignored; known: "
+                + ", ".join(sorted(KNOWN_RESOURCES))
+            )
+    limit = cluster.get("max_runtime_minutes")
+    for rule, minutes in runtimes.items():
+        for attempt, runtime in enumerate(minutes, start=1):
+            if limit is not None and isinstance(runtime, int) and runtime > limit:
+                raise ConfigError(
+                    f"resource runtime of rule {rule}: {runtime} min on attempt {attempt} is above the "
+                    f"maximum of cluster {cluster['name']!r}, {limit} min (cluster.max_runtime_minutes); "
+                    "the job would be refused or never start. Cap it, e.g. min(1440 * attempt, "
+                    f"{limit}), and let checkpoints carry the training across attempts"
+                )
+
+
+# The Slurm plugin hands each job's command, input paths included, to a shell inside double quotes,
+# where these still act: a path holding them would run code on the login node.
+SHELL_ACTIVE_CHARACTERS = ("$", "`", '"', "\\", "\n")
+
+
+def _refuse_shell_characters(key: str, value: str) -> None:
+    found = [character for character in SHELL_ACTIVE_CHARACTERS if character in value]
+    if found:
+        raise ConfigError(
+            f"{key}: {value!r} contains {' '.join(map(repr, found))}, which a shell would interpret when "
+            "the Slurm plugin submits the job; rename the file or folder (or link it under a plain name)"
+        )
+
+
+def check_paths(config: dict[str, Any], workflow_dir: Path) -> None:
+    """The dataset and a local model source must exist here, in the form the config says; a token
+    file must exist outside the workflow's directory (where it could end up in git)."""
+    dataset = config["dataset"]
+    _refuse_shell_characters("dataset.path", dataset["path"])
+    _refuse_shell_characters("model.source", config["model"]["source"])
     try:
         data = resolve_location(dataset["path"])
     except DatasetError as error:
@@ -60,4 +150,24 @@ def check_paths(config: dict[str, Any]) -> None:
             raise ConfigError(
                 f"model.source: {source!r} looks like a local model, but {model} has no config.json "
                 "(a hub name looks like 'org/model'; a local model is a directory saved with save_pretrained)"
+            )
+    elif os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(source, "config.json"), str):
+            raise ConfigError(
+                f"model.source: {source!r} is a hub name, HF_HUB_OFFLINE is set, and the model is not in "
+                "the local Hugging Face cache; download it where there is internet (huggingface-cli "
+                "download), or point model.source at a local copy"
+            )
+
+    token_file = config["model"].get("token_file")
+    if token_file is not None:
+        path = Path(token_file).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError(f"model.token_file: {token_file!r} does not exist")
+        if path.is_relative_to(workflow_dir.resolve()) or path.is_relative_to(Path.cwd().resolve()):
+            raise ConfigError(
+                f"model.token_file: {token_file!r} is inside the workflow's directory, where it could be "
+                "committed or copied with the results; keep tokens outside it (e.g. ~/.config/hf-token)"
             )

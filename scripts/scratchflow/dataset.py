@@ -128,6 +128,34 @@ def split_examples(
     return splits
 
 
+def check_examples(examples: list[Example], dataset: dict) -> None:
+    """What training needs of the data: text and a label in every example, two labels or more, and
+    enough examples for the configured split. Raises DatasetError naming the config key."""
+
+    def rows(found: list[Example]) -> str:
+        shown = ", ".join(example.id for example in found[:5])
+        return f"{len(found)} example(s) ({shown}{', ...' if len(found) > 5 else ''})"
+
+    without_text = [example for example in examples if not example.text.strip()]
+    if without_text:
+        raise DatasetError(
+            f"dataset.text_column {dataset['text_column']!r}: {rows(without_text)} have no text; "
+            "remove them or fill them in"
+        )
+    without_label = [example for example in examples if not example.label.strip()]
+    if without_label:
+        raise DatasetError(f"dataset.label_column {dataset['label_column']!r}: {rows(without_label)} have no label")
+    labels = label_names(examples)
+    if len(labels) < 2:
+        raise DatasetError(
+            f"dataset.label_column {dataset['label_column']!r}: one label only ({labels}); need two or more"
+        )
+    try:
+        split_examples(examples, dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"])
+    except DatasetError as error:
+        raise DatasetError(f"dataset.test_fraction/validation_fraction: {error}") from None
+
+
 def label_names(examples: list[Example]) -> list[str]:
     """The labels in a fixed order, which fixes the model's label ids."""
     return sorted({example.label for example in examples})

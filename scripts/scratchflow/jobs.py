@@ -53,8 +53,8 @@ def archive_job(*, dataset: dict[str, Any], archive: Path, manifest: Path) -> No
     log.info("archived %(files)d files (%(bytes)d bytes) into one tar, sha256 %(sha256)s", record)
 
 
-def prefetch_job(*, source: str, destination: Path) -> None:
-    prefetch(source, destination)
+def prefetch_job(*, source: str, destination: Path, token_file: str | None) -> None:
+    prefetch(source, destination, token_file)
     log.info("model %s cached in %s for offline loading", source, destination)
 
 

@@ -34,7 +34,13 @@ def switch_hub_off() -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
-def prefetch(source: str, destination: Path) -> None:
+def read_token(token_file: str | None) -> str | None:
+    """The hub token in `token_file`; None leaves huggingface_hub to its own sources (HF_TOKEN, the
+    file `huggingface-cli login` writes). Never logged, never written anywhere."""
+    return Path(token_file).expanduser().read_text().strip() if token_file else None
+
+
+def prefetch(source: str, destination: Path, token_file: str | None = None) -> None:
     """Resolve `source` (a local path, 'package:NAME/path', or a hub name) into `destination`, a
     directory that loads with `local_files_only=True`. The directory appears whole or not at all."""
     from transformers import AutoConfig, AutoTokenizer
@@ -49,7 +55,12 @@ def prefetch(source: str, destination: Path) -> None:
         from huggingface_hub import snapshot_download
 
         with tempfile.TemporaryDirectory(dir=destination.parent) as download:
-            snapshot_download(repo_id=source, local_dir=download, ignore_patterns=OTHER_FRAMEWORK_FILES)
+            snapshot_download(
+                repo_id=source,
+                local_dir=download,
+                ignore_patterns=OTHER_FRAMEWORK_FILES,
+                token=read_token(token_file),
+            )
             sync_back(Path(download), destination)
     switch_hub_off()
     # Prove now, on the login node, that the cache is complete for offline loading.
