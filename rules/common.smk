@@ -146,7 +146,12 @@ def check_rule_resources():
         try:
             runtimes[defined.name] = [
                 runtime.evaluate(
-                    SimpleNamespace(), input=[], attempt=attempt, threads=1
+                    SimpleNamespace(),
+                    input=[],
+                    attempt=attempt,
+                    threads=1,
+                    rulename=defined.name,
+                    async_run=workflow.async_run,
                 ).value
                 for attempt in range(1, retries + 2)
             ]

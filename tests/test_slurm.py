@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import (
     OVERLAY,
@@ -27,6 +28,7 @@ from conftest import (
     write_config,
 )
 from local_slurm import ACCOUNT, LocalSlurm
+from scratchflow.dataset import load_examples
 
 pytestmark = pytest.mark.slow
 
@@ -194,3 +196,72 @@ def test_a_job_slurm_rejects_fails_fast_with_its_error_and_leaves_nothing(
     # The first cluster job was refused: nothing it would have made exists, whole or in part.
     assert not list(tmp_path.glob("archives/*")) + list(tmp_path.glob("archives/.*"))
     assert not list(tmp_path.glob("results/runs/*"))
+
+
+PROFILE_ERRORS = {
+    "unknown resource": (["--set-resources", "train:gpus=1"], "resource gpus of rule train"),
+    "runtime above the maximum": (
+        ["--set-resources", "train:runtime=2000"],
+        "2000 min on attempt 1 is above the maximum of cluster 'edinburgh', 1680 min",
+    ),
+    # Fine on the first attempt; a retry would ask for more than the cluster allows.
+    "a retry's runtime above the maximum": (
+        ["--set-resources", "train:runtime=1000*attempt"],
+        "2000 min on attempt 2 is above the maximum of cluster 'edinburgh', 1680 min",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PROFILE_ERRORS)
+def test_a_profile_resource_error_stops_before_any_submission(case, slurm, tmp_path, bbc_subset, tiny_model):
+    arguments, error = PROFILE_ERRORS[case]
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    del config["cluster"]
+    write_config(tmp_path, config)
+    result = run_on_slurm(slurm, tmp_path, "edinburgh", {}, *arguments)
+    assert result.returncode != 0
+    assert "ConfigError" in result.stdout and error in result.stdout, result.stdout[-4000:]
+    assert "sbatch call:" not in result.stdout
+    assert not any((tmp_path / folder).exists() for folder in ("archives", "models", "results"))
+
+
+SECRETS = {"HF_TOKEN": "hf_secret_from_the_environment", "WANDB_API_KEY": "wandb_secret_from_the_environment"}
+
+
+def test_tokens_and_shell_characters_in_data_stay_data(slurm, tmp_path, bbc_subset, tiny_model):
+    """A token in the environment or in a file outside the repo reaches no log, record or result;
+    a dataset whose columns and labels are shell code is read as data, never run."""
+    token_file = tmp_path.parent / f"{tmp_path.name}-hf-token"  # outside the workflow's directory
+    token_file.write_text("hf_secret_from_a_file\n")
+    labels = ["$(touch pwned)", "`touch pwned`; touch pwned"]
+    examples = load_examples(bbc_subset, "folder", "text", "label")[:60]
+    rows = pd.DataFrame(
+        {"story $(touch pwned)": [e.text for e in examples], "'; touch pwned": [labels[i % 2] for i in range(60)]}
+    )
+    rows.to_csv(tmp_path / "stories.csv", index=False)
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    config["dataset"].update(
+        path=str(tmp_path / "stories.csv"),
+        format="csv",
+        text_column="story $(touch pwned)",
+        label_column="'; touch pwned",
+    )
+    config["model"]["token_file"] = str(token_file)
+    config["training"]["epochs"] = 1
+    del config["cluster"]
+    write_config(tmp_path, config)
+
+    result = run_on_slurm(slurm, tmp_path, "edinburgh", SECRETS, "--slurm-keep-successful-logs")
+    assert result.returncode == 0, result.stdout[-6000:]
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert set(json.loads((run / "metrics.json").read_text())["per_class"]) == set(labels)
+
+    assert not list(tmp_path.parent.rglob("pwned")), "a value from the data was run by a shell"
+    job_logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
+    assert len(job_logs) == 3, "every job's Slurm log is kept, to be searched"
+    assert "environment: environ(" in job_logs[0].read_text(), "the plugin printed the job's environment"
+    secrets = [*SECRETS.values(), "hf_secret_from_a_file"]
+    written = [path for path in tmp_path.rglob("*") if path.is_file() and path.suffix not in (".tar", ".safetensors")]
+    for path in written:
+        text = path.read_bytes().decode(errors="replace")
+        assert not [secret for secret in secrets if secret in text], f"a token was written to {path}"

@@ -199,14 +199,15 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, bbc_subset,
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     (job,) = active_jobs(slurm, "train")
     slurm.run("scontrol", "requeue", job)
-    # Slurm holds a requeued job back for about two minutes; let it start as soon as it may.
+    # Slurm holds a requeued job back for two minutes (BeginTime); let it start as soon as it may.
     wait_until(
-        lambda: slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False).returncode == 0,
+        lambda: slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "PENDING",
         workflow,
         tmp_path,
         "the requeued job to be pending",
-        timeout=60,
+        timeout=120,
     )
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
 
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]

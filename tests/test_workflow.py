@@ -201,27 +201,6 @@ def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset
     assert same_results(tmp_path, uninterrupted_long_run) == []
 
 
-def test_a_stop_signal_saves_progress_and_the_retry_resumes(tmp_path, bbc_subset, tiny_model, uninterrupted_long_run):
-    """USR1 (Slurm's warning before the wall time) to the trainer: it saves a checkpoint at once and
-    fails; Snakemake's retry resumes from exactly there, and the result equals an uninterrupted run."""
-    scratch = long_run(tmp_path, bbc_subset, tiny_model)
-    workflow = start_workflow(tmp_path, "--retries", "1")
-    checkpoint_folder = wait_for_first_checkpoint(tmp_path, workflow)
-    trainer = subprocess.run(["pgrep", "-s", str(workflow.pid), "-f", r"\.train\.py"], capture_output=True, text=True)
-    os.kill(int(trainer.stdout.split()[0]), signal.SIGUSR1)
-    output = workflow.communicate(timeout=600)[0]
-    assert workflow.returncode == 0, output[-6000:]
-
-    run = tmp_path / "results" / "runs" / checkpoint_folder.name
-    first, second = json.loads((run / "record.json").read_text())["pieces"]
-    stopped_at = int(re.search(r"stopped on SIGUSR1 at step (\d+)", first["outcome"]).group(1))
-    assert 20 <= stopped_at < second["reached_step"], "stopped mid-training, after the first checkpoint"
-    assert (first["piece"], second["piece"], second["outcome"]) == (1, 2, "finished")
-    assert second["resumed_from_step"] == stopped_at, "resumed from the checkpoint saved on the signal"
-    assert list(scratch.iterdir()) == []
-    assert same_results(tmp_path, uninterrupted_long_run) == []
-
-
 def test_scratch_too_small_stops_the_job_before_training_and_is_left_empty(
     tmp_path, small_disk, bbc_subset, tiny_model
 ):
