@@ -136,10 +136,10 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     config = configure_long_run(tmp_path, bbc_subset, tiny_model)
     config["training"]["epochs"] = 180  # about 100 s of training: longer than the first job's 2 minutes
     write_config(tmp_path, config)
-    # Two minutes for the first attempt, four for the second; USR1 90 s before the end. Slurm checks
-    # time limits at most 60 s apart, so the warning comes 30 to 90 s into the first job.
+    # Two minutes for the first attempt, four for the second; USR1 40 s before the end, which Slurm
+    # may send up to 60 s early: 20 to 80 s into the first job, after the trainer started listening.
     workflow = start(
-        slurm, tmp_path, "--set-resources", "train:runtime=2*attempt", "train:slurm_extra='--signal=USR1@90'"
+        slurm, tmp_path, "--set-resources", "train:runtime=2*attempt", "train:slurm_extra='--signal=USR1@40'"
     )
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
