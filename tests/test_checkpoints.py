@@ -103,3 +103,14 @@ def test_a_holder_that_is_gone_is_taken_over(tmp_path, monkeypatch):
     (tmp_path / "running.json").write_text(json.dumps({**this_process(), "host": "node-that-died"}))
     with held(tmp_path, poll_seconds=0.1):
         pass
+
+
+def test_a_holder_that_replaced_the_dead_one_meanwhile_is_kept(tmp_path):
+    """Two waiters judge the same dead holder; the first takes over. The second must not remove
+    the first's new holder file, or two jobs would train the run at once."""
+    holder_file = tmp_path / "running.json"
+    first_waiter = {**this_process(), "pid": 1}
+    holder_file.write_text(json.dumps(first_waiter))
+    checkpoints._remove_holder(holder_file, gone={**this_process(), "pid": 999_999})
+    assert json.loads(holder_file.read_text()) == first_waiter
+    assert [path.name for path in tmp_path.iterdir()] == ["running.json"]

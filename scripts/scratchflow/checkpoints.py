@@ -117,6 +117,8 @@ def holder_is_alive(holder: dict[str, Any]) -> bool:
             result = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
         except FileNotFoundError:
             return True  # cannot ask Slurm: assume it is alive rather than train twice at once
+        if result.returncode != 0 and "Invalid job id" not in result.stderr:
+            return True  # Slurm did not answer (a controller restarting): ask again later
         return result.stdout.strip() in ACTIVE_SLURM_STATES
     if holder.get("host") != socket.gethostname():
         return True  # another machine, outside Slurm: nothing here can tell
@@ -152,9 +154,7 @@ def held(folder: Path, poll_seconds: float = 20) -> Iterator[None]:
                 time.sleep(poll_seconds)
             else:
                 log.info("taking over from a job that is gone: %s", holder)
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(holder_file, folder / f".{HOLDER_FILE}.stale{OWNER_TAG}")
-                    os.unlink(folder / f".{HOLDER_FILE}.stale{OWNER_TAG}")
+                _remove_holder(holder_file, holder)
             continue
         with os.fdopen(descriptor, "w") as out:
             out.write(json.dumps(me))
@@ -165,6 +165,18 @@ def held(folder: Path, poll_seconds: float = 20) -> Iterator[None]:
         with contextlib.suppress(FileNotFoundError):
             if read_json(holder_file) == me:
                 os.unlink(holder_file)
+
+
+def _remove_holder(holder_file: Path, gone: dict[str, Any]) -> None:
+    """Remove the holder file of a job that is gone. Another waiter may have replaced it by its own
+    in the meantime: that one is put back, so that the run never has two holders."""
+    moved = holder_file.with_name(f".{HOLDER_FILE}.stale{OWNER_TAG}")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(holder_file, moved)
+        if read_json(moved) != gone:
+            with contextlib.suppress(FileExistsError):
+                os.link(moved, holder_file)
+        os.unlink(moved)
 
 
 def pieces(folder: Path) -> list[dict[str, Any]]:
