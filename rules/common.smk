@@ -27,8 +27,11 @@ except WorkflowError as error:
     raise ConfigError(explain_schema_error(error) or str(error)) from None
 check_paths(config, Path(workflow.basedir))
 check_split_fractions(config)
+# Names, sizes and times of every data file, listed once per start (the data check and the archive
+# rule's rebuild trigger both use it).
+DATA_FINGERPRINT = fingerprint(resolve_location(config["dataset"]["path"]))
 if workflow.is_main_process:
-    check_dataset(config, Path(".snakemake/scratchflow/checked-data"))
+    check_dataset(config, DATA_FINGERPRINT, Path(".snakemake/scratchflow/checked-data"))
 
 if workflow.remote_exec:
     # Slurm's warning before the wall time (--signal=USR1@<s>) reaches every process of the job step,
@@ -54,7 +57,7 @@ def dataset_location(wildcards):
 
 def dataset_fingerprint(wildcards):
     """Changes when any file of the dataset does, so that the archive is rebuilt (params trigger)."""
-    return fingerprint(resolve_location(DATASET["path"]))
+    return DATA_FINGERPRINT
 
 
 def model_source_location(wildcards):

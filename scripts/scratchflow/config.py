@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scratchflow.dataset import DatasetError, check_examples, fingerprint, load_examples, resolve_location
+from scratchflow.dataset import DatasetError, check_examples, load_examples, resolve_location
 from scratchflow.models import is_local_source
 
 # Resources Snakemake defines, and those snakemake-executor-plugin-slurm 2.x turns into sbatch flags;
@@ -62,14 +62,14 @@ def check_split_fractions(config: dict[str, Any]) -> None:
         )
 
 
-def check_dataset(config: dict[str, Any], checked_dir: Path) -> None:
-    """Read the data once per version of it (a marker named by its fingerprint and the settings that
-    read it) and fail on what training would fail on hours later: missing columns, empty texts, one
+def check_dataset(config: dict[str, Any], data_fingerprint: str, checked_dir: Path) -> None:
+    """Read the data once per version of it (a marker named by `data_fingerprint` and the settings
+    that read it) and fail on what training would fail on hours later: missing columns, empty texts, one
     label, too few examples for the split."""
     dataset = config["dataset"]
     data = resolve_location(dataset["path"])
     settings = {key: dataset[key] for key in sorted(dataset) if key != "name"}
-    key = hashlib.sha256(json.dumps([fingerprint(data), settings]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([data_fingerprint, settings]).encode()).hexdigest()[:16]
     marker = checked_dir / f"{dataset['name']}-{key}"
     if marker.exists():
         return
