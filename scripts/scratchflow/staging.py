@@ -9,13 +9,16 @@ Invariants kept here:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import queue
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,7 +26,7 @@ from typing import Any, BinaryIO
 from scratchflow.dataset import list_files
 from scratchflow.record import PhaseTimer
 
-HASH_BLOCK_BYTES = 4 * 1024 * 1024
+COPY_BLOCK_BYTES = 1024 * 1024
 HOST = socket.gethostname().split(".")[0]
 # Owner-tagged names: '<what>@<host>@<pid>[@<random>]', so that a later process can tell a leftover
 # of a dead process (safe to delete) from the work of a live one.
@@ -63,7 +66,7 @@ def require_tools(*names: str) -> None:
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as source:
-        while block := source.read(HASH_BLOCK_BYTES):
+        while block := source.read(COPY_BLOCK_BYTES):
             digest.update(block)
     return digest.hexdigest()
 
@@ -136,40 +139,70 @@ def archive_dataset(source: Path, archive: Path, manifest: Path, dataset: dict[s
 
 
 def _copy_hashing(reader: BinaryIO, writer: BinaryIO) -> str:
-    """Copy a stream and return its sha256, computed in the same pass."""
+    """Copy a stream and return its sha256. The hash is computed on a second thread while the copy
+    goes on (hashlib lets go of the GIL), so that it adds no time (benchmarks/stage_in.py). If the
+    writer stops reading early (tar quits on a damaged archive), the rest is still read and hashed,
+    so that the checksum can say what is wrong."""
     digest = hashlib.sha256()
-    while block := reader.read(HASH_BLOCK_BYTES):
-        digest.update(block)
-        writer.write(block)
+    blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+    hashing = threading.Thread(target=_hash_blocks, args=(digest, blocks), daemon=True)
+    hashing.start()
+    writing = True
+    try:
+        while block := reader.read(COPY_BLOCK_BYTES):
+            blocks.put(block)
+            if writing:
+                try:
+                    writer.write(block)
+                except BrokenPipeError:
+                    writing = False
+    finally:
+        blocks.put(None)
+        hashing.join()
     return digest.hexdigest()
 
 
-def copy_with_sha256(source: Path, destination: Path) -> str:
-    """Copy a file and hash it in the same pass: the archive is read from shared storage once."""
-    with open(source, "rb") as reader, open(destination, "wb") as writer:
-        return _copy_hashing(reader, writer)
+def _hash_blocks(digest: Any, blocks: queue.Queue[bytes | None]) -> None:
+    while (block := blocks.get()) is not None:
+        digest.update(block)
 
 
 def stage_in(archive: Path, manifest: Path, scratch: Path) -> Path:
-    """Copy the archive to scratch, verify it against its manifest, extract it; return the data's path.
+    """Extract the archive into scratch, verifying it against its manifest; return the data's path.
 
-    Too little space on scratch, or a checksum mismatch, stops here, before any training.
+    The archive streams from shared storage straight into `tar --extract`, hashed on the way: it is
+    read once and never written to scratch (benchmarks/stage_in.py measures why). Data that does
+    not match its manifest is deleted and stops the job here, before any training; so does too
+    little space on scratch, before anything is written.
     """
     require_tools("tar")
     expected = read_json(manifest)
     _check_space(scratch, expected)
-    local_archive = scratch / archive.name
-    actual_sha256 = copy_with_sha256(archive, local_archive)
+    extracted = scratch / "data"
+    extracted.mkdir()
+    tar = ["tar", "--extract", "--file=-", f"--directory={extracted}"]
+    with open(archive, "rb") as reader, tempfile.TemporaryFile() as errors:
+        extracting = subprocess.Popen(tar, stdin=subprocess.PIPE, stderr=errors)
+        with contextlib.suppress(OSError):  # a larger pipe lets reading run ahead of tar
+            fcntl.fcntl(extracting.stdin.fileno(), fcntl.F_SETPIPE_SZ, COPY_BLOCK_BYTES)
+        try:
+            actual_sha256 = _copy_hashing(reader, extracting.stdin)
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                extracting.stdin.close()
+            extracting.wait()
+        errors.seek(0)
+        tar_errors = errors.read().decode(errors="replace").strip()
     if actual_sha256 != expected["sha256"]:
+        shutil.rmtree(extracted, ignore_errors=True)
         raise StagingError(
             f"checksum mismatch for {archive}: its sha256 is {actual_sha256}, but {manifest} records "
             f"{expected['sha256']}. The archive is corrupt or was changed after it was made; "
             f"delete {archive} and its manifest so that the workflow rebuilds them."
         )
-    extracted = scratch / "data"
-    extracted.mkdir()
-    _run(["tar", "--extract", f"--file={local_archive}", f"--directory={extracted}"])
-    local_archive.unlink()
+    if extracting.returncode != 0:
+        shutil.rmtree(extracted, ignore_errors=True)
+        raise StagingError(f"tar failed (exit {extracting.returncode}): {tar_errors}")
     return extracted / expected["root"]
 
 
@@ -179,13 +212,13 @@ FILE_OVERHEAD_BYTES = 4096
 
 def _check_space(scratch: Path, manifest: dict[str, Any]) -> None:
     """Fail with the figures, not halfway through extracting with ENOSPC, if the data cannot fit."""
-    needed = manifest["archive_bytes"] + manifest["bytes"] + manifest["files"] * FILE_OVERHEAD_BYTES
+    needed = manifest["bytes"] + manifest["files"] * FILE_OVERHEAD_BYTES
     free = shutil.disk_usage(scratch).free
     if needed > free:
         raise StagingError(
             f"node-local scratch {scratch} has {free / 1e6:.1f} MB free, but staging the dataset needs "
-            f"{needed / 1e6:.1f} MB (the archive, {manifest['archive_bytes'] / 1e6:.1f} MB, and its "
-            f"{manifest['files']} extracted files). Point cluster.scratch_root at a larger disk, or ask "
+            f"{needed / 1e6:.1f} MB (its {manifest['files']} files, {manifest['bytes'] / 1e6:.1f} MB, "
+            "and a block each). Point cluster.scratch_root at a larger disk, or ask "
             "Slurm for more local disk (e.g. --tmp in slurm_extra, where the cluster supports it)."
         )
 
