@@ -43,6 +43,12 @@ DATASET = config["dataset"]
 MODEL = config["model"]
 # run_id -> that run's training parameters; run_id is the only wildcard of train and predict.
 RUNS = build_run_table(config)
+# Paths that depend on config alone are constants, not input functions: Snakemake calls an input
+# function once per job, through inspect.signature, which costs seconds on a grid of 10,000 runs.
+DATASET_ARCHIVE = f"archives/{DATASET['name']}.tar"
+DATASET_MANIFEST = f"archives/{DATASET['name']}.manifest.json"
+MODEL_CACHE = f"models/{MODEL['name']}"
+CHECKPOINTS = "checkpoints/{run_id}"
 
 
 wildcard_constraints:
@@ -73,28 +79,9 @@ def model_source_fingerprint(wildcards):
     return None
 
 
-def dataset_archive(wildcards):
-    return {
-        "archive": f"archives/{DATASET['name']}.tar",
-        "manifest": f"archives/{DATASET['name']}.manifest.json",
-    }
-
-
-def model_cache(wildcards):
-    return f"models/{MODEL['name']}"
-
-
 def run_identity_of(wildcards):
     """What determines the run's result (dataset settings, model, training parameters)."""
     return run_identity(RUNS[wildcards.run_id], DATASET, MODEL["name"])
-
-
-def checkpoint_folder(wildcards):
-    return f"checkpoints/{wildcards.run_id}"
-
-
-def trained_model(wildcards):
-    return f"results/runs/{wildcards.run_id}/model"
 
 
 def run_results(wildcards):
@@ -131,7 +118,7 @@ def release_finished_checkpoints():
         return
     for run_id in RUNS:
         if Path(f"results/runs/{run_id}/record.json").is_file():
-            checkpoints.release(Path(checkpoint_folder(SimpleNamespace(run_id=run_id))))
+            checkpoints.release(Path(CHECKPOINTS.format(run_id=run_id)))
 
 
 def check_rule_resources():

@@ -3,8 +3,9 @@
 
 rule predict:
     input:
-        unpack(dataset_archive),
-        model=trained_model,
+        archive=DATASET_ARCHIVE,
+        manifest=DATASET_MANIFEST,
+        model=rules.train.output.model,
     output:
         predictions="results/runs/{run_id}/predictions.csv",
         metrics="results/runs/{run_id}/metrics.json",

@@ -3,8 +3,9 @@
 
 rule train:
     input:
-        unpack(dataset_archive),
-        base_model=model_cache,
+        archive=DATASET_ARCHIVE,
+        manifest=DATASET_MANIFEST,
+        base_model=MODEL_CACHE,
     output:
         model=directory("results/runs/{run_id}/model"),
         params="results/runs/{run_id}/params.json",
@@ -18,6 +19,6 @@ rule train:
     threads: 4
     params:
         identity=run_identity_of,
-        checkpoints=checkpoint_folder,
+        checkpoints=CHECKPOINTS,
     script:
         "../scripts/train.py"
