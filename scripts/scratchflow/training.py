@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,6 +99,17 @@ class StopOnSignal(TrainerCallback):
             control.should_training_stop = True
 
 
+def dataloader_workers(on_gpu: bool) -> int:
+    """Batch-preparing processes, from the CPUs this job may use (Slurm's --cpus-per-task).
+
+    On a GPU node, one CPU drives the GPU and the others prepare batches (at most 8: batches are
+    tokenized up front, so more only cost memory). On CPU, every CPU computes the model: a worker
+    process would take a CPU from it (benchmarks/throughput.py measures it)."""
+    if not on_gpu:
+        return 0
+    return min(8, len(os.sched_getaffinity(0)) - 1)
+
+
 def accuracy(evaluation: Any) -> dict[str, float]:
     logits, labels = evaluation
     return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
@@ -133,6 +145,7 @@ def fine_tune(
     )
     stop = StopOnSignal()
     on_gpu = torch.cuda.is_available()
+    workers = dataloader_workers(on_gpu)
     arguments = TrainingArguments(
         output_dir=str(work_dir / "checkpoints"),
         learning_rate=params["learning_rate"],
@@ -145,6 +158,9 @@ def fine_tune(
         bf16=params["bf16"],
         tf32=params["tf32"] and on_gpu and is_torch_tf32_available(),
         use_cpu=not on_gpu,
+        dataloader_num_workers=workers,
+        dataloader_persistent_workers=workers > 0,
+        dataloader_pin_memory=on_gpu,
         eval_strategy="epoch" if splits["validation"] else "no",
         save_strategy="steps",
         save_steps=save_every_steps,
