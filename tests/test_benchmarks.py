@@ -1,0 +1,39 @@
+"""A small, fast subset of benchmarks/ run by CI to catch regressions by ratio (never by time): each
+runs the documented command at a small size and checks its ratio to the baseline measured in the
+same run, with generous bounds (this machine is noisy). benchmarks/README.md holds the full figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # about a minute
+
+
+def benchmark(script: str, *arguments: str, tmp_path: Path) -> dict:
+    figures = tmp_path / "figures.json"
+    command = [sys.executable, str(REPO / "benchmarks" / script), *arguments, "--json", str(figures)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(figures.read_text())
+
+
+def test_planning_a_grid_of_1000_points_costs_little_beyond_snakemake_itself(tmp_path):
+    figures = benchmark("grid_scale.py", "--points", "1000", "--repeats", "2", tmp_path=tmp_path)["points"]["1000"]
+    # Measured: 1.1x the same-shape workflow without scratchflow's logic, 1.7x the minimal one.
+    assert figures["jobs"] == 2004
+    assert figures["ratio_to_same_shape"] < 1.5
+    assert figures["ratio_to_minimal"] < 3.0
+
+
+def test_stage_in_of_many_small_files_runs_near_the_floor(tmp_path):
+    figures = benchmark("stage_in.py", "--small-files", "5000", "--large-mb", "0", "--repeats", "3", tmp_path=tmp_path)
+    variants = figures["datasets"]["5000 small files"]["variants"]
+    # Measured: 0.8-1.05 of the floor; cp -r and rsync -a of the folder 0.15-0.25.
+    assert variants["scratchflow stage_in"]["speed_vs_floor"] > 0.5
+    assert variants["scratchflow stage_in"]["seconds"] < variants["rsync -a"]["seconds"]
