@@ -152,9 +152,16 @@ def main() -> None:
         figures["ratio_to_default"] = figures["seconds"] / baseline
     print_table(
         f"{options.jobs} tiny jobs on the local Slurm cluster",
-        ["variant", "sbatch calls", "Slurm jobs", "seconds", "x default"],
+        ["variant", "sbatch calls", "Slurm jobs", "jobs done", "seconds", "x default"],
         [
-            [name, f["sbatch_calls"], f["slurm_jobs"], f["seconds"], f["ratio_to_default"]]
+            [
+                name,
+                f["sbatch_calls"],
+                f["slurm_jobs"],
+                f"{f['finished_jobs']}{' (stalled)' if f['stalled'] else ''}",
+                f["seconds"],
+                f["ratio_to_default"],
+            ]
             for name, f in results.items()
         ],
     )
