@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,3 @@ def snakemake_env() -> dict[str, str]:
 
 def snakemake() -> str:
     return str(BIN / "snakemake")
-
-
-def asdict_all(timings: dict[str, Timing]) -> dict[str, dict[str, float]]:
-    return {name: asdict(timing) for name, timing in timings.items()}
