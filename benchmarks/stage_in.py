@@ -63,7 +63,7 @@ class Bench:
     def __init__(self, work: Path, data: Path):
         self.work, self.data = work, data
         self.archive, self.manifest = work / "data.tar", work / "data.manifest.json"
-        self.record = archive_dataset(data, self.archive, self.manifest, DATASET)
+        self.record = archive_dataset({**DATASET, "path": str(data)}, self.archive, self.manifest)
         self.scratch = work / "scratch"
         self.cold = _can_drop_caches()
 

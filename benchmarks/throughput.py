@@ -1,4 +1,4 @@
-"""Training throughput: samples/s of scratchflow's training step (scratchflow.training.fine_tune)
+"""Training throughput: samples/s of scratchflow's training step (the text task's train)
 against a bare Hugging Face Trainer script with the same model, data, batch, length and threads.
 
 Both fine-tune the demo's model (all-MiniLM-L6-v2) on BBC News articles, in this process, in turn.
@@ -21,10 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from measure import arguments, print_table, save
-from scratchflow import training
+from scratchflow import hf_trainer
+from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.dataset import label_names, load_examples, resolve_location, split_examples
+from scratchflow.tasks import TrainContext, text_classification
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -54,30 +57,42 @@ def loop_rate(clock: StepClock, batch_size: int) -> float:
 
 
 def scratchflow_step(splits, labels, model_dir: Path, params: dict[str, Any], work: Path) -> tuple[float, float]:
-    """fine_tune as the train job calls it (checkpoint interval longer than the run, as with hourly
-    checkpoints); its StopOnSignal callback also keeps the step clock."""
+    """The text task's train as the train job calls it (checkpoint interval longer than the run, as
+    with hourly checkpoints), on the same splits written as split files; its StopOnSignal callback
+    also keeps the step clock."""
     clock = StepClock()
 
-    class ClockedStopOnSignal(training.StopOnSignal):
+    class ClockedStopOnSignal(hf_trainer.StopOnSignal):
         def on_step_end(self, args, state, control, **kwargs):
             clock.on_step_end(args, state, control)
             super().on_step_end(args, state, control, **kwargs)
 
-    original, training.StopOnSignal = training.StopOnSignal, ClockedStopOnSignal
+    data = {}
+    for name in ("train", "validation"):
+        data[name] = work / f"{name}.csv"
+        rows = {"text": [e.text for e in splits[name]], "label": [e.label for e in splits[name]]}
+        pd.DataFrame(rows).to_csv(data[name], index=False)
+    dataset = {"format": "csv", "text_column": "text", "label_column": "label", "splits": list(data)}
+    (work / "scratch").mkdir()
+    context = TrainContext(
+        run_id="throughput",
+        piece=1,
+        data=data,
+        dataset=dataset,
+        params=params,
+        model=model_dir,
+        work_dir=work / "scratch",
+        checkpoints=RunCheckpoints(work / "shared", hf_trainer.CHECKPOINT_MARKER),
+        save_every_steps=10**6,
+        stop_grace_seconds=60,
+        threads=torch.get_num_threads(),
+    )
+    original, hf_trainer.StopOnSignal = hf_trainer.StopOnSignal, ClockedStopOnSignal
     started = time.perf_counter()
     try:
-        training.fine_tune(
-            splits=splits,
-            labels=labels,
-            model_dir=model_dir,
-            params=params,
-            work_dir=work / "scratch",
-            shared_checkpoints=work / "shared",
-            save_every_steps=10**6,
-            keep_checkpoints=2,
-        )
+        text_classification.train(context)
     finally:
-        training.StopOnSignal = original
+        hf_trainer.StopOnSignal = original
     return loop_rate(clock, params["batch_size"]), time.perf_counter() - started
 
 
@@ -93,7 +108,7 @@ def bare_trainer(
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True, num_labels=len(labels))
 
     def encode(examples):
-        return training.EncodedExamples(examples, tokenizer, params["max_length"], label_ids)
+        return text_classification.EncodedExamples(examples, tokenizer, params["max_length"], label_ids)
 
     trainer = Trainer(
         model=model,
@@ -150,7 +165,7 @@ def main() -> None:
     }
     model_dir = resolve_location(MODEL)
     variants = {
-        "scratchflow fine_tune": scratchflow_step,
+        "scratchflow text task": scratchflow_step,
         "bare HF Trainer": bare_trainer,
         "bare, 1 dataloader worker": lambda *a: bare_trainer(*a, workers=1),
     }

@@ -21,5 +21,6 @@ rule aggregate:
     params:
         run_ids=list(RUNS),
         metric=config["aggregate"]["metric"],
+        goal=config["aggregate"]["goal"],
     script:
         "../scripts/aggregate.py"

@@ -8,57 +8,85 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
-from scratchflow import checkpoints
+from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.config import (
     ConfigError,
     check_dataset,
+    check_dataset_layout,
     check_paths,
     check_resources,
     check_split_fractions,
     explain_schema_error,
+    validate_task,
 )
-from scratchflow.dataset import fingerprint, resolve_location
+from scratchflow.dataset import (
+    data_sources,
+    fingerprint,
+    fingerprint_sources,
+    resolve_location,
+)
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
 
+check_dataset_layout(config)
 try:
     validate(config, "../config/schemas/config.schema.yaml")
 except WorkflowError as error:
     raise ConfigError(explain_schema_error(error) or str(error)) from None
+TASK = validate_task(config)
 check_paths(config, Path(workflow.basedir))
 check_split_fractions(config)
 # Names, sizes and times of every data file, listed once per start (the data check and the archive
 # rule's rebuild trigger both use it).
-DATA_FINGERPRINT = fingerprint(resolve_location(config["dataset"]["path"]))
+DATA_SOURCES = data_sources(config["dataset"])
+DATA_FINGERPRINT = fingerprint_sources(DATA_SOURCES)
 if workflow.is_main_process:
-    check_dataset(config, DATA_FINGERPRINT, Path(".snakemake/scratchflow/checked-data"))
+    check_dataset(
+        config, TASK, DATA_FINGERPRINT, Path(".snakemake/scratchflow/checked-data")
+    )
 
 if workflow.remote_exec:
     # Slurm's warning before the wall time (--signal=USR1@<s>) reaches every process of the job step,
     # this Snakemake included, which USR1 would kill, and the step with it. Ignored here (and so in
-    # the job's script, which inherits it) except where the trainer listens for it.
+    # the job's script, which inherits it) except where the task listens for it.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 DATASET = config["dataset"]
-MODEL = config["model"]
+MODEL = config.get("model")
 # run_id -> that run's training parameters; run_id is the only wildcard of train and predict.
 RUNS = build_run_table(config)
 # Paths that depend on config alone are constants, not input functions: Snakemake calls an input
 # function once per job, through inspect.signature, which costs seconds on a grid of 10,000 runs.
 DATASET_ARCHIVE = f"archives/{DATASET['name']}.tar"
 DATASET_MANIFEST = f"archives/{DATASET['name']}.manifest.json"
-MODEL_CACHE = f"models/{MODEL['name']}"
+MODEL_CACHE = f"models/{MODEL['name']}" if MODEL else None
 CHECKPOINTS = "checkpoints/{run_id}"
+# What a train job reads (the model cache only where the config names a model), and what predict
+# writes (predictions.csv only for tasks that make them).
+TRAIN_INPUTS = {
+    "archive": DATASET_ARCHIVE,
+    "manifest": DATASET_MANIFEST,
+    **({"base_model": MODEL_CACHE} if MODEL else {}),
+}
+PREDICT_OUTPUTS = {
+    "metrics": "results/runs/{run_id}/metrics.json",
+    "record": "results/runs/{run_id}/predict_record.json",
+    **(
+        {"predictions": "results/runs/{run_id}/predictions.csv"}
+        if TASK.WRITES_PREDICTIONS
+        else {}
+    ),
+}
 
 
 wildcard_constraints:
     run_id="[0-9a-f]{10}",
     dataset=DATASET["name"],
-    model=MODEL["name"],
+    model=MODEL["name"] if MODEL else "(?!)",
 
 
-def dataset_location(wildcards):
-    return resolve_location(DATASET["path"])
+def dataset_locations(wildcards):
+    return list(DATA_SOURCES.values())
 
 
 def dataset_fingerprint(wildcards):
@@ -80,8 +108,13 @@ def model_source_fingerprint(wildcards):
 
 
 def run_identity_of(wildcards):
-    """What determines the run's result (dataset settings, model, training parameters)."""
-    return run_identity(RUNS[wildcards.run_id], DATASET, MODEL["name"])
+    """What determines the run's result (dataset settings, model, training parameters, task)."""
+    return run_identity(
+        RUNS[wildcards.run_id],
+        DATASET,
+        MODEL["name"] if MODEL else None,
+        config["task"],
+    )
 
 
 def run_results(wildcards):
@@ -118,7 +151,8 @@ def release_finished_checkpoints():
         return
     for run_id in RUNS:
         if Path(f"results/runs/{run_id}/record.json").is_file():
-            checkpoints.release(Path(CHECKPOINTS.format(run_id=run_id)))
+            folder = Path(CHECKPOINTS.format(run_id=run_id))
+            RunCheckpoints(folder, TASK.CHECKPOINT_MARKER).release()
 
 
 def check_rule_resources():

@@ -3,7 +3,7 @@
 
 rule archive_dataset:
     input:
-        dataset_location,
+        dataset_locations,
     output:
         archive="archives/{dataset}.tar",
         manifest="archives/{dataset}.manifest.json",
@@ -37,7 +37,8 @@ rule prefetch_model:
     conda:
         "../envs/scratchflow.yaml"
     params:
-        source=MODEL["source"],
+        task=config["task"],
+        source=MODEL["source"] if MODEL else None,
         fingerprint=model_source_fingerprint,
     script:
         "../scripts/prefetch_model.py"

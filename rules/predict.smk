@@ -7,9 +7,7 @@ rule predict:
         manifest=DATASET_MANIFEST,
         model=rules.train.output.model,
     output:
-        predictions="results/runs/{run_id}/predictions.csv",
-        metrics="results/runs/{run_id}/metrics.json",
-        record="results/runs/{run_id}/predict_record.json",
+        **PREDICT_OUTPUTS,
     log:
         "logs/predict/{run_id}.log",
     benchmark:

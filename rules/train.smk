@@ -1,11 +1,9 @@
-# One fine-tune per grid point: stage in, train (resuming from shared checkpoints), sync back, clean up.
+# One training per grid point: stage in, train (resuming from shared checkpoints), sync back, clean up.
 
 
 rule train:
     input:
-        archive=DATASET_ARCHIVE,
-        manifest=DATASET_MANIFEST,
-        base_model=MODEL_CACHE,
+        **TRAIN_INPUTS,
     output:
         model=directory("results/runs/{run_id}/model"),
         params="results/runs/{run_id}/params.json",

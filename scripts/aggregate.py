@@ -12,6 +12,7 @@ with job_context(snakemake.log[0]):
             )
         },
         metric=snakemake.params.metric,
+        goal=snakemake.params.goal,
         summary_out=Path(snakemake.output.summary),
         best_out=Path(snakemake.output.best),
         plot_out=Path(snakemake.output.plot),

@@ -10,7 +10,8 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 snakemake=snakemake
-[ -x "$repo/.venv/bin/snakemake" ] && snakemake="$repo/.venv/bin/snakemake"
+# The project's venv first on PATH, so that a command task's `python` is the one with its packages.
+[ -x "$repo/.venv/bin/snakemake" ] && snakemake="$repo/.venv/bin/snakemake" && export PATH="$repo/.venv/bin:$PATH"
 workflow=(--snakefile "$repo/Snakefile" --profile "$repo/profiles/local")
 
 # Nothing here uses Slurm, but the Slurm plugin runs `scontrol show config` whenever Snakemake

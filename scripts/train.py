@@ -1,23 +1,26 @@
 # Entry point of rule train; the work is scratchflow.jobs.train_job.
 from pathlib import Path
 
-from scratchflow.jobs import job_context, train_job
+from scratchflow.jobs import TrainJob, job_context, train_job
 
 with job_context(snakemake.log[0], snakemake.threads):
     train_job(
-        run_id=snakemake.wildcards.run_id,
-        identity=snakemake.params.identity,
-        resolved_config=dict(snakemake.config),
-        archive=Path(snakemake.input.archive),
-        manifest=Path(snakemake.input.manifest),
-        base_model=Path(snakemake.input.base_model),
-        # Read from the config, not params: changing them must not make finished runs rerun.
-        scratch_root=snakemake.config["cluster"]["scratch_root"],
-        checkpointing=snakemake.config["checkpointing"],
-        checkpoint_folder=Path(snakemake.params.checkpoints),
-        threads=snakemake.threads,
-        workflow_dir=Path(snakemake.scriptdir).parent,
-        model_out=Path(snakemake.output.model),
-        params_out=Path(snakemake.output.params),
-        record_out=Path(snakemake.output.record),
+        TrainJob(
+            run_id=snakemake.wildcards.run_id,
+            task=snakemake.config["task"],
+            identity=snakemake.params.identity,
+            resolved_config=dict(snakemake.config),
+            archive=Path(snakemake.input.archive),
+            manifest=Path(snakemake.input.manifest),
+            base_model=Path(snakemake.input.base_model) if hasattr(snakemake.input, "base_model") else None,
+            # Read from the config, not params: changing them must not make finished runs rerun.
+            scratch_root=snakemake.config["cluster"]["scratch_root"],
+            checkpointing=snakemake.config["checkpointing"],
+            checkpoint_folder=Path(snakemake.params.checkpoints),
+            threads=snakemake.threads,
+            workflow_dir=Path(snakemake.scriptdir).parent,
+            model_out=Path(snakemake.output.model),
+            params_out=Path(snakemake.output.params),
+            record_out=Path(snakemake.output.record),
+        )
     )

@@ -36,7 +36,7 @@ GPU_TYPE = "a100"
 # slurmd from draining it for lacking them), so each profile's own requests schedule as they are.
 NODE_CPUS = 64
 NODE_MEMORY_MB = 512_000
-# The real clusters' partition names (shared/reference/clusters.md); `batch` is the default, which
+# The real clusters' partition names (README, "Clusters"); `batch` is the default, which
 # is where a job without a partition (the Alliance's way) lands.
 PARTITIONS = (
     "batch",

@@ -28,12 +28,12 @@ def test_summary_has_a_row_per_run_with_params_and_metrics(tmp_path):
 
 def test_the_best_run_depends_on_the_chosen_metric(tmp_path):
     summary = summarize(runs(tmp_path))
-    assert best_run(summary, "accuracy") == {"run_id": "aaa", "metric": "accuracy", "value": 0.90}
+    assert best_run(summary, "accuracy") == {"run_id": "aaa", "metric": "accuracy", "goal": "max", "value": 0.90}
     assert best_run(summary, "macro_f1")["run_id"] == "bbb"
 
 
 def test_the_plot_is_a_png(tmp_path):
     plot = tmp_path / "out" / "comparison.png"
-    plot_comparison(summarize(runs(tmp_path)), "macro_f1", plot)
+    plot_comparison(summarize(runs(tmp_path)), "macro_f1", "max", plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in plot.parent.iterdir()] == ["comparison.png"]

@@ -7,7 +7,9 @@ import time
 
 import pytest
 from scratchflow import checkpoints
-from scratchflow.checkpoints import held, this_process
+from scratchflow.checkpoints import RunCheckpoints, this_process
+
+MARKER = "trainer_state.json"
 
 
 def make_checkpoint(folder, step, complete=True):
@@ -15,7 +17,7 @@ def make_checkpoint(folder, step, complete=True):
     path.mkdir(parents=True)
     (path / "model.safetensors").write_text(f"weights {step}")
     if complete:
-        (path / checkpoints.COMPLETION_FILE).write_text(json.dumps({"global_step": step}))
+        (path / MARKER).write_text(json.dumps({"global_step": step}))
     return path
 
 
@@ -24,34 +26,36 @@ def test_the_newest_complete_checkpoint_wins_over_a_newer_half_written_one(tmp_p
     make_checkpoint(tmp_path, 20)
     make_checkpoint(tmp_path, 30, complete=False)
     (tmp_path / "checkpoint-latest").mkdir()
-    assert checkpoints.newest_complete_checkpoint(tmp_path).name == "checkpoint-20"
+    assert RunCheckpoints(tmp_path, MARKER).newest().name == "checkpoint-20"
 
 
 def test_steps_are_compared_as_numbers(tmp_path):
     make_checkpoint(tmp_path, 9)
     make_checkpoint(tmp_path, 10)
-    assert checkpoints.newest_complete_checkpoint(tmp_path).name == "checkpoint-10"
+    assert RunCheckpoints(tmp_path, MARKER).newest().name == "checkpoint-10"
 
 
 def test_no_checkpoint_means_a_fresh_start(tmp_path):
-    assert checkpoints.newest_complete_checkpoint(tmp_path / "missing") is None
+    assert RunCheckpoints(tmp_path / "missing", MARKER).newest() is None
 
 
 def test_a_folder_is_claimed_by_one_run_and_refused_to_another(tmp_path):
     folder = tmp_path / "abc"
+    run = RunCheckpoints(folder, MARKER)
     owner = {"run_id": "abc", "training": {"seed": 0}, "data_sha256": "1"}
-    checkpoints.claim(folder, owner)
-    checkpoints.claim(folder, owner)  # the same run again: resumes
+    run.claim(owner)
+    run.claim(owner)  # the same run again: resumes
     with pytest.raises(checkpoints.CheckpointMismatch, match="data_sha256") as refused:
-        checkpoints.claim(folder, {**owner, "data_sha256": "2"})
+        run.claim({**owner, "data_sha256": "2"})
     assert f"Delete {folder}" in str(refused.value)
 
 
 def test_mirroring_keeps_only_the_newest(tmp_path):
     scratch, shared = tmp_path / "scratch", tmp_path / "shared"
+    run = RunCheckpoints(shared, MARKER, keep=2)
     for step in (5, 10, 15):
-        checkpoints.mirror(make_checkpoint(scratch, step), shared, keep=2)
-    assert [step for step, _ in checkpoints.complete_checkpoints(shared)] == [10, 15]
+        run.mirror(make_checkpoint(scratch, step))
+    assert [step for step, _ in run.complete()] == [10, 15]
     assert sorted(p.name for p in shared.iterdir()) == ["checkpoint-10", "checkpoint-15"]
     assert (shared / "checkpoint-15" / "model.safetensors").read_text() == "weights 15"
 
@@ -59,16 +63,16 @@ def test_mirroring_keeps_only_the_newest(tmp_path):
 def test_release_removes_the_folder(tmp_path):
     folder = tmp_path / "abc"
     make_checkpoint(folder, 5)
-    checkpoints.release(folder)
+    RunCheckpoints(folder, MARKER).release()
     assert list(tmp_path.iterdir()) == []
 
 
 HOLD_UNTIL_RELEASED = """
 import sys, time
 from pathlib import Path
-from scratchflow.checkpoints import held
+from scratchflow.checkpoints import RunCheckpoints
 folder, release = Path(sys.argv[1]), Path(sys.argv[2])
-with held(folder):
+with RunCheckpoints(folder, "marker").held():
     (folder / "first-holds").touch()
     while not release.exists():
         time.sleep(0.05)
@@ -86,7 +90,7 @@ def test_a_second_copy_of_a_run_waits_for_the_first_to_finish(tmp_path):
         assert first.poll() is None
         time.sleep(0.05)
     threading.Timer(1.0, release.touch).start()
-    with held(folder, poll_seconds=0.1):
+    with RunCheckpoints(folder, MARKER).held(poll_seconds=0.1):
         assert (folder / "first-done").exists(), "the second copy started before the first ended"
         assert json.loads((folder / "running.json").read_text())["pid"] == os.getpid()
     assert first.wait() == 0
@@ -96,12 +100,12 @@ def test_a_second_copy_of_a_run_waits_for_the_first_to_finish(tmp_path):
 def test_a_holder_that_is_gone_is_taken_over(tmp_path, monkeypatch):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / "running.json").write_text(json.dumps({**this_process(), "pid": int(dead.stdout)}))
-    with held(tmp_path, poll_seconds=0.1):
+    with RunCheckpoints(tmp_path, MARKER).held(poll_seconds=0.1):
         assert json.loads((tmp_path / "running.json").read_text())["pid"] == os.getpid()
     # A requeued job finds its own job id, left by its first start on a node: that start is over.
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     (tmp_path / "running.json").write_text(json.dumps({**this_process(), "host": "node-that-died"}))
-    with held(tmp_path, poll_seconds=0.1):
+    with RunCheckpoints(tmp_path, MARKER).held(poll_seconds=0.1):
         pass
 
 

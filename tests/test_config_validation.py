@@ -56,9 +56,9 @@ CASES = {
     "checkpoint every 0 steps": (set_key("checkpointing", every_steps=0), ["checkpointing.every_steps"]),
     "unknown metric": (
         lambda c, _t: c.update(aggregate={"metric": "f1"}),
-        ["aggregate.metric", "'accuracy'", "'macro_f1'"],
+        ["aggregate.metric", "'f1' is not a metric", "macro_f1, accuracy"],
     ),
-    "unknown format": (set_key("dataset", format="parquet"), ["dataset.format", "'jsonl'"]),
+    "unknown format": (set_key("dataset", format="xlsx"), ["dataset.format", "'parquet'"]),
     "dataset name with a slash": (set_key("dataset", name="my/data"), ["dataset.name", "does not match"]),
     "test fraction above 1": (set_key("dataset", test_fraction=1.5), ["dataset.test_fraction", "maximum of 1"]),
     "fractions leave nothing to train": (

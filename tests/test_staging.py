@@ -8,18 +8,16 @@ from pathlib import Path
 
 import pytest
 from scratchflow import staging
+from scratchflow.files import HOST, read_json, written_whole
 from scratchflow.staging import (
-    HOST,
     StagingError,
     archive_dataset,
-    read_json,
+    copy_whole,
     remove_leftovers,
     resolve_scratch_root,
     scratch_directory,
     sha256_of,
     stage_in,
-    sync_back,
-    written_whole,
 )
 
 DATASET = {"name": "toy", "format": "folder"}
@@ -46,8 +44,8 @@ def a_dead_pid() -> int:
 
 
 def test_archive_is_one_reproducible_tar_with_its_manifest(raw, tmp_path):
-    first = archive_dataset(raw, tmp_path / "1.tar", tmp_path / "1.json", DATASET)
-    second = archive_dataset(raw, tmp_path / "2.tar", tmp_path / "2.json", DATASET)
+    first = archive_dataset({**DATASET, "path": str(raw)}, tmp_path / "1.tar", tmp_path / "1.json")
+    second = archive_dataset({**DATASET, "path": str(raw)}, tmp_path / "2.tar", tmp_path / "2.json")
     assert first["sha256"] == second["sha256"] == sha256_of(tmp_path / "1.tar")
     assert first["files"] == 40
     assert first["bytes"] == sum(len(content) for content in tree(raw).values())
@@ -69,12 +67,12 @@ def test_a_failed_write_leaves_the_old_file_and_no_partial(tmp_path):
 def test_tar_errors_are_reported_and_leave_no_archive(raw, tmp_path, monkeypatch):
     monkeypatch.setattr(staging, "REPRODUCIBLE_TAR_OPTIONS", ("--no-such-option",))
     with pytest.raises(StagingError, match=r"tar failed.*no-such-option"):
-        archive_dataset(raw, tmp_path / "x.tar", tmp_path / "x.json", DATASET)
+        archive_dataset({**DATASET, "path": str(raw)}, tmp_path / "x.tar", tmp_path / "x.json")
     assert os.listdir(tmp_path) == ["raw"], "no archive, manifest or partial"
 
 
 def test_stage_in_verifies_and_extracts_the_same_files(raw, tmp_path):
-    archive_dataset(raw, tmp_path / "toy.tar", tmp_path / "toy.json", DATASET)
+    archive_dataset({**DATASET, "path": str(raw)}, tmp_path / "toy.tar", tmp_path / "toy.json")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     staged = stage_in(tmp_path / "toy.tar", tmp_path / "toy.json", scratch)
@@ -100,7 +98,7 @@ def swap_manifest(archive: Path, manifest: Path) -> None:
 
 @pytest.mark.parametrize("damage", [corrupt, truncate, swap_manifest])
 def test_an_archive_that_does_not_match_its_manifest_stops_and_leaves_nothing_extracted(damage, raw, tmp_path):
-    archive_dataset(raw, tmp_path / "toy.tar", tmp_path / "toy.json", DATASET)
+    archive_dataset({**DATASET, "path": str(raw)}, tmp_path / "toy.tar", tmp_path / "toy.json")
     damage(tmp_path / "toy.tar", tmp_path / "toy.json")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -114,20 +112,20 @@ def test_scratch_too_small_for_the_data_fails_before_copying_with_the_figures(tm
     for index in range(40):
         (raw / "label").mkdir(parents=True, exist_ok=True)
         (raw / "label" / f"{index}.txt").write_bytes(os.urandom(8192))
-    archive_dataset(raw, tmp_path / "big.tar", tmp_path / "big.json", DATASET)
+    archive_dataset({**DATASET, "path": str(raw)}, tmp_path / "big.tar", tmp_path / "big.json")
     with pytest.raises(StagingError, match=r"has 0\.3 MB free, but staging the dataset needs 0\.5 MB"):
         stage_in(tmp_path / "big.tar", tmp_path / "big.json", small_disk)
     assert list(small_disk.iterdir()) == []
 
 
-def test_sync_back_replaces_the_destination_whole(tmp_path):
+def test_copy_whole_replaces_the_destination_whole(tmp_path):
     source = tmp_path / "scratch" / "model"
     source.mkdir(parents=True)
     (source / "weights").write_text("new")
     destination = tmp_path / "shared" / "model"
     destination.mkdir(parents=True)
     (destination / "stale").write_text("old")
-    sync_back(source, destination)
+    copy_whole(source, destination)
     assert tree(destination) == {"weights": b"new"}
     assert os.listdir(destination.parent) == ["model"], "no partial or superseded copy is left"
 
@@ -135,12 +133,12 @@ def test_sync_back_replaces_the_destination_whole(tmp_path):
 def test_a_failed_sync_leaves_no_result(tmp_path):
     destination = tmp_path / "shared" / "model"
     with pytest.raises(StagingError, match="rsync failed"):
-        sync_back(tmp_path / "does-not-exist", destination)
+        copy_whole(tmp_path / "does-not-exist", destination)
     assert not destination.exists()
 
 
 def test_a_sync_killed_midway_never_looks_finished(tmp_path):
-    """SIGKILL a process in the middle of sync_back: the destination is absent, and the partial
+    """SIGKILL a process in the middle of copy_whole: the destination is absent, and the partial
     copy it left is removed by the next sync of the same destination."""
     source = tmp_path / "big"
     source.mkdir()
@@ -149,8 +147,8 @@ def test_a_sync_killed_midway_never_looks_finished(tmp_path):
     destination = tmp_path / "shared" / "big"
     code = (
         "from pathlib import Path\n"
-        "from scratchflow.staging import sync_back\n"
-        f"sync_back(Path({str(source)!r}), Path({str(destination)!r}))\n"
+        "from scratchflow.staging import copy_whole\n"
+        f"copy_whole(Path({str(source)!r}), Path({str(destination)!r}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "scripts")}
     syncing = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
@@ -161,7 +159,7 @@ def test_a_sync_killed_midway_never_looks_finished(tmp_path):
     syncing.wait()
     assert list(destination.parent.glob(".big.partial*")), "the kill should have hit mid-copy"
     assert not destination.exists()
-    sync_back(source, destination)
+    copy_whole(source, destination)
     assert sorted(os.listdir(destination.parent)) == ["big"]
     assert len(os.listdir(destination)) == 200
 

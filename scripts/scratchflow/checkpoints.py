@@ -1,12 +1,14 @@
-"""Checkpoints on shared storage: the progress of a run that must survive a killed job.
+"""A run's progress on shared storage, owned by one object: `RunCheckpoints`.
 
-They live outside the rule's declared outputs (Snakemake deletes the outputs of failed jobs), in
-`checkpoints/<run_id>/`, and appear there only whole: each is written to scratch by the trainer and
-then moved in with `staging.sync_back`. The folder's `run.json` says which run (parameters and data)
-the checkpoints belong to, so that a checkpoint is never resumed by a run it does not match.
-While a job trains the run, `running.json` names it: a second copy of the same run (a requeued job
-next to its resubmission, a rerun while an orphaned job still trains) waits instead of writing the
-same checkpoints at the same time. `pieces.json` lists the jobs that trained the run, in order.
+Checkpoints live outside the rule's declared outputs (Snakemake deletes the outputs of failed jobs),
+in `checkpoints/<run_id>/`, and appear there only whole: each is written to scratch by the task and
+then copied in with `staging.copy_whole`. A checkpoint is a directory `checkpoint-<step>` and is
+complete once it holds the task's marker file (written last). The folder's `run.json` says which
+run (parameters and data) the checkpoints belong to, so that a checkpoint is never resumed by a run
+it does not match. While a job trains the run, `running.json` names it: a second copy of the same
+run (a requeued job next to its resubmission, a rerun while an orphaned job still trains) waits
+instead of writing the same checkpoints at the same time. `pieces.json` lists the jobs that trained
+the run, in order, with how each ended.
 """
 
 from __future__ import annotations
@@ -21,16 +23,16 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scratchflow.staging import OWNER_TAG, read_json, remove_leftovers, sync_back, write_json_atomically
+from scratchflow.files import OWNER_TAG, read_json, write_json_atomically
+from scratchflow.staging import copy_whole, remove_leftovers
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
-# The trainer writes this last, so a checkpoint without it is incomplete.
-COMPLETION_FILE = "trainer_state.json"
 OWNER_FILE = "run.json"
 HOLDER_FILE = "running.json"
 PIECES_FILE = "pieces.json"
@@ -45,39 +47,24 @@ class CheckpointMismatch(RuntimeError):
     """The checkpoint folder belongs to a different run (other parameters or other data)."""
 
 
-def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint in `folder`, oldest first."""
+def complete_checkpoints(folder: Path, marker: str) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint in `folder` (holding `marker`), oldest first."""
     found = []
     if folder.is_dir():
         for entry in folder.iterdir():
             match = CHECKPOINT_NAME.fullmatch(entry.name)
-            if match and (entry / COMPLETION_FILE).is_file():
+            if match and (entry / marker).is_file():
                 found.append((int(match.group(1)), entry))
     return sorted(found)
 
 
-def newest_complete_checkpoint(folder: Path) -> Path | None:
-    checkpoints = complete_checkpoints(folder)
+def newest_complete_checkpoint(folder: Path, marker: str) -> Path | None:
+    checkpoints = complete_checkpoints(folder, marker)
     return checkpoints[-1][1] if checkpoints else None
 
 
-def claim(folder: Path, owner: dict[str, Any]) -> None:
-    """Mark `folder` as holding the checkpoints of the run described by `owner`, or refuse if it
-    already holds another run's."""
-    owner_file = folder / OWNER_FILE
-    remove_leftovers(folder.parent, f".{folder.name}.")
-    remove_leftovers(folder)
-    if owner_file.is_file():
-        recorded = read_json(owner_file)
-        if recorded != owner:
-            differing = sorted(key for key in set(recorded) | set(owner) if recorded.get(key) != owner.get(key))
-            raise CheckpointMismatch(
-                f"{folder} holds checkpoints of a different run (differs in: {', '.join(differing)}). "
-                f"Resuming from them would mix two experiments. Delete {folder} to start this run from scratch."
-            )
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(owner, owner_file)
+def step_of(checkpoint: Path) -> int:
+    return int(CHECKPOINT_NAME.fullmatch(checkpoint.name).group(1))
 
 
 def _remove_whole(path: Path) -> None:
@@ -87,20 +74,139 @@ def _remove_whole(path: Path) -> None:
     shutil.rmtree(doomed)
 
 
-def mirror(local_checkpoint: Path, folder: Path, keep: int) -> Path:
-    """Copy a checkpoint the trainer just wrote on scratch into the shared folder, whole or not at
-    all, then drop all but the newest `keep` complete ones."""
-    destination = folder / local_checkpoint.name
-    sync_back(local_checkpoint, destination)
-    for _step, old in complete_checkpoints(folder)[:-keep]:
-        _remove_whole(old)
-    return destination
+@dataclass(frozen=True)
+class RunCheckpoints:
+    """The checkpoint state of one run on shared storage: claim, hold, pieces, newest complete
+    checkpoint, mirror, release. `marker` is the file a task writes last into a checkpoint."""
 
+    folder: Path
+    marker: str
+    keep: int = 2
 
-def release(folder: Path) -> None:
-    """Remove a finished run's checkpoints: its model is on shared storage now."""
-    if folder.is_dir():
-        _remove_whole(folder)
+    def complete(self) -> list[tuple[int, Path]]:
+        return complete_checkpoints(self.folder, self.marker)
+
+    def newest(self) -> Path | None:
+        return newest_complete_checkpoint(self.folder, self.marker)
+
+    def claim(self, owner: dict[str, Any]) -> None:
+        """Mark the folder as holding the checkpoints of the run described by `owner`, or refuse if
+        it already holds another run's."""
+        folder = self.folder
+        owner_file = folder / OWNER_FILE
+        remove_leftovers(folder.parent, f".{folder.name}.")
+        remove_leftovers(folder)
+        if owner_file.is_file():
+            recorded = read_json(owner_file)
+            if recorded != owner:
+                differing = sorted(key for key in set(recorded) | set(owner) if recorded.get(key) != owner.get(key))
+                raise CheckpointMismatch(
+                    f"{folder} holds checkpoints of a different run (differs in: {', '.join(differing)}). "
+                    f"Resuming from them would mix two experiments. Delete {folder} to start this run from scratch."
+                )
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(owner, owner_file)
+
+    def seed(self, local_folder: Path) -> Path | None:
+        """Copy the newest complete checkpoint to scratch (`local_folder`), where the task resumes
+        from it; None when the run starts from zero."""
+        newest = self.newest()
+        if newest is None:
+            return None
+        local = local_folder / newest.name
+        copy_whole(newest, local)
+        log.info("resuming from %s", newest)
+        return local
+
+    def mirror(self, local_checkpoint: Path) -> Path:
+        """Copy a checkpoint the task just wrote on scratch into the shared folder, whole or not at
+        all, then drop all but the newest `keep` complete ones."""
+        destination = self.folder / local_checkpoint.name
+        copy_whole(local_checkpoint, destination)
+        for _step, old in self.complete()[: -self.keep]:
+            _remove_whole(old)
+        return destination
+
+    def release(self) -> None:
+        """Remove a finished run's checkpoints: its results are on shared storage now."""
+        if self.folder.is_dir():
+            _remove_whole(self.folder)
+
+    @contextlib.contextmanager
+    def held(self, poll_seconds: float = 20) -> Iterator[None]:
+        """Train the run alone: wait while another live job holds it, then hold it until done.
+
+        The holder file is created exclusively (O_EXCL, atomic on local disks, NFS and Lustre), so
+        of two jobs that find the run free at once, one waits. A holder left by a killed job is
+        taken over.
+        """
+        folder = self.folder
+        holder_file = folder / HOLDER_FILE
+        me = this_process()
+        while True:
+            try:
+                descriptor = os.open(holder_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    holder = read_json(holder_file)
+                except (FileNotFoundError, ValueError):
+                    time.sleep(1)  # being written or just released: look again
+                    continue
+                if holder_is_alive(holder):
+                    log.warning("another job is training this run (%s); waiting for it to end", holder)
+                    time.sleep(poll_seconds)
+                else:
+                    log.info("taking over from a job that is gone: %s", holder)
+                    _remove_holder(holder_file, holder)
+                continue
+            with os.fdopen(descriptor, "w") as out:
+                out.write(json.dumps(me))
+            break
+        try:
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                if read_json(holder_file) == me:
+                    os.unlink(holder_file)
+
+    def pieces(self) -> list[dict[str, Any]]:
+        """The jobs that have trained this run so far, oldest first."""
+        path = self.folder / PIECES_FILE
+        return read_json(path) if path.is_file() else []
+
+    def record_piece(self, piece: dict[str, Any]) -> None:
+        """Add or update (same `started_at` and job) this job's entry in the run's list of pieces."""
+        listed = [
+            entry
+            for entry in self.pieces()
+            if (entry.get("started_at"), entry.get("slurm_job_id"), entry.get("pid"))
+            != (piece["started_at"], piece["slurm_job_id"], piece["pid"])
+        ]
+        listed.append(piece)
+        write_json_atomically(listed, self.folder / PIECES_FILE)
+
+    @contextlib.contextmanager
+    def piece(self) -> Iterator[dict[str, Any]]:
+        """List this job in the run's pieces with how it ended (finished, or the error that stopped
+        it); the caller adds what it knows (steps) to the yielded entry."""
+        piece = {
+            "piece": len(self.pieces()) + 1,
+            **this_process(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "outcome": "running",
+        }
+        self.record_piece(piece)
+        try:
+            yield piece
+        except BaseException as error:
+            piece["outcome"] = f"{type(error).__name__}: {error}"
+            raise
+        else:
+            piece["outcome"] = "finished"
+        finally:
+            piece["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            self.record_piece(piece)
 
 
 def this_process() -> dict[str, Any]:
@@ -131,42 +237,6 @@ def holder_is_alive(holder: dict[str, Any]) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def held(folder: Path, poll_seconds: float = 20) -> Iterator[None]:
-    """Train the run of `folder` alone: wait while another live job holds it, then hold it until done.
-
-    The holder file is created exclusively (O_EXCL, atomic on local disks, NFS and Lustre), so of
-    two jobs that find the run free at once, one waits. A holder left by a killed job is taken over.
-    """
-    holder_file = folder / HOLDER_FILE
-    me = this_process()
-    while True:
-        try:
-            descriptor = os.open(holder_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                holder = read_json(holder_file)
-            except (FileNotFoundError, ValueError):
-                time.sleep(1)  # being written or just released: look again
-                continue
-            if holder_is_alive(holder):
-                log.warning("another job is training this run (%s); waiting for it to end", holder)
-                time.sleep(poll_seconds)
-            else:
-                log.info("taking over from a job that is gone: %s", holder)
-                _remove_holder(holder_file, holder)
-            continue
-        with os.fdopen(descriptor, "w") as out:
-            out.write(json.dumps(me))
-        break
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            if read_json(holder_file) == me:
-                os.unlink(holder_file)
-
-
 def _remove_holder(holder_file: Path, gone: dict[str, Any]) -> None:
     """Remove the holder file of a job that is gone. Another waiter may have replaced it by its own
     in the meantime: that one is put back, so that the run never has two holders."""
@@ -177,22 +247,3 @@ def _remove_holder(holder_file: Path, gone: dict[str, Any]) -> None:
             with contextlib.suppress(FileExistsError):
                 os.link(moved, holder_file)
         os.unlink(moved)
-
-
-def pieces(folder: Path) -> list[dict[str, Any]]:
-    """The jobs that have trained this run so far, oldest first."""
-    path = folder / PIECES_FILE
-    return read_json(path) if path.is_file() else []
-
-
-def record_piece(folder: Path, piece: dict[str, Any]) -> list[dict[str, Any]]:
-    """Add or update (same `started_at` and job) this job's entry in the run's list of pieces."""
-    listed = [
-        entry
-        for entry in pieces(folder)
-        if (entry.get("started_at"), entry.get("slurm_job_id"), entry.get("pid"))
-        != (piece["started_at"], piece["slurm_job_id"], piece["pid"])
-    ]
-    listed.append(piece)
-    write_json_atomically(listed, folder / PIECES_FILE)
-    return listed

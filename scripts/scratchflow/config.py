@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scratchflow.dataset import DatasetError, check_examples, load_examples, resolve_location
+from scratchflow.dataset import DatasetError, data_sources, read_table, resolve_location
 from scratchflow.models import is_local_source
+from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
 
 # Resources Snakemake defines, and those snakemake-executor-plugin-slurm 2.x turns into sbatch flags;
 # any other name in a profile is a typo that would be silently ignored.
@@ -37,7 +38,14 @@ def explain_schema_error(error: Exception) -> str | None:
     cause = error.__cause__ or error.__context__  # Snakemake raises its error while handling this one
     if not isinstance(cause, jsonschema.ValidationError):
         return None
-    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in cause.absolute_path)
+    return describe_schema_error(cause)
+
+
+def describe_schema_error(cause: Any, section: str = "") -> str:
+    """'config key <dotted.key[index]>: <what is wrong>', with the keys allowed where one is unknown
+    and a hint for numbers YAML read as text."""
+    path = [section] if section else []
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in [*path, *cause.absolute_path])
     key = key.lstrip(".") or "(top level)"
     message = f"config key {key}: {cause.message}"
     if cause.validator == "additionalProperties":
@@ -53,8 +61,66 @@ def explain_schema_error(error: Exception) -> str | None:
     return message
 
 
+def check_dataset_layout(config: dict[str, Any]) -> None:
+    """One data location split by fractions, or one per split: never both, never neither. Checked
+    on the config as written, before defaults fill the fractions in."""
+    dataset = config.get("dataset") or {}
+    if not isinstance(dataset, dict):
+        return  # the schema says what is wrong
+    if "splits" in dataset:
+        written = [key for key in ("path", "test_fraction", "validation_fraction", "split_seed") if key in dataset]
+        if written:
+            raise ConfigError(
+                f"dataset.splits and dataset.{written[0]} are both set: a dataset is either one file or folder "
+                "split by fractions (path, test_fraction, validation_fraction, split_seed) or its own split "
+                "files (splits: train, validation, test); remove one"
+            )
+    elif "path" not in dataset:
+        raise ConfigError("config key dataset: set dataset.path (one file or folder) or dataset.splits (train, test)")
+
+
+def validate_task(config: dict[str, Any]) -> Any:
+    """Check `training:` and `grid:` against the task's schema fragment (filling in the defaults of
+    `training:`) and `model:` against what the task needs; return the task's module."""
+    import jsonschema
+
+    try:
+        task = load_task(config["task"])
+    except UnknownTask as error:
+        raise ConfigError(str(error)) from None
+    schema = training_schema(config["task"])
+    for key, item in schema.get("properties", {}).items():
+        if "default" in item:
+            config["training"].setdefault(key, item["default"])
+    for section, section_schema in (("training", schema), ("grid", grid_schema(schema))):
+        errors = sorted(jsonschema.Draft202012Validator(section_schema).iter_errors(config[section]), key=str)
+        if errors:
+            raise ConfigError(describe_schema_error(jsonschema.exceptions.best_match(errors), section))
+    if task.NEEDS_MODEL and not config.get("model"):
+        raise ConfigError(f"config key model: task {config['task']!r} needs a model (model.name and model.source)")
+    if config["aggregate"]["metric"] is None:
+        if not task.METRICS:
+            raise ConfigError(
+                f"config key aggregate.metric: task {config['task']!r} reports whatever metrics its code writes; "
+                "name the one to compare runs by (and aggregate.goal: min for a loss)"
+            )
+        config["aggregate"]["metric"] = task.METRICS[0]
+    elif task.METRICS and config["aggregate"]["metric"] not in task.METRICS:
+        raise ConfigError(
+            f"config key aggregate.metric: {config['aggregate']['metric']!r} is not a metric task "
+            f"{config['task']!r} reports; it reports: {', '.join(task.METRICS)}"
+        )
+    try:
+        task.check_settings(config)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return task
+
+
 def check_split_fractions(config: dict[str, Any]) -> None:
     dataset = config["dataset"]
+    if "splits" in dataset:
+        return
     if dataset["test_fraction"] + dataset["validation_fraction"] >= 1:
         raise ConfigError(
             f"dataset.test_fraction ({dataset['test_fraction']}) + dataset.validation_fraction "
@@ -62,24 +128,22 @@ def check_split_fractions(config: dict[str, Any]) -> None:
         )
 
 
-def check_dataset(config: dict[str, Any], data_fingerprint: str, checked_dir: Path) -> None:
-    """Read the data once per version of it (a marker named by `data_fingerprint` and the settings
-    that read it) and fail on what training would fail on hours later: missing columns, empty texts, one
-    label, too few examples for the split."""
+def check_dataset(config: dict[str, Any], task: Any, data_fingerprint: str, checked_dir: Path) -> None:
+    """Read the data once per version of it (a marker named by `data_fingerprint`, the task and the
+    settings that read it) and fail on what training would fail on hours later: the task's own
+    checks (missing columns, empty texts, unreadable images, one label, too few examples)."""
     dataset = config["dataset"]
-    data = resolve_location(dataset["path"])
     settings = {key: dataset[key] for key in sorted(dataset) if key != "name"}
-    key = hashlib.sha256(json.dumps([data_fingerprint, settings]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([data_fingerprint, config["task"], settings]).encode()).hexdigest()[:16]
     marker = checked_dir / f"{dataset['name']}-{key}"
     if marker.exists():
         return
     try:
-        examples = load_examples(data, dataset["format"], dataset["text_column"], dataset["label_column"])
-        check_examples(examples, dataset)
+        task.check_data(dataset, data_sources(dataset))
     except DatasetError as error:
         raise ConfigError(f"dataset: {error}") from None
     except ValueError as error:  # the table reader's own complaint about the file
-        raise ConfigError(f"dataset.path: cannot read {data} as {dataset['format']}: {error}") from None
+        raise ConfigError(f"dataset: cannot read the data as {dataset['format']}: {error}") from None
     checked_dir.mkdir(parents=True, exist_ok=True)
     marker.touch()
 
@@ -124,31 +188,64 @@ def _refuse_shell_characters(key: str, value: str) -> None:
 
 
 def check_paths(config: dict[str, Any], workflow_dir: Path) -> None:
-    """The dataset and a local model source must exist here, in the form the config says; a token
-    file must exist outside the workflow's directory (where it could end up in git)."""
+    """The dataset (each split) and a local model source must exist here, in the form the config
+    says; a token file must exist outside the workflow's directory (where it could end up in git)."""
     dataset = config["dataset"]
-    _refuse_shell_characters("dataset.path", dataset["path"])
-    _refuse_shell_characters("model.source", config["model"]["source"])
-    try:
-        data = resolve_location(dataset["path"])
-    except DatasetError as error:
-        raise ConfigError(f"dataset.path: {error}") from None
-    if not data.exists():
-        raise ConfigError(f"dataset.path: {dataset['path']!r} does not exist (resolved to {data})")
-    if dataset["format"] == "folder" and not data.is_dir():
-        raise ConfigError(f"dataset.path: format 'folder' needs a directory with one sub-folder per label, got {data}")
-    if dataset["format"] != "folder" and not data.is_file():
-        raise ConfigError(f"dataset.path: format {dataset['format']!r} needs a file, got {data}")
+    keys = {f"dataset.splits.{name}": location for name, location in dataset.get("splits", {}).items()}
+    keys = keys or {"dataset.path": dataset["path"]}
+    found = {}
+    for key, location in keys.items():
+        _refuse_shell_characters(key, location)
+        try:
+            data = resolve_location(location)
+        except DatasetError as error:
+            raise ConfigError(f"{key}: {error}") from None
+        if not data.exists():
+            raise ConfigError(f"{key}: {location!r} does not exist (resolved to {data})")
+        if dataset["format"] == "folder" and not data.is_dir():
+            raise ConfigError(f"{key}: format 'folder' needs a directory with one sub-folder per label, got {data}")
+        if dataset["format"] != "folder" and not data.is_file():
+            raise ConfigError(f"{key}: format {dataset['format']!r} needs a file, got {data}")
+        found[key] = data.resolve()
+    _refuse_overlapping(found)
+    if "splits" in dataset and dataset["format"] != "folder":
+        _refuse_other_columns(found, dataset["format"])
+    if config.get("model"):
+        _check_model_source(config["model"], workflow_dir)
 
-    source = config["model"]["source"]
+
+def _refuse_overlapping(found: dict[str, Path]) -> None:
+    for key, path in found.items():
+        for other_key, other in found.items():
+            if key != other_key and (path == other or other.is_relative_to(path)):
+                raise ConfigError(f"{other_key}: {other} lies inside {key} ({path}); each split needs its own data")
+
+
+def _refuse_other_columns(found: dict[str, Path], fmt: str) -> None:
+    """Every split file has the same columns (the first split's)."""
+    columns = {}
+    for key, path in found.items():
+        try:
+            columns[key] = list(read_table(path, fmt, rows=1).columns)
+        except ValueError as error:
+            raise ConfigError(f"{key}: cannot read {path} as {fmt}: {error}") from None
+    first_key = next(iter(columns))
+    for key, names in columns.items():
+        if names != columns[first_key]:
+            raise ConfigError(f"{key}: its columns {names} differ from those of {first_key}: {columns[first_key]}")
+
+
+def _check_model_source(model: dict[str, Any], workflow_dir: Path) -> None:
+    _refuse_shell_characters("model.source", model["source"])
+    source = model["source"]
     if is_local_source(source):
         try:
-            model = resolve_location(source)
+            location = resolve_location(source)
         except DatasetError as error:
             raise ConfigError(f"model.source: {error}") from None
-        if not (model / "config.json").is_file():
+        if not (location / "config.json").is_file():
             raise ConfigError(
-                f"model.source: {source!r} looks like a local model, but {model} has no config.json "
+                f"model.source: {source!r} looks like a local model, but {location} has no config.json "
                 "(a hub name looks like 'org/model'; a local model is a directory saved with save_pretrained)"
             )
     elif os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
@@ -161,7 +258,7 @@ def check_paths(config: dict[str, Any], workflow_dir: Path) -> None:
                 "download), or point model.source at a local copy"
             )
 
-    token_file = config["model"].get("token_file")
+    token_file = model.get("token_file")
     if token_file is not None:
         path = Path(token_file).expanduser().resolve()
         if not path.is_file():

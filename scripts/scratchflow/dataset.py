@@ -1,19 +1,29 @@
-"""Reading a labelled text dataset in any of the supported layouts, and splitting it reproducibly."""
+"""Reading a labelled dataset in any of the supported layouts, and splitting it reproducibly.
+
+A dataset is one file or folder (`dataset.path`, split by fractions) or one per split
+(`dataset.splits`: train, validation, test). Tables hold a text and a label column; a folder holds one
+sub-folder per label, one file per example (a text, an image: the task reads it).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pandas as pd
 
 PACKAGE_PREFIX = "package:"
 TABLE_SEPARATORS = {"csv": ",", "tsv": "\t"}
-FORMATS = ("folder", "csv", "tsv", "jsonl")
+FORMATS = ("folder", "csv", "tsv", "jsonl", "parquet")
 SPLITS = ("train", "validation", "test")
+# The key of the one data location of a dataset that is split by fractions.
+WHOLE = "all"
 
 
 class DatasetError(ValueError):
@@ -25,6 +35,32 @@ class Example:
     id: str
     text: str
     label: str
+
+
+@dataclass(frozen=True)
+class LabelledFile:
+    """One file of a folder-per-label dataset: an example whose content the task reads."""
+
+    id: str  # the path below the dataset's folder, e.g. "cat/0001.png"
+    path: Path
+    label: str
+
+
+Labelled = TypeVar("Labelled", Example, LabelledFile)
+
+
+def data_sources(dataset: dict[str, Any]) -> dict[str, Path]:
+    """Where the dataset is here: {"all": path}, or one location per split of `dataset.splits`."""
+    if dataset.get("splits"):
+        return {name: resolve_location(dataset["splits"][name]) for name in SPLITS if name in dataset["splits"]}
+    return {WHOLE: resolve_location(dataset["path"])}
+
+
+def staged_sources(root: Path, dataset: dict[str, Any]) -> dict[str, Path]:
+    """The same locations inside a staged archive, whose root holds one entry per split."""
+    if dataset.get("splits"):
+        return {name: root / name for name in SPLITS if name in dataset["splits"]}
+    return {WHOLE: root}
 
 
 def resolve_location(location: str) -> Path:
@@ -66,16 +102,32 @@ def fingerprint(path: Path) -> str:
     return digest.hexdigest()
 
 
+def fingerprint_sources(sources: dict[str, Path]) -> str:
+    """`fingerprint` of a dataset's one location, or of all its splits' together."""
+    if list(sources) == [WHOLE]:
+        return fingerprint(sources[WHOLE])
+    return hashlib.sha256(json.dumps({name: fingerprint(path) for name, path in sources.items()}).encode()).hexdigest()
+
+
+def read_table(path: Path, fmt: str, rows: int | None = None) -> pd.DataFrame:
+    """A table file as text columns (`rows`: only the first ones, to see the columns)."""
+    if fmt in TABLE_SEPARATORS:
+        return pd.read_csv(path, sep=TABLE_SEPARATORS[fmt], dtype=str, keep_default_na=False, nrows=rows)
+    if fmt == "jsonl":
+        return pd.read_json(path, lines=True, dtype=False, nrows=rows)
+    if fmt == "parquet":
+        table = pd.read_parquet(path)
+        return table if rows is None else table.head(rows)
+    raise DatasetError(f"{path}: format {fmt!r} is not a table; expected one of {', '.join(TABLE_SEPARATORS)}")
+
+
 def load_examples(path: Path, fmt: str, text_column: str, label_column: str) -> list[Example]:
     """Every labelled example of the dataset at `path`, in a stable order."""
     if fmt == "folder":
         return _load_folder(path)
-    if fmt in TABLE_SEPARATORS:
-        table = pd.read_csv(path, sep=TABLE_SEPARATORS[fmt], dtype=str, keep_default_na=False)
-    elif fmt == "jsonl":
-        table = pd.read_json(path, lines=True, dtype=False)
-    else:
+    if fmt not in FORMATS:
         raise DatasetError(f"unknown dataset format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    table = read_table(path, fmt)
     missing = [column for column in (text_column, label_column) if column not in table.columns]
     if missing:
         raise DatasetError(f"{path}: no column {' or '.join(map(repr, missing))}; it has {list(table.columns)}")
@@ -85,32 +137,47 @@ def load_examples(path: Path, fmt: str, text_column: str, label_column: str) -> 
     ]
 
 
-def _load_folder(root: Path) -> list[Example]:
-    """One sub-folder per label, one file per example (undecodable bytes are replaced, not fatal)."""
+def labelled_files(root: Path) -> list[LabelledFile]:
+    """Every file inside a label sub-folder of `root`, in a stable order."""
     if not root.is_dir():
         raise DatasetError(f"{root}: a 'folder' dataset must be a directory with one sub-folder per label")
-    examples = [
-        Example(
-            id=file.relative_to(root).as_posix(),
-            text=file.read_text(encoding="utf-8", errors="replace"),
-            label=file.relative_to(root).parts[0],
-        )
+    found = [
+        LabelledFile(id=file.relative_to(root).as_posix(), path=file, label=file.relative_to(root).parts[0])
         for file in list_files(root)
         if len(file.relative_to(root).parts) > 1
     ]
-    if not examples:
+    if not found:
         raise DatasetError(f"{root}: no files inside label sub-folders")
-    return examples
+    return found
+
+
+def _load_folder(root: Path) -> list[Example]:
+    """One sub-folder per label, one text file per example (undecodable bytes are replaced, not fatal)."""
+    return [
+        Example(id=file.id, text=file.path.read_text(encoding="utf-8", errors="replace"), label=file.label)
+        for file in labelled_files(root)
+    ]
+
+
+def load_splits(
+    sources: dict[str, Path], dataset: dict[str, Any], read: Callable[[Path], list[Labelled]]
+) -> dict[str, list[Labelled]]:
+    """train/validation/test: the dataset's own split files, or its one location split by fractions."""
+    if WHOLE not in sources:
+        return {name: read(sources[name]) if name in sources else [] for name in SPLITS}
+    return split_examples(
+        read(sources[WHOLE]), dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"]
+    )
 
 
 def split_examples(
-    examples: list[Example], test_fraction: float, validation_fraction: float, seed: int
-) -> dict[str, list[Example]]:
+    examples: list[Labelled], test_fraction: float, validation_fraction: float, seed: int
+) -> dict[str, list[Labelled]]:
     """A stratified train/validation/test split that depends only on the examples and the seed."""
-    by_label: dict[str, list[Example]] = {}
+    by_label: dict[str, list[Labelled]] = {}
     for example in sorted(examples, key=lambda example: example.id):
         by_label.setdefault(example.label, []).append(example)
-    splits: dict[str, list[Example]] = {name: [] for name in SPLITS}
+    splits: dict[str, list[Labelled]] = {name: [] for name in SPLITS}
     for label, members in sorted(by_label.items()):
         random.Random(f"{seed}/{label}").shuffle(members)
         n_test = round(len(members) * test_fraction)
@@ -128,34 +195,36 @@ def split_examples(
     return splits
 
 
-def check_examples(examples: list[Example], dataset: dict) -> None:
-    """What training needs of the data: text and a label in every example, two labels or more, and
-    enough examples for the configured split. Raises DatasetError naming the config key."""
+def describe(found: list[Any]) -> str:
+    shown = ", ".join(item.id for item in found[:5])
+    return f"{len(found)} example(s) ({shown}{', ...' if len(found) > 5 else ''})"
 
-    def rows(found: list[Example]) -> str:
-        shown = ", ".join(example.id for example in found[:5])
-        return f"{len(found)} example(s) ({shown}{', ...' if len(found) > 5 else ''})"
 
-    without_text = [example for example in examples if not example.text.strip()]
-    if without_text:
-        raise DatasetError(
-            f"dataset.text_column {dataset['text_column']!r}: {rows(without_text)} have no text; "
-            "remove them or fill them in"
-        )
+def check_labelled(sources: dict[str, Path], dataset: dict[str, Any], read: Callable[[Path], list[Labelled]]) -> None:
+    """What training needs of any labelled data: a label on every example, two labels or more, and
+    a train and a test split that are not empty. Raises DatasetError naming the config key."""
+    if WHOLE in sources:
+        examples = read(sources[WHOLE])
+        try:
+            split_examples(examples, dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"])
+        except DatasetError as error:
+            raise DatasetError(f"dataset.test_fraction/validation_fraction: {error}") from None
+    else:
+        splits = {name: read(path) for name, path in sources.items()}
+        empty = [name for name, found in splits.items() if not found]
+        if empty:
+            raise DatasetError(f"dataset.splits.{empty[0]}: {sources[empty[0]]} holds no examples")
+        examples = [example for found in splits.values() for example in found]
     without_label = [example for example in examples if not example.label.strip()]
     if without_label:
-        raise DatasetError(f"dataset.label_column {dataset['label_column']!r}: {rows(without_label)} have no label")
+        raise DatasetError(f"dataset.label_column {dataset['label_column']!r}: {describe(without_label)} have no label")
     labels = label_names(examples)
     if len(labels) < 2:
         raise DatasetError(
             f"dataset.label_column {dataset['label_column']!r}: one label only ({labels}); need two or more"
         )
-    try:
-        split_examples(examples, dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"])
-    except DatasetError as error:
-        raise DatasetError(f"dataset.test_fraction/validation_fraction: {error}") from None
 
 
-def label_names(examples: list[Example]) -> list[str]:
+def label_names(examples: list[Any]) -> list[str]:
     """The labels in a fixed order, which fixes the model's label ids."""
     return sorted({example.label for example in examples})

@@ -7,6 +7,8 @@ import itertools
 import json
 from typing import Any
 
+from scratchflow.tasks import DEFAULT_TASK
+
 RUN_ID_LENGTH = 10
 
 # Dataset settings that change what a run trains and is tested on. The dataset's path is left out on
@@ -22,13 +24,22 @@ DATASET_IDENTITY_KEYS = (
 )
 
 
-def run_identity(params: dict[str, Any], dataset: dict[str, Any], model_name: str) -> dict[str, Any]:
-    """Everything that determines a run's result, in the form that is hashed into its id."""
-    return {
+def run_identity(
+    params: dict[str, Any], dataset: dict[str, Any], model_name: str | None, task: str = DEFAULT_TASK
+) -> dict[str, Any]:
+    """Everything that determines a run's result, in the form that is hashed into its id. Keys that
+    came later (the task, fixed splits) appear only when used, so earlier runs keep their ids."""
+    identity = {
         "dataset": {key: dataset[key] for key in DATASET_IDENTITY_KEYS},
         "model": model_name,
         "training": dict(sorted(params.items())),
     }
+    if dataset.get("splits"):
+        # Which splits the data has, not where they lie: moving the files must not rename runs.
+        identity["dataset"]["splits"] = sorted(dataset["splits"])
+    if task != DEFAULT_TASK:
+        identity["task"] = task
+    return identity
 
 
 def _same_number_same_text(value: Any) -> Any:
@@ -62,7 +73,8 @@ def expand_grid(defaults: dict[str, Any], grid: dict[str, list[Any]]) -> list[di
 def build_run_table(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """run_id -> that run's complete training parameters, for a validated config."""
     runs: dict[str, dict[str, Any]] = {}
+    model_name = config["model"]["name"] if config.get("model") else None
     for params in expand_grid(config["training"], config["grid"]):
-        identity = run_identity(params, config["dataset"], config["model"]["name"])
+        identity = run_identity(params, config["dataset"], model_name, config.get("task", DEFAULT_TASK))
         runs[run_id_for(identity)] = params
     return runs

@@ -9,24 +9,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation, checkpoints
-from scratchflow.dataset import Example, label_names, load_examples, resolve_location, split_examples
+from scratchflow import aggregation
+from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.dataset import staged_sources
+from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.record import PhaseTimer, environment_record, output_to_log, stop_cleanly_on_sigterm
-from scratchflow.staging import (
-    archive_dataset,
-    read_json,
-    scratch_directory,
-    stage_in,
-    sync_back,
-    write_json_atomically,
-    written_whole,
-)
+from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
+from scratchflow.tasks import PredictContext, TrainContext, load_task
 
 log = logging.getLogger("scratchflow")
 
@@ -49,177 +44,158 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
 
 
 def archive_job(*, dataset: dict[str, Any], archive: Path, manifest: Path) -> None:
-    record = archive_dataset(resolve_location(dataset["path"]), archive, manifest, dataset)
+    record = archive_dataset(dataset, archive, manifest)
     log.info("archived %(files)d files (%(bytes)d bytes) into one tar, sha256 %(sha256)s", record)
 
 
-def prefetch_job(*, source: str, destination: Path, token_file: str | None) -> None:
-    prefetch(source, destination, token_file)
+def prefetch_job(*, task: str, source: str, destination: Path, token_file: str | None) -> None:
+    prefetch(source, destination, token_file, check_loadable=load_task(task).check_model)
     log.info("model %s cached in %s for offline loading", source, destination)
 
 
-def _staged_splits(archive: Path, manifest: Path, scratch: Path, dataset: dict[str, Any]) -> dict[str, Any]:
-    """Stage the dataset archive into scratch and split it as every job of this dataset does."""
-    data_root = stage_in(archive, manifest, scratch)
-    examples = load_examples(data_root, dataset["format"], dataset["text_column"], dataset["label_column"])
-    return {
-        "labels": label_names(examples),
-        "splits": split_examples(
-            examples, dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"]
-        ),
-    }
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything one train job needs, as plain values (the rule's entry script unpacks them)."""
+
+    run_id: str
+    task: str
+    identity: dict[str, Any]  # what determines the run's result: dataset settings, model, parameters
+    resolved_config: dict[str, Any]
+    archive: Path
+    manifest: Path
+    base_model: Path | None
+    scratch_root: str | None
+    checkpoint_folder: Path
+    checkpointing: dict[str, Any]
+    threads: int
+    workflow_dir: Path
+    model_out: Path
+    params_out: Path
+    record_out: Path
 
 
-def train_job(
-    *,
-    run_id: str,
-    identity: dict[str, Any],
-    resolved_config: dict[str, Any],
-    archive: Path,
-    manifest: Path,
-    base_model: Path,
-    scratch_root: str | None,
-    checkpoint_folder: Path,
-    checkpointing: dict[str, Any],
-    threads: int,
-    workflow_dir: Path,
-    model_out: Path,
-    params_out: Path,
-    record_out: Path,
-) -> None:
-    """Stage the data in, fine-tune (resuming from shared checkpoints), sync the model back, clean up.
+def train_job(job: TrainJob) -> None:
+    """Stage the data in, train (resuming from shared checkpoints), sync the result back, clean up.
 
     One call is one piece of the run: a piece stopped by a signal saves its progress and fails, and
     the next attempt resumes. `record_out` is written last: its presence means the outputs are complete.
     """
-    import torch
-
-    from scratchflow.training import fine_tune
-
-    torch.set_num_threads(threads)
+    task = load_task(job.task)
     switch_hub_off()
     timer = PhaseTimer()
-    params = identity["training"]
-    data_record = read_json(manifest)
-    checkpoints.claim(checkpoint_folder, {"run_id": run_id, **identity, "data_sha256": data_record["sha256"]})
-    with (
-        checkpoints.held(checkpoint_folder),
-        _piece_of(checkpoint_folder) as piece,
-        scratch_directory(scratch_root, f"train-{run_id}", timer) as scratch,
-    ):
-        log.info("run %s, piece %d: scratch %s", run_id, piece["piece"], scratch)
+    params = job.identity["training"]
+    data_record = read_json(job.manifest)
+    run = RunCheckpoints(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
+    run.claim({"run_id": job.run_id, **job.identity, "data_sha256": data_record["sha256"]})
+    with run.held(), run.piece() as piece, scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch:
+        log.info("run %s, piece %d: scratch %s", job.run_id, piece["piece"], scratch)
         with timer.phase("stage"):
-            data = _staged_splits(archive, manifest, scratch, identity["dataset"])
+            data = staged_sources(stage_in(job.archive, job.manifest, scratch), job.identity["dataset"])
         with timer.phase("train"):
-            trained, metrics = fine_tune(
-                splits=data["splits"],
-                labels=data["labels"],
-                model_dir=base_model,
-                params=params,
-                work_dir=scratch,
-                shared_checkpoints=checkpoint_folder,
-                save_every_steps=checkpointing["every_steps"],
-                keep_checkpoints=checkpointing["keep"],
+            trained = task.train(
+                TrainContext(
+                    run_id=job.run_id,
+                    piece=piece["piece"],
+                    data=data,
+                    dataset=job.identity["dataset"],
+                    params=params,
+                    model=job.base_model,
+                    work_dir=scratch,
+                    checkpoints=run,
+                    save_every_steps=job.checkpointing["every_steps"],
+                    stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
+                    threads=job.threads,
+                )
             )
-        piece.update(resumed_from_step=metrics["resumed_from_step"], reached_step=metrics["global_steps"])
+        piece.update(
+            resumed_from_step=trained.metrics.get("resumed_from_step"), reached_step=trained.metrics.get("global_steps")
+        )
         with timer.phase("sync"):
-            sync_back(trained, model_out)
-            write_json_atomically(params, params_out)
+            copy_whole(trained.output, job.model_out)
+            write_json_atomically(params, job.params_out)
     write_json_atomically(
         {
-            "run_id": run_id,
-            "run": identity,
-            "config": resolved_config,
+            "run_id": job.run_id,
+            "task": job.task,
+            "run": job.identity,
+            "config": job.resolved_config,
             "data": data_record,
-            "training": metrics,
-            "pieces": checkpoints.pieces(checkpoint_folder),
-            "seed": params["seed"],
-            "threads": threads,
+            "training": trained.metrics,
+            "pieces": run.pieces(),
+            "seed": params.get("seed"),
+            "threads": job.threads,
             "timings_seconds": timer.seconds,
-            "environment": environment_record(workflow_dir),
+            "environment": environment_record(job.workflow_dir),
         },
-        record_out,
+        job.record_out,
     )
-    log.info("run %s trained; phases (s): %s", run_id, timer.seconds)
+    log.info("run %s trained; phases (s): %s", job.run_id, timer.seconds)
 
 
-@contextlib.contextmanager
-def _piece_of(checkpoint_folder: Path) -> Iterator[dict[str, Any]]:
-    """List this job in the run's pieces (the jobs that trained it, in order) with how it ended."""
-    piece = {
-        "piece": len(checkpoints.pieces(checkpoint_folder)) + 1,
-        **checkpoints.this_process(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "outcome": "running",
-    }
-    checkpoints.record_piece(checkpoint_folder, piece)
-    try:
-        yield piece
-    except BaseException as error:
-        piece["outcome"] = f"{type(error).__name__}: {error}"
-        raise
-    else:
-        piece["outcome"] = "finished"
-    finally:
-        piece["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        checkpoints.record_piece(checkpoint_folder, piece)
+@dataclass(frozen=True)
+class PredictJob:
+    run_id: str
+    task: str
+    identity: dict[str, Any]
+    archive: Path
+    manifest: Path
+    trained: Path
+    scratch_root: str | None
+    threads: int
+    workflow_dir: Path
+    metrics_out: Path
+    record_out: Path
+    predictions_out: Path | None  # for tasks that write predictions
 
 
-def predict_job(
-    *,
-    run_id: str,
-    identity: dict[str, Any],
-    archive: Path,
-    manifest: Path,
-    model: Path,
-    scratch_root: str | None,
-    threads: int,
-    workflow_dir: Path,
-    predictions_out: Path,
-    metrics_out: Path,
-    record_out: Path,
-) -> None:
-    """Stage the test split and the trained model in, predict, sync predictions and metrics back."""
-    import torch
-
-    from scratchflow.prediction import classification_metrics, predict
-
-    torch.set_num_threads(threads)
+def predict_job(job: PredictJob) -> None:
+    """Stage the data and the trained model in, predict, sync predictions and metrics back."""
+    task = load_task(job.task)
     switch_hub_off()
     timer = PhaseTimer()
-    params = identity["training"]
-    with scratch_directory(scratch_root, f"predict-{run_id}", timer) as scratch:
+    with scratch_directory(job.scratch_root, f"predict-{job.run_id}", timer) as scratch:
         with timer.phase("stage"):
-            data = _staged_splits(archive, manifest, scratch, identity["dataset"])
+            data = staged_sources(stage_in(job.archive, job.manifest, scratch), job.identity["dataset"])
             local_model = scratch / "model"
-            sync_back(model, local_model)
+            copy_whole(job.trained, local_model)
         with timer.phase("predict"):
-            test: list[Example] = data["splits"]["test"]
-            table = predict(local_model, test, params["max_length"], params["batch_size"] * 2)
-            metrics = classification_metrics(list(table["label"]), list(table["predicted"]), data["labels"])
-            table.to_csv(scratch / predictions_out.name, index=False)
+            predicted = task.predict(
+                PredictContext(
+                    run_id=job.run_id,
+                    data=data,
+                    dataset=job.identity["dataset"],
+                    params=job.identity["training"],
+                    trained=local_model,
+                    work_dir=scratch,
+                    threads=job.threads,
+                )
+            )
+            if job.predictions_out is not None:
+                predicted.predictions.to_csv(scratch / job.predictions_out.name, index=False)
         with timer.phase("sync"):
-            sync_back(scratch / predictions_out.name, predictions_out)
-            write_json_atomically(metrics, metrics_out)
+            if job.predictions_out is not None:
+                copy_whole(scratch / job.predictions_out.name, job.predictions_out)
+            write_json_atomically(predicted.metrics, job.metrics_out)
     write_json_atomically(
-        {"run_id": run_id, "timings_seconds": timer.seconds, "environment": environment_record(workflow_dir)},
-        record_out,
+        {"run_id": job.run_id, "timings_seconds": timer.seconds, "environment": environment_record(job.workflow_dir)},
+        job.record_out,
     )
-    log.info("run %s: test accuracy %.4f, macro-F1 %.4f", run_id, metrics["accuracy"], metrics["macro_f1"])
+    log.info("run %s: test metrics %s", job.run_id, aggregation.numbers(predicted.metrics))
 
 
 def aggregate_job(
     *,
     runs: dict[str, dict[str, Path]],
     metric: str,
+    goal: str,
     summary_out: Path,
     best_out: Path,
     plot_out: Path,
 ) -> None:
     summary = aggregation.summarize(runs)
-    best = aggregation.best_run(summary, metric)
+    best = aggregation.best_run(summary, metric, goal)
     with written_whole(summary_out) as partial:
-        summary.sort_values(metric, ascending=False).to_csv(partial, sep="\t", index=False)
+        summary.sort_values(metric, ascending=goal == "min").to_csv(partial, sep="\t", index=False)
     write_json_atomically(best, best_out)
-    aggregation.plot_comparison(summary, metric, plot_out)
-    log.info("best of %d runs by %s: %s (%.4f)", len(summary), metric, best["run_id"], best["value"])
+    aggregation.plot_comparison(summary, metric, goal, plot_out)
+    log.info("best of %d runs by %s (%s): %s (%.4f)", len(summary), metric, goal, best["run_id"], best["value"])

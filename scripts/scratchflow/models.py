@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from scratchflow.dataset import PACKAGE_PREFIX, resolve_location
-from scratchflow.staging import sync_back
+from scratchflow.staging import copy_whole
 
 LOCAL_PATH_STARTS = ("/", "./", "../", "~")
 # Hub repositories often carry the same weights for other frameworks too; PyTorch needs none of them.
@@ -40,17 +41,18 @@ def read_token(token_file: str | None) -> str | None:
     return Path(token_file).expanduser().read_text().strip() if token_file else None
 
 
-def prefetch(source: str, destination: Path, token_file: str | None = None) -> None:
+def prefetch(
+    source: str, destination: Path, token_file: str | None = None, check_loadable: Callable[[Path], None] | None = None
+) -> None:
     """Resolve `source` (a local path, 'package:NAME/path', or a hub name) into `destination`, a
-    directory that loads with `local_files_only=True`. The directory appears whole or not at all."""
-    from transformers import AutoConfig, AutoTokenizer
-
+    directory that loads with `local_files_only=True` (`check_loadable`, the task's own loading, proves
+    it). The directory appears whole or not at all."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     if is_local_source(source):
         location = resolve_location(source)
         if not (location / "config.json").is_file():
             raise ModelSourceError(f"model source {source!r} -> {location}: no config.json there")
-        sync_back(location, destination)
+        copy_whole(location, destination)
     else:
         from huggingface_hub import snapshot_download
 
@@ -61,8 +63,8 @@ def prefetch(source: str, destination: Path, token_file: str | None = None) -> N
                 ignore_patterns=OTHER_FRAMEWORK_FILES,
                 token=read_token(token_file),
             )
-            sync_back(Path(download), destination)
+            copy_whole(Path(download), destination)
     switch_hub_off()
-    # Prove now, on the login node, that the cache is complete for offline loading.
-    AutoConfig.from_pretrained(destination, local_files_only=True)
-    AutoTokenizer.from_pretrained(destination, local_files_only=True)
+    if check_loadable is not None:
+        # Prove now, on the login node, that the cache is complete for offline loading.
+        check_loadable(destination)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -23,14 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from scratchflow.dataset import list_files
+from scratchflow.dataset import WHOLE, data_sources, list_files
+from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically, written_whole
 from scratchflow.record import PhaseTimer
 
 COPY_BLOCK_BYTES = 1024 * 1024
-HOST = socket.gethostname().split(".")[0]
-# Owner-tagged names: '<what>@<host>@<pid>[@<random>]', so that a later process can tell a leftover
-# of a dead process (safe to delete) from the work of a live one.
-OWNER_TAG = f"@{HOST}@{os.getpid()}"
 
 # Byte-for-byte reproducible archives: the same files always give the same checksum.
 REPRODUCIBLE_TAR_OPTIONS = (
@@ -71,53 +66,34 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def written_whole(path: Path) -> Iterator[Path]:
-    """Yield a hidden partial name to write `path` under; rename it into place only if the writing
-    succeeds. Readers see the old file or the whole new one, never a part; a partial left by a killed
-    writer carries its owner tag, so `remove_leftovers` can tell it from live work."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial{OWNER_TAG}")
-    try:
-        yield partial
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, path)
-
-
-def write_json_atomically(data: Any, path: Path) -> None:
-    with written_whole(path) as partial, open(partial, "w") as out:
-        json.dump(data, out, indent=2, sort_keys=True)
-        out.write("\n")
-        out.flush()
-        os.fsync(out.fileno())
-
-
-def read_json(path: Path) -> Any:
-    with open(path) as source:
-        return json.load(source)
-
-
-def archive_dataset(source: Path, archive: Path, manifest: Path, dataset: dict[str, Any]) -> dict[str, Any]:
-    """Pack a dataset (one file or a folder tree) into ONE tar on shared storage, plus its manifest.
+def archive_dataset(dataset: dict[str, Any], archive: Path, manifest: Path) -> dict[str, Any]:
+    """Pack a dataset (a file or folder tree, or one per split) into ONE tar on shared storage, plus
+    its manifest.
 
     Shared filesystems are slow at many small files and fast at one big one: this is why data
-    travels as an archive. The manifest's sha256 is what every stage-in verifies.
+    travels as an archive. The manifest's sha256 is what every stage-in verifies. A dataset with
+    splits is packed as `<name>/train`, `<name>/validation`, `<name>/test`, wherever its files lie.
     """
     require_tools("tar")
-    files = list_files(source)
+    sources = data_sources(dataset)
+    files = [file for source in sources.values() for file in list_files(source)]
     if not files:
-        raise StagingError(f"{source}: the dataset has no files")
-    tar = [
-        "tar",
-        "--create",
-        "--file=-",
-        *REPRODUCIBLE_TAR_OPTIONS,
-        f"--directory={source.parent}",
-        "--",
-        source.name,
-    ]
+        raise StagingError(f"{', '.join(map(str, sources.values()))}: the dataset has no files")
+    if WHOLE in sources:
+        root = sources[WHOLE].name
+        operands = [f"--directory={sources[WHOLE].parent}", "--", root]
+    else:
+        root = dataset["name"]
+        located = {name: path.resolve() for name, path in sources.items()}
+        base = Path(os.path.commonpath([path.parent for path in located.values()]))
+        named = {name: path.relative_to(base).as_posix() for name, path in located.items()}
+        operands = [
+            *(f"--transform={_renaming(member, f'{root}/{name}')}" for name, member in named.items()),
+            f"--directory={base}",
+            "--",
+            *named.values(),
+        ]
+    tar = ["tar", "--create", "--file=-", *REPRODUCIBLE_TAR_OPTIONS, *operands]
     # tar's output is hashed as it is written: the archive is never read back.
     with written_whole(archive) as partial, tempfile.TemporaryFile() as errors, open(partial, "wb") as writer:
         packing = subprocess.Popen(tar, stdout=subprocess.PIPE, stderr=errors)
@@ -128,7 +104,7 @@ def archive_dataset(source: Path, archive: Path, manifest: Path, dataset: dict[s
     record = {
         "dataset": dataset["name"],
         "format": dataset["format"],
-        "root": source.name,
+        "root": root,
         "files": len(files),
         "bytes": sum(file.stat().st_size for file in files),
         "archive_bytes": archive.stat().st_size,
@@ -136,6 +112,19 @@ def archive_dataset(source: Path, archive: Path, manifest: Path, dataset: dict[s
     }
     write_json_atomically(record, manifest)
     return record
+
+
+def _renaming(member: str, new_name: str) -> str:
+    """tar's --transform expression renaming `member` (and what lies below it) to `new_name`; the
+    targets of symbolic links stay as they are (flag S)."""
+
+    def pattern(text: str) -> str:
+        return "".join(f"\\{c}" if c in "\\.*[]^$," else c for c in text)
+
+    def replacement(text: str) -> str:
+        return "".join(f"\\{c}" if c in "\\&," else c for c in text)
+
+    return f"s,^{pattern(member)}\\(/\\|$\\),{replacement(new_name)}\\1,S"
 
 
 def _copy_hashing(reader: BinaryIO, writer: BinaryIO) -> str:
@@ -252,8 +241,9 @@ def remove_leftovers(folder: Path, prefix: str = "") -> list[Path]:
     return removed
 
 
-def sync_back(source: Path, destination: Path) -> None:
-    """rsync a file or directory from scratch to shared storage, then rename it into place.
+def copy_whole(source: Path, destination: Path) -> None:
+    """rsync a file or directory to `destination` (scratch to shared storage, or back), then rename
+    it into place.
 
     Until the rename, the result exists only under a hidden partial name, so a killed copy never
     looks finished. A partial left by a dead process is removed first.

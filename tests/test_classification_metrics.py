@@ -1,5 +1,5 @@
 import pytest
-from scratchflow.prediction import classification_metrics
+from scratchflow.classification import classification_metrics
 
 
 def test_metrics_match_a_hand_computed_example():

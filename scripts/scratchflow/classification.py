@@ -1,36 +1,29 @@
-"""Predicting with a trained classifier, and the metrics that compare runs."""
+"""What the classification tasks share at prediction time: batched predictions and their metrics."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from scratchflow.dataset import Example
 
-
-def predict(model_dir: Path, examples: list[Example], max_length: int, batch_size: int) -> pd.DataFrame:
-    """One row per example: id, true label, predicted label, and the model's confidence in it."""
+def predict_in_batches(
+    model: Any, items: list[Any], encode: Callable[[list[Any]], Any], batch_size: int, threads: int
+) -> pd.DataFrame:
+    """One row per item (which has .id and .label): id, true label, predicted label, and the
+    model's confidence in it. `encode` turns a batch of items into the model's keyword inputs."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    torch.set_num_threads(threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True).to(device).eval()
+    model = model.to(device).eval()
     predicted: list[int] = []
     confidence: list[float] = []
     with torch.inference_mode():
-        for start in range(0, len(examples), batch_size):
-            batch = examples[start : start + batch_size]
-            inputs = tokenizer(
-                [example.text for example in batch],
-                truncation=True,
-                max_length=max_length,
-                padding=True,
-                return_tensors="pt",
-            ).to(device)
+        for start in range(0, len(items), batch_size):
+            inputs = encode(items[start : start + batch_size]).to(device)
             probabilities = model(**inputs).logits.softmax(dim=-1)
             best = probabilities.max(dim=-1)
             predicted += best.indices.tolist()
@@ -38,8 +31,8 @@ def predict(model_dir: Path, examples: list[Example], max_length: int, batch_siz
     names = model.config.id2label
     return pd.DataFrame(
         {
-            "id": [example.id for example in examples],
-            "label": [example.label for example in examples],
+            "id": [item.id for item in items],
+            "label": [item.label for item in items],
             "predicted": [names[index] for index in predicted],
             "confidence": np.round(confidence, 6),
         }

@@ -1,0 +1,130 @@
+"""A lab's own training program in plain PyTorch, run by scratchflow's `command` task: a bag-of-words
+classifier for a folder-per-label text dataset (BBC News in the example config).
+
+What makes it fit the lifecycle (README, "Your own training code"):
+- it reads its data from $SCRATCHFLOW_DATA_DIR and its parameters from the JSON file $SCRATCHFLOW_PARAMS;
+- every $SCRATCHFLOW_SAVE_EVERY_STEPS steps, and when asked to stop (SIGUSR1/SIGTERM), it saves
+  checkpoint-<step>/ under $SCRATCHFLOW_CHECKPOINT_DIR with everything that determines the rest of
+  the run (weights, optimizer, step), and writes the file COMPLETE into it last;
+- it resumes from $SCRATCHFLOW_RESUME_FROM, and because batches depend only on (seed, epoch), a
+  resumed run ends with exactly the metrics of an uninterrupted one;
+- it writes its model and metrics.json (name -> number) into $SCRATCHFLOW_OUTPUT_DIR.
+"""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+environment = os.environ
+params = json.loads(Path(environment["SCRATCHFLOW_PARAMS"]).read_text())
+checkpoints = Path(environment["SCRATCHFLOW_CHECKPOINT_DIR"])
+output = Path(environment["SCRATCHFLOW_OUTPUT_DIR"])
+save_every = int(environment["SCRATCHFLOW_SAVE_EVERY_STEPS"])
+torch.set_num_threads(int(environment.get("OMP_NUM_THREADS", "1")))
+
+stop_requested = False
+
+
+def request_stop(signum, _frame):
+    global stop_requested
+    stop_requested = True
+
+
+signal.signal(signal.SIGUSR1, request_stop)
+signal.signal(signal.SIGTERM, request_stop)
+
+# The data: one sub-folder per label, one text file per article. A fixed fifth of each label (by a
+# hash of the file's name) is the test split.
+data = Path(environment["SCRATCHFLOW_DATA_DIR"])
+files = sorted(path for path in data.rglob("*") if path.is_file() and len(path.relative_to(data).parts) == 2)
+labels = sorted({path.parent.name for path in files})
+features = params["features"]
+
+
+def bag_of_words(text):
+    vector = torch.zeros(features)
+    for word in re.findall(r"[a-z]+", text.lower()):
+        vector[int(hashlib.md5(word.encode()).hexdigest()[:8], 16) % features] += 1.0
+    return torch.log1p(vector)
+
+
+def is_test(path):
+    return int(hashlib.sha256(path.name.encode()).hexdigest()[:8], 16) % 5 == 0
+
+
+inputs = torch.stack([bag_of_words(path.read_text(errors="replace")) for path in files])
+targets = torch.tensor([labels.index(path.parent.name) for path in files])
+test = torch.tensor([is_test(path) for path in files])
+train_x, train_y, test_x, test_y = inputs[~test], targets[~test], inputs[test], targets[test]
+
+torch.manual_seed(params["seed"])
+model = torch.nn.Sequential(
+    torch.nn.Linear(features, params["hidden"]), torch.nn.ReLU(), torch.nn.Linear(params["hidden"], len(labels))
+)
+optimizer = torch.optim.Adam(model.parameters(), lr=params["learning_rate"])
+batch_size = params["batch_size"]
+steps_per_epoch = -(-len(train_y) // batch_size)
+total_steps = params["epochs"] * steps_per_epoch
+step = 0
+
+if environment["SCRATCHFLOW_RESUME_FROM"]:
+    state = torch.load(Path(environment["SCRATCHFLOW_RESUME_FROM"]) / "state.pt")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    step = state["step"]
+    print(f"resumed at step {step} of {total_steps}", flush=True)
+
+
+def save_checkpoint():
+    folder = checkpoints / f"checkpoint-{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, folder / "state.pt")
+    (folder / "COMPLETE").touch()  # last: the checkpoint is whole
+    for old in sorted(checkpoints.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))[:-2]:
+        for file in old.iterdir():
+            file.unlink()
+        old.rmdir()
+
+
+while step < total_steps:
+    epoch, position = divmod(step, steps_per_epoch)
+    order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(params["seed"] * 10_000 + epoch))
+    batch = order[position * batch_size : (position + 1) * batch_size]
+    loss = torch.nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    step += 1
+    if step % 20 == 0:
+        print(f"step {step}/{total_steps} loss {loss.item():.4f}", flush=True)
+    if step % save_every == 0 or step == total_steps or stop_requested:
+        save_checkpoint()
+    if stop_requested:
+        print(f"stopping at step {step}: checkpoint saved", flush=True)
+        sys.exit(0)
+
+with torch.no_grad():
+    logits = model(test_x)
+predicted = logits.argmax(dim=1)
+f1 = []
+for index in range(len(labels)):
+    hits = ((predicted == index) & (test_y == index)).sum().item()
+    precision = hits / max((predicted == index).sum().item(), 1)
+    recall = hits / max((test_y == index).sum().item(), 1)
+    f1.append(2 * precision * recall / (precision + recall) if hits else 0.0)
+metrics = {
+    "accuracy": (predicted == test_y).float().mean().item(),
+    "macro_f1": sum(f1) / len(f1),
+    "test_loss": torch.nn.functional.cross_entropy(logits, test_y).item(),
+    "steps": step,
+}
+output.mkdir(parents=True, exist_ok=True)
+torch.save(model.state_dict(), output / "model.pt")
+(output / "metrics.json").write_text(json.dumps(metrics, indent=2))
+print(f"test accuracy {metrics['accuracy']:.4f}", flush=True)

@@ -1,0 +1,44 @@
+"""Files on shared storage that appear whole or not at all: written under a hidden partial name,
+then renamed into place. A partial left by a killed writer carries its owner's tag
+('<name>.partial@<host>@<pid>'), so that a later process can tell it from live work."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HOST = socket.gethostname().split(".")[0]
+# Owner-tagged names: '<what>@<host>@<pid>[@<random>]'.
+OWNER_TAG = f"@{HOST}@{os.getpid()}"
+
+
+@contextlib.contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """Yield a hidden partial name to write `path` under; rename it into place only if the writing
+    succeeds. Readers see the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial{OWNER_TAG}")
+    try:
+        yield partial
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, path)
+
+
+def write_json_atomically(data: Any, path: Path) -> None:
+    with written_whole(path) as partial, open(partial, "w") as out:
+        json.dump(data, out, indent=2, sort_keys=True)
+        out.write("\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def read_json(path: Path) -> Any:
+    with open(path) as source:
+        return json.load(source)

@@ -1,0 +1,159 @@
+"""What the Hugging Face tasks share: a Trainer that resumes from the run's shared checkpoints,
+mirrors each new checkpoint there, and stops cleanly on Slurm's signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.utils import is_torch_tf32_available
+
+from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
+from scratchflow.tasks import TrainContext, TrainingStopped
+
+log = logging.getLogger(__name__)
+
+# The Trainer writes this last into a checkpoint, so a checkpoint without it is incomplete.
+CHECKPOINT_MARKER = "trainer_state.json"
+# USR1: Slurm's warning before the wall time (--signal=USR1@<seconds>). TERM: scancel, preemption,
+# the time limit itself. Either way: save a checkpoint at the end of the current step, then stop.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class MirrorCheckpointsToShared(TrainerCallback):
+    """After the trainer saves a checkpoint on scratch, copy it whole to shared storage."""
+
+    def __init__(self, checkpoints: RunCheckpoints):
+        self.checkpoints = checkpoints
+
+    def on_save(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            newest = newest_complete_checkpoint(Path(args.output_dir), CHECKPOINT_MARKER)
+            if newest is not None:
+                self.checkpoints.mirror(newest)
+                log.info("checkpoint %s saved to %s", newest.name, self.checkpoints.folder)
+
+
+class StopOnSignal(TrainerCallback):
+    """Turns a stop signal into "save a checkpoint now and stop"; also saves one after the last step,
+    so that a run whose job dies after training resumes from its end instead of from zero."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+        for number in STOP_SIGNALS:
+            signal.signal(number, self._receive)
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+    def _receive(self, number: int, _frame: Any) -> None:
+        self.received = signal.Signals(number).name
+        log.warning("%s received: saving a checkpoint after the current step, then stopping", self.received)
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.received or state.global_step >= state.max_steps:
+            control.should_save = True
+        if self.received:
+            control.should_training_stop = True
+
+
+def dataloader_workers(on_gpu: bool) -> int:
+    """Batch-preparing processes, from the CPUs this job may use (Slurm's --cpus-per-task).
+
+    On a GPU node, one CPU drives the GPU and the others prepare batches (at most 8). On CPU, every
+    CPU computes the model: a worker process would take a CPU from it (benchmarks/throughput.py)."""
+    if not on_gpu:
+        return 0
+    return min(8, len(os.sched_getaffinity(0)) - 1)
+
+
+def accuracy(evaluation: Any) -> dict[str, float]:
+    logits, labels = evaluation
+    return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
+
+
+def training_arguments(context: TrainContext, has_validation: bool, **task_specific: Any) -> TrainingArguments:
+    """The Trainer's settings from the run's parameters; checkpoints go to scratch."""
+    params = context.params
+    on_gpu = torch.cuda.is_available()
+    workers = dataloader_workers(on_gpu)
+    return TrainingArguments(
+        output_dir=str(context.work_dir / "checkpoints"),
+        learning_rate=params["learning_rate"],
+        per_device_train_batch_size=params["batch_size"],
+        per_device_eval_batch_size=params["batch_size"] * 2,
+        num_train_epochs=params["epochs"],
+        weight_decay=params["weight_decay"],
+        warmup_steps=params["warmup_ratio"],  # a float below 1 is a ratio of all steps
+        seed=params["seed"],
+        bf16=params["bf16"],
+        tf32=params["tf32"] and on_gpu and is_torch_tf32_available(),
+        use_cpu=not on_gpu,
+        dataloader_num_workers=workers,
+        dataloader_persistent_workers=workers > 0,
+        dataloader_pin_memory=on_gpu,
+        eval_strategy="epoch" if has_validation else "no",
+        save_strategy="steps",
+        save_steps=context.save_every_steps,
+        save_total_limit=context.checkpoints.keep,
+        logging_steps=10,
+        disable_tqdm=True,
+        report_to="none",
+        **task_specific,
+    )
+
+
+def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dict[str, Any]]:
+    """Build the Trainer (model, args, datasets, collator: `trainer_arguments`), resume it from the
+    newest complete shared checkpoint, train until done or asked to stop, and return it with the
+    training figures. A stop raises TrainingStopped once its checkpoint is on shared storage."""
+    torch.set_num_threads(context.threads)
+    stop = StopOnSignal()
+    trainer = Trainer(
+        compute_metrics=accuracy,
+        # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
+        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints)],
+        **trainer_arguments,
+    )
+    resume_from = context.checkpoints.seed(context.work_dir / "checkpoints")
+    with stop.listening():
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if result.global_step < trainer.state.max_steps:
+        raise TrainingStopped(
+            f"stopped on {stop.received} at step {result.global_step} of {trainer.state.max_steps}; "
+            f"checkpoint-{result.global_step} is saved in {context.checkpoints.folder} and the next attempt "
+            "resumes from it"
+        )
+    return trainer, training_figures(trainer, result, resume_from)
+
+
+def training_figures(trainer: Trainer, result: Any, resume_from: Path | None) -> dict[str, Any]:
+    history = trainer.state.log_history
+    logged_losses = [entry["loss"] for entry in history if "loss" in entry]
+    figures: dict[str, Any] = {
+        # Over all pieces of a resumed run (the trainer's own figure covers only the last piece).
+        "train_loss": float(np.mean(logged_losses)) if logged_losses else result.training_loss,
+        "global_steps": result.global_step,
+        "resumed_from_step": step_of(resume_from) if resume_from else None,
+        "train_examples": len(trainer.train_dataset),
+        "validation_examples": len(trainer.eval_dataset) if trainer.eval_dataset is not None else 0,
+    }
+    evaluations = [entry for entry in history if "eval_accuracy" in entry]
+    if evaluations:
+        figures["validation_accuracy"] = evaluations[-1]["eval_accuracy"]
+        figures["validation_loss"] = evaluations[-1]["eval_loss"]
+    return figures

@@ -1,0 +1,119 @@
+"""Tasks: what the lifecycle trains. The lifecycle (stage in, run lock, pieces, checkpoints mirrored to
+shared storage, stop signals, sync back, cleanup, records) lives in `scratchflow.jobs` and knows
+nothing about models or kinds of data; a task knows nothing about Slurm, scratch or shared storage.
+
+A task is one module here, `scratchflow.tasks.<name with _ for ->`, beside its schema fragment
+`<module>.schema.yaml` (the JSON schema of the `training:` section; `grid:` accepts exactly the same
+keys, as lists). The module defines:
+
+    CHECKPOINT_MARKER   the file the task writes last into `checkpoint-<step>/`: its presence makes
+                        the checkpoint complete (mirrored to shared storage, resumable)
+    USES_MODEL          whether `model:` is required (prefetched to models/<name>/)
+    METRICS             the test metrics it reports (None: whatever the task's code reports)
+    WRITES_PREDICTIONS  whether predict writes predictions.csv
+    check_settings(config)              start-up checks of its settings (every start)
+    check_data(dataset, sources)        start-up checks of the data (once per version of it)
+    check_model(model_dir)              proves a prefetched model loads offline (if USES_MODEL)
+    train(TrainContext) -> Trained      raises TrainingStopped when asked to stop (progress saved)
+    predict(PredictContext) -> Predicted
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from scratchflow.checkpoints import RunCheckpoints
+
+DEFAULT_TASK = "text-classification"
+
+
+class UnknownTask(ValueError):
+    """The config names a task that has no module."""
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped early on request (time limit near, job cancelled); its progress is saved."""
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    run_id: str
+    piece: int  # 1 for the first job that trains the run, 2 for the one that resumes it, ...
+    data: dict[str, Path]  # the staged data on scratch: {"all": path} or {"train": ..., "test": ...}
+    dataset: dict[str, Any]
+    params: dict[str, Any]  # the run's training parameters
+    model: Path | None  # the base model's cache on shared storage
+    work_dir: Path  # this job's private scratch directory
+    checkpoints: RunCheckpoints  # the run's checkpoint state on shared storage
+    save_every_steps: int
+    stop_grace_seconds: float
+    threads: int
+
+
+@dataclass(frozen=True)
+class Trained:
+    output: Path  # a directory on scratch, synced back whole to results/runs/<run_id>/model/
+    metrics: dict[str, Any]  # training figures for the record (global_steps, resumed_from_step, ...)
+
+
+@dataclass(frozen=True)
+class PredictContext:
+    run_id: str
+    data: dict[str, Path]
+    dataset: dict[str, Any]
+    params: dict[str, Any]
+    trained: Path  # the trained output (results/runs/<run_id>/model/), copied to scratch
+    work_dir: Path
+    threads: int
+
+
+@dataclass(frozen=True)
+class Predicted:
+    metrics: dict[str, Any]  # flat name -> number, plus any nested detail (per class, confusion)
+    predictions: Any = None  # a pandas DataFrame when WRITES_PREDICTIONS
+
+
+def module_name(task: str) -> str:
+    return f"{__name__}.{task.replace('-', '_')}"
+
+
+def available_tasks() -> list[str]:
+    return sorted(info.name.replace("_", "-") for info in pkgutil.iter_modules(__path__) if not info.ispkg)
+
+
+@cache
+def load_task(task: str) -> ModuleType:
+    if task not in available_tasks():
+        raise UnknownTask(f"config key task: unknown task {task!r}; the tasks are: {', '.join(available_tasks())}")
+    return importlib.import_module(module_name(task))
+
+
+@cache
+def training_schema(task: str) -> dict[str, Any]:
+    """The task's schema fragment for `training:`."""
+    path = Path(load_task(task).__file__).with_suffix(".schema.yaml")
+    return yaml.safe_load(path.read_text())
+
+
+def grid_schema(training: dict[str, Any]) -> dict[str, Any]:
+    """`grid:` takes the keys `training:` takes, each as a non-empty list of distinct values."""
+
+    def values_of(item: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "array", "minItems": 1, "uniqueItems": True, "items": item}
+
+    schema: dict[str, Any] = {
+        "type": "object",
+        "minProperties": 1,
+        "properties": {key: values_of(item) for key, item in training.get("properties", {}).items()},
+    }
+    extra = training.get("additionalProperties", False)
+    schema["additionalProperties"] = values_of(extra) if isinstance(extra, dict) else extra
+    return schema
