@@ -4,10 +4,13 @@ PYTHON := $(VENV)/bin/python
 # Debian tools the lifecycle runs (tar and coreutils come with every Debian system).
 DEBIAN_TOOLS := rsync
 
-.PHONY: demo test setup setup-dev .debian-tools lint format clean
+.PHONY: demo test setup setup-dev .debian-tools lint format clean example-image example-command
 
 demo: setup  ## Run the demo grid on this machine, then say where the comparison is.
 	scripts/run_local.sh
+
+example-%: setup  ## Run config/examples/<name>/ in example-runs/<name>/ (image, command).
+	scripts/run_example.sh $*
 
 test: setup-dev  ## Run the whole test suite (slow end-to-end tests included).
 	$(PYTHON) -m pytest
@@ -36,13 +39,18 @@ $(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 
+# animal-mnist declares tensorflow, which nothing here needs: installed without its dependencies.
+NO_DEPS := animal-mnist==0.4
+
 $(VENV)/.installed-runtime: requirements.txt | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet -r requirements.txt
+	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@
 
 $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
+	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@ $(VENV)/.installed-runtime
 
 clean:  ## Remove everything the workflow wrote here (not the venv).
-	rm -rf archives models checkpoints results logs .snakemake
+	rm -rf archives models checkpoints results logs .snakemake example-runs

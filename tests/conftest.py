@@ -105,6 +105,19 @@ def run_workflow(
     return result
 
 
+def start_workflow(workdir: Path, *args: str) -> subprocess.Popen:
+    """The README's local command, in the background, in a process group of its own."""
+    return subprocess.Popen(
+        snakemake_command(*args),
+        cwd=workdir,
+        env=workflow_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def workflow_env() -> dict[str, str]:
     """The tests' own interpreter's environment, so that the workflow runs with the same packages."""
     env = dict(os.environ)
@@ -180,3 +193,80 @@ def small_disk(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", mount_point], check=True)
     yield mount_point
     subprocess.run(["umount", mount_point], check=True)
+
+
+# -- the other tasks: images, and a lab's own command ---------------------------------------------
+
+COMMAND_EXAMPLE = REPO / "config" / "examples" / "command" / "train.py"
+
+
+@pytest.fixture(scope="session")
+def animal_images(tmp_path_factory) -> Path:
+    """40 real animal-mnist silhouettes (28x28 PNG) of each of 4 animals, a folder per label."""
+    from scratchflow.animal_mnist import write_pngs
+
+    return write_pngs(tmp_path_factory.mktemp("images") / "animals", per_label=40, labels=("bird", "cat", "cow", "dog"))
+
+
+@pytest.fixture(scope="session")
+def tiny_resnet(tmp_path_factory) -> Path:
+    from scratchflow.tiny_model import build_tiny_resnet
+
+    return build_tiny_resnet(tmp_path_factory.mktemp("models") / "tiny-resnet")
+
+
+def image_config(data: Path, model: Path, scratch: Path | None, **training) -> dict:
+    """An image-classification grid of one run on the tiny ResNet, long enough to interrupt."""
+    return {
+        "task": "image-classification",
+        "dataset": {"name": "animals", "path": str(data), "format": "folder", "split_seed": 1},
+        "model": {"name": "tiny-resnet", "source": str(model)},
+        "training": {"learning_rate": 3.0e-3, "batch_size": 16, "epochs": 12, "seed": 0, **training},
+        "grid": {"seed": [3]},
+        "checkpointing": {"every_steps": 10, "keep": 2},
+        "cluster": {"scratch_root": str(scratch) if scratch else None},
+    }
+
+
+def command_config(data: Path, scratch: Path | None, **training) -> dict:
+    """The command example (plain PyTorch, config/examples/command/train.py) as one run on the BBC
+    subset, about 900 steps with a checkpoint every 20."""
+    return {
+        "task": "command",
+        "dataset": {"name": "bbc-subset", "path": str(data), "format": "folder"},
+        "training": {
+            "command": ["python", str(COMMAND_EXAMPLE)],
+            "features": 4096,
+            "hidden": 64,
+            "batch_size": 8,
+            "epochs": 30,
+            "learning_rate": 1.0e-3,
+            **training,
+        },
+        "grid": {"seed": [5]},
+        "checkpointing": {"every_steps": 20, "keep": 2, "stop_grace_seconds": 30},
+        "aggregate": {"metric": "test_loss", "goal": "min"},
+        "cluster": {"scratch_root": str(scratch) if scratch else None},
+    }
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_command_run(tmp_path_factory, bbc_subset) -> Path:
+    workdir = tmp_path_factory.mktemp("uninterrupted-command")
+    write_config(workdir, command_config(bbc_subset, workdir / "scratch"))
+    run_workflow(workdir)
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_image_run(tmp_path_factory, animal_images, tiny_resnet) -> Path:
+    workdir = tmp_path_factory.mktemp("uninterrupted-image")
+    write_config(workdir, image_config(animal_images, tiny_resnet, workdir / "scratch"))
+    run_workflow(workdir)
+    return workdir
+
+
+def same_metrics(workdir: Path, reference: Path) -> bool:
+    """Whether the one run of `workdir` ended with exactly the test metrics of `reference`'s."""
+    (run,) = (reference / "results" / "runs").iterdir()
+    return (workdir / "results" / "runs" / run.name / "metrics.json").read_text() == (run / "metrics.json").read_text()

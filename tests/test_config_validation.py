@@ -40,6 +40,55 @@ def token_inside_workflow(config, tmp_path):
     config["model"]["token_file"] = str(tmp_path / "hf-token")
 
 
+def command_task(**training):
+    def mutate(config, _tmp_path):
+        config.update(task="command", aggregate={"metric": "accuracy"})
+        config["training"] = {"command": ["python", "train.py"], **training}
+        config["grid"] = {"seed": [0]}
+
+    return mutate
+
+
+def image_folder(files: dict[str, bytes]):
+    """An image-classification config on a folder holding `files` (path below it -> content)."""
+
+    def mutate(config, tmp_path):
+        for name, content in files.items():
+            (tmp_path / "images" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "images" / name).write_bytes(content)
+        config["task"] = "image-classification"
+        config["dataset"].update(path=str(tmp_path / "images"))
+        config["training"].pop("max_length")
+        config["grid"] = {"seed": [0]}
+
+    return mutate
+
+
+def png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (8, 8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def split_files(columns: dict[str, tuple[str, str]], **extra):
+    """A dataset of split CSV files (split -> its header); a split with no header is not written."""
+
+    def mutate(config, tmp_path):
+        splits = {}
+        for name, header in columns.items():
+            splits[name] = str(tmp_path / f"{name}.csv")
+            if header:
+                table(tmp_path, GOOD_ROWS, header)
+                (tmp_path / "data.csv").rename(splits[name])
+        config["dataset"] = {"name": "splits", "format": "csv", "splits": splits, **extra}
+
+    return mutate
+
+
 # case -> (mutation, texts the error must contain, environment)
 CASES = {
     "unknown key": (set_key("training", epoch=3), ["training", "'epoch' was unexpected", "epochs"]),
@@ -88,6 +137,56 @@ CASES = {
     "shell in a grid value": (set_key("grid", learning_rate=["1e-4; touch pwned"]), ["grid.learning_rate[0]"]),
     "shell in the data path": (set_key("dataset", path="data-$(touch pwned)"), ["dataset.path", "'$'"]),
     "backticks in the model path": (set_key("model", source="./model-`touch pwned`"), ["model.source", "'`'"]),
+    # Tasks: the task's own keys, its program, its data.
+    "unknown task": (
+        lambda c, _t: c.update(task="regression"),
+        ["config key task", "'regression'", "command, image-classification, text-classification"],
+    ),
+    "a training key the task does not take": (
+        set_key("training", command=["python", "train.py"]),
+        ["config key training", "'command' was unexpected", "max_length"],
+    ),
+    "a command that is a shell string": (
+        command_task(command="python train.py --lr 1"),
+        ["config key training.command", "is not of type 'array'"],
+    ),
+    "a command whose program is not found": (command_task(command=["no-such-trainer"]), ["training.command", "PATH"]),
+    "a command task without a metric to compare by": (
+        lambda c, t: (command_task(command=["python"])(c, t), c.pop("aggregate")),
+        ["aggregate.metric", "name the one to compare runs by"],
+    ),
+    "images with a text file among them": (
+        image_folder({"cat/1.png": png(), "dog/1.png": png(), "dog/notes.txt": b"hello"}),
+        ["dog/notes.txt", "not a PNG or JPEG"],
+    ),
+    "images with a broken one among them": (
+        image_folder({"cat/1.png": png(), "dog/1.png": b"\x89PNG not really"}),
+        ["dog/1.png", "not an image PIL can read"],
+    ),
+    "images of one label": (
+        image_folder({f"cat/{i}.png": png() for i in range(10)}),
+        ["one label only (['cat'])"],
+    ),
+    "an image folder without images": (
+        image_folder({"readme.md": b"no images"}),
+        ["no files inside label sub-folders"],
+    ),
+    "splits together with fractions": (
+        split_files({"train": ("text", "label"), "test": ("text", "label")}, test_fraction=0.3),
+        ["dataset.splits and dataset.test_fraction are both set"],
+    ),
+    "a split file missing": (
+        split_files({"train": ("text", "label"), "test": ()}),
+        ["dataset.splits.test", "does not exist"],
+    ),
+    "split files with other columns": (
+        split_files({"train": ("text", "label"), "test": ("body", "label")}),
+        ["dataset.splits.test", "['body', 'label'] differ from those of dataset.splits.train"],
+    ),
+    "text and label in the same column": (
+        lambda c, t: (csv_dataset(GOOD_ROWS)(c, t), c["dataset"].update(label_column="text")),
+        ["dataset.text_column and dataset.label_column are both 'text'"],
+    ),
 }
 
 

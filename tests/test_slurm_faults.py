@@ -86,7 +86,7 @@ def wait_until(condition, workflow: subprocess.Popen, workdir: Path, what: str, 
 def first_checkpoint(workdir: Path):
     """The checkpoint folder of the (only) run, once it holds a complete checkpoint."""
     folders = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
-    return folders[0] if folders and newest_complete_checkpoint(folders[0]) else None
+    return folders[0] if folders and newest_complete_checkpoint(folders[0], "trainer_state.json") else None
 
 
 def active_jobs(slurm, rule: str) -> list[str]:

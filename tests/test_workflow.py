@@ -17,9 +17,8 @@ from conftest import (
     long_run,
     run_workflow,
     same_results,
-    snakemake_command,
+    start_workflow,
     workflow_config,
-    workflow_env,
     write_config,
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
@@ -157,25 +156,12 @@ def test_a_corrupted_archive_stops_the_run_before_training(tmp_path, bbc_subset,
         assert "epoch" not in log.read_text(), "training must not have started"
 
 
-def start_workflow(workdir: Path, *args: str) -> subprocess.Popen:
-    """The README's local command, in the background, in a process group of its own."""
-    return subprocess.Popen(
-        snakemake_command(*args),
-        cwd=workdir,
-        env=workflow_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
 def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen) -> Path:
     """The run's checkpoint folder, once it holds a complete checkpoint."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and workflow.poll() is None:
         found = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
-        if found and newest_complete_checkpoint(found[0]) is not None:
+        if found and newest_complete_checkpoint(found[0], "trainer_state.json") is not None:
             return found[0]
         time.sleep(0.05)
     raise AssertionError(f"no checkpoint appeared; the workflow said:\n{workflow.communicate()[0][-4000:]}")

@@ -50,3 +50,22 @@ def build_tiny_bert(
     BertModel(config).save_pretrained(destination)
     BertTokenizer(vocab=vocab).save_pretrained(destination)
     return destination
+
+
+def build_tiny_resnet(destination: Path, *, image_size: int = 32, seed: int = 0) -> Path:
+    """Save a randomly initialised ResNet of about 80,000 parameters and its image processor (PIL,
+    resizing to `image_size`, no torchvision needed) to `destination`: an image model that builds
+    offline in a second. The classification head is replaced for each dataset's labels."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    config = ResNetConfig(
+        num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64], depths=[1, 1, 1], layer_type="basic"
+    )
+    torch.manual_seed(seed)
+    ResNetForImageClassification(config).save_pretrained(destination)
+    half = [0.5, 0.5, 0.5]
+    processor = ViTImageProcessorPil(size={"height": image_size, "width": image_size}, image_mean=half, image_std=half)
+    processor.save_pretrained(destination)
+    return destination

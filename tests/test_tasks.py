@@ -1,0 +1,153 @@
+"""The other tasks through the whole lifecycle: images (a tiny ResNet on animal silhouettes) and a
+lab's own program (config/examples/command/train.py, plain PyTorch), each interrupted and resumed to
+exactly the metrics of an uninterrupted run; datasets that ship their own split files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import (
+    command_config,
+    image_config,
+    run_workflow,
+    same_metrics,
+    start_workflow,
+    workflow_config,
+    write_config,
+)
+from scratchflow.checkpoints import newest_complete_checkpoint
+from scratchflow.dataset import load_examples, split_examples
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for_checkpoint(workdir: Path, workflow: subprocess.Popen, marker: str) -> Path:
+    """The run's shared checkpoint folder, once it holds a complete checkpoint."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and workflow.poll() is None:
+        found = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
+        if found and newest_complete_checkpoint(found[0], marker) is not None:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint appeared; the workflow said:\n{workflow.communicate()[0][-4000:]}")
+
+
+def record_of(workdir: Path) -> dict:
+    (record,) = (workdir / "results" / "runs").glob("*/record.json")
+    return json.loads(record.read_text())
+
+
+def test_an_image_run_killed_midway_resumes_to_identical_metrics(
+    tmp_path, animal_images, tiny_resnet, uninterrupted_image_run
+):
+    write_config(tmp_path, image_config(animal_images, tiny_resnet, tmp_path / "scratch"))
+    workflow = start_workflow(tmp_path)
+    run_id = wait_for_checkpoint(tmp_path, workflow, "trainer_state.json").name
+    os.killpg(workflow.pid, signal.SIGKILL)
+    workflow.wait()
+    assert not (tmp_path / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
+
+    run_workflow(tmp_path)
+
+    assert record_of(tmp_path)["training"]["resumed_from_step"] >= 10
+    assert same_metrics(tmp_path, uninterrupted_image_run)
+    metrics = json.loads((tmp_path / "results" / "runs" / run_id / "metrics.json").read_text())
+    assert metrics["accuracy"] > 0.4, "four animals: chance is 0.25"
+    predictions = pd.read_csv(tmp_path / "results" / "runs" / run_id / "predictions.csv")
+    assert len(predictions) == metrics["examples"] == 32
+    assert (tmp_path / "results" / "runs" / run_id / "model" / "preprocessor_config.json").is_file()
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def job_process(workdir: Path) -> int:
+    """The train job's own Python process (the command it runs is a child of it)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", r"\.snakemake/scripts/tmp.*\.train\.py"], capture_output=True, text=True)
+        pids = [int(pid) for pid in found.stdout.split()]
+        if pids:
+            return pids[0]
+        time.sleep(0.05)
+    raise AssertionError("no train job process")
+
+
+def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical_metrics(
+    tmp_path, bbc_subset, uninterrupted_command_run
+):
+    """USR1 to the job only: the job passes it on to the program, which saves and exits; the piece is
+    recorded as paused, and the same command again resumes from the checkpoint."""
+    write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch"))
+    workflow = start_workflow(tmp_path)
+    wait_for_checkpoint(tmp_path, workflow, "COMPLETE")
+    os.kill(job_process(tmp_path), signal.SIGUSR1)
+    output = workflow.communicate(timeout=300)[0]
+    assert workflow.returncode != 0, "the piece was paused: the local profile has no retries"
+    pieces = json.loads(next((tmp_path / "checkpoints").glob("*/pieces.json")).read_text())
+    assert "stopped on SIGUSR1 at step" in pieces[0]["outcome"] and "paused" in pieces[0]["outcome"], output[-3000:]
+
+    run_workflow(tmp_path)
+
+    first, second = record_of(tmp_path)["pieces"]
+    stopped_at = int(first["outcome"].split("at step ")[1].split(":")[0])
+    assert second["resumed_from_step"] == stopped_at > 0
+    assert same_metrics(tmp_path, uninterrupted_command_run)
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert "resumed at step" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
+    assert (run / "model" / "model.pt").is_file()
+    summary = pd.read_csv(tmp_path / "results" / "summary.tsv", sep="\t")
+    assert {"accuracy", "macro_f1", "test_loss", "steps", "hidden", "features"} <= set(summary.columns)
+    assert json.loads((tmp_path / "results" / "best_run.json").read_text())["goal"] == "min"
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_failing_command_fails_the_job_with_the_tail_of_its_output(tmp_path, bbc_subset):
+    script = tmp_path / "broken.py"
+    script.write_text(
+        "import sys\nprint('loading the data')\nprint('KeyError: no such column', file=sys.stderr)\nsys.exit(3)\n"
+    )
+    write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch", command=["python", str(script)]))
+    result = run_workflow(tmp_path, check=False)
+    assert result.returncode != 0
+    log = next((tmp_path / "logs" / "train").iterdir()).read_text()
+    assert "exited with 3; its last lines:" in log and "KeyError: no such column" in log
+    assert not list((tmp_path / "results").glob("runs/*/*"))
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_command_that_writes_no_metrics_fails_naming_the_file(tmp_path, bbc_subset):
+    script = tmp_path / "silent.py"
+    script.write_text("print('trained, but forgot the metrics')\n")
+    write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch", command=["python", str(script)]))
+    result = run_workflow(tmp_path, check=False)
+    assert result.returncode != 0
+    assert "metrics.json is missing" in next((tmp_path / "logs" / "train").iterdir()).read_text()
+
+
+def test_a_dataset_with_its_own_parquet_split_files_trains_and_tests_on_them(tmp_path, bbc_subset, tiny_model):
+    examples = load_examples(bbc_subset, "folder", "text", "label")
+    splits = split_examples(examples, 0.2, 0.1, 4)
+    paths = {}
+    for name, part in splits.items():
+        paths[name] = tmp_path / "benchmark" / name / f"{name}.parquet"
+        paths[name].parent.mkdir(parents=True)
+        pd.DataFrame({"body": [e.text for e in part], "topic": [e.label for e in part]}).to_parquet(paths[name])
+    dataset = {"name": "bbc-splits", "format": "parquet", "text_column": "body", "label_column": "topic"}
+    dataset["splits"] = {name: str(path) for name, path in paths.items()}
+    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", dataset=dataset, grid={"seed": [0]})
+    config["training"]["epochs"] = 2
+    write_config(tmp_path, config)
+    run_workflow(tmp_path)
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    predictions = pd.read_csv(run / "predictions.csv")
+    assert len(predictions) == len(splits["test"]) == 60
+    record = json.loads((run / "record.json").read_text())
+    assert record["training"]["train_examples"] == len(splits["train"])
+    assert record["data"]["files"] == 3
+    assert record["run"]["dataset"]["splits"] == ["test", "train", "validation"]
