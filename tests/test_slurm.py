@@ -21,6 +21,7 @@ from conftest import (
     OVERLAY,
     REPO,
     USER,
+    image_config,
     slurm_workflow_command,
     slurm_workflow_env,
     workflow_config,
@@ -265,3 +266,17 @@ def test_tokens_and_shell_characters_in_data_stay_data(slurm, tmp_path, bbc_subs
     for path in written:
         text = path.read_bytes().decode(errors="replace")
         assert not [secret for secret in secrets if secret in text], f"a token was written to {path}"
+
+
+def test_an_image_task_runs_on_slurm_with_the_oscer_profile(slurm, tmp_path, animal_images, tiny_resnet):
+    config = image_config(animal_images, tiny_resnet, scratch=None, epochs=2)
+    del config["cluster"]
+    write_config(tmp_path, config)
+    result = run_on_slurm(slurm, tmp_path, "oscer", {})
+    assert result.returncode == 0, result.stdout[-6000:]
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert json.loads((run / "record.json").read_text())["task"] == "image-classification"
+    assert json.loads((run / "metrics.json").read_text())["examples"] == 32
+    (train_line,) = sbatch_lines(result.stdout, "train")
+    assert "-p gpu" in train_line and "--gres=gpu:1" in train_line
+    assert not scratch_used(tmp_path, run.name).exists()

@@ -20,7 +20,9 @@ import pytest
 import yaml
 from conftest import (
     USER,
+    command_config,
     long_run,
+    same_metrics,
     same_results,
     slurm_workflow_command,
     slurm_workflow_env,
@@ -83,10 +85,10 @@ def wait_until(condition, workflow: subprocess.Popen, workdir: Path, what: str, 
     raise AssertionError(f"{what} did not happen; the workflow said:\n{output[-4000:]}")
 
 
-def first_checkpoint(workdir: Path):
+def first_checkpoint(workdir: Path, marker: str = "trainer_state.json"):
     """The checkpoint folder of the (only) run, once it holds a complete checkpoint."""
     folders = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
-    return folders[0] if folders and newest_complete_checkpoint(folders[0], "trainer_state.json") else None
+    return folders[0] if folders and newest_complete_checkpoint(folders[0], marker) else None
 
 
 def active_jobs(slurm, rule: str) -> list[str]:
@@ -235,3 +237,24 @@ def test_a_failing_predict_job_keeps_the_trained_run_and_says_where_to_look(slur
     log = (tmp_path / "logs" / "predict" / f"{run.name}.log").read_text()
     assert "job failed" in log
     assert sorted(path.relative_to(run) for path in run.rglob("*")) == trained, "train results stay"
+
+
+def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_result(
+    slurm, tmp_path, bbc_subset, uninterrupted_command_run
+):
+    """The lab's own program (config/examples/command/train.py) under scancel: the job passes SIGTERM
+    on, the program saves and exits, the piece is paused, the retry resumes to identical metrics."""
+    config = command_config(bbc_subset, scratch=None)
+    del config["cluster"]
+    write_config(tmp_path, config)
+    workflow = start(slurm, tmp_path)
+    wait_until(lambda: first_checkpoint(tmp_path, "COMPLETE"), workflow, tmp_path, "a first checkpoint")
+    (job,) = active_jobs(slurm, "train")
+    slurm.run("scancel", job)
+
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+    first, second = pieces_of(tmp_path)
+    assert "stopped on SIGTERM at step" in first["outcome"] and "paused" in first["outcome"]
+    assert second["resumed_from_step"] == stopped_at(first, "SIGTERM") and second["outcome"] == "finished"
+    assert same_metrics(tmp_path, uninterrupted_command_run)

@@ -67,11 +67,11 @@ def test_an_image_run_killed_midway_resumes_to_identical_metrics(
 
 
 def job_process(workdir: Path) -> int:
-    """The train job's own Python process (the command it runs is a child of it)."""
+    """The train job's own Python process in `workdir` (the command it runs is a child of it)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         found = subprocess.run(["pgrep", "-f", r"\.snakemake/scripts/tmp.*\.train\.py"], capture_output=True, text=True)
-        pids = [int(pid) for pid in found.stdout.split()]
+        pids = [int(pid) for pid in found.stdout.split() if Path(f"/proc/{pid}/cwd").resolve() == workdir.resolve()]
         if pids:
             return pids[0]
         time.sleep(0.05)
