@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scratchflow import hf_trainer
 from scratchflow.classification import classification_metrics, predict_in_batches
 from scratchflow.dataset import DatasetError, LabelledFile, check_labelled, label_names, labelled_files, load_splits
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
-CHECKPOINT_MARKER = hf_trainer.CHECKPOINT_MARKER
+# What the Hugging Face Trainer writes last into a checkpoint (hf_trainer.CHECKPOINT_MARKER; not
+# imported from there: the workflow loads this module when it plans, and hf_trainer imports torch).
+CHECKPOINT_MARKER = "trainer_state.json"
 NEEDS_MODEL = True
 METRICS = ("macro_f1", "accuracy")
 WRITES_PREDICTIONS = True
@@ -73,6 +74,8 @@ class ImageExamples:
 
 def train(context: TrainContext) -> Trained:
     from transformers import AutoImageProcessor, AutoModelForImageClassification, set_seed
+
+    from scratchflow import hf_trainer
 
     splits = load_splits(context.data, context.dataset, labelled_files)
     labels = label_names([file for split in splits.values() for file in split])
