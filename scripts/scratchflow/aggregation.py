@@ -39,7 +39,7 @@ def summarize(runs: dict[str, dict[str, Path]]) -> pd.DataFrame:
         params = read_json(files["params"])
         metrics = numbers(read_json(files["metrics"]))
         metric_names.update(dict.fromkeys(metrics))
-        rows.append({"run_id": run_id, **{f"{key}": _cell(value) for key, value in params.items()}, **metrics})
+        rows.append({"run_id": run_id, **{key: _cell(value) for key, value in params.items()}, **metrics})
     summary = pd.DataFrame(rows)
     summary = summary[[column for column in summary.columns if column not in metric_names] + list(metric_names)]
     summary.attrs["metrics"] = list(metric_names)

@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from scratchflow.dataset import label_names, load_splits
+from scratchflow.tasks import Predicted
+
+
+def splits_and_labels(context: Any, read: Callable[[Path], list[Any]]) -> tuple[dict[str, list[Any]], list[str]]:
+    """The staged data of a train or predict context as train/validation/test, and the labels of
+    all of them in a fixed order (which fixes the model's label ids)."""
+    splits = load_splits(context.data, context.dataset, read)
+    return splits, label_names([item for split in splits.values() for item in split])
+
+
+def predict_test_split(
+    model: Any, context: Any, read: Callable[[Path], list[Any]], encode: Callable[[list[Any]], Any]
+) -> Predicted:
+    """Predict the test split with `model` (batches of twice the training batch size), and score it."""
+    splits, labels = splits_and_labels(context, read)
+    batch_size = context.params["batch_size"] * 2
+    table = predict_in_batches(model, splits["test"], encode, batch_size, context.threads)
+    return Predicted(
+        metrics=classification_metrics(list(table["label"]), list(table["predicted"]), labels), predictions=table
+    )
 
 
 def predict_in_batches(

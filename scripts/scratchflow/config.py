@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scratchflow.dataset import DatasetError, data_sources, read_table, resolve_location
+from scratchflow.dataset import DatasetError, data_sources, resolve_location, table_columns
 from scratchflow.models import is_local_source
 from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
 
@@ -226,7 +226,7 @@ def _refuse_other_columns(found: dict[str, Path], fmt: str) -> None:
     columns = {}
     for key, path in found.items():
         try:
-            columns[key] = list(read_table(path, fmt, rows=1).columns)
+            columns[key] = table_columns(path, fmt)
         except ValueError as error:
             raise ConfigError(f"{key}: cannot read {path} as {fmt}: {error}") from None
     first_key = next(iter(columns))

@@ -109,15 +109,28 @@ def fingerprint_sources(sources: dict[str, Path]) -> str:
     return hashlib.sha256(json.dumps({name: fingerprint(path) for name, path in sources.items()}).encode()).hexdigest()
 
 
-def read_table(path: Path, fmt: str, rows: int | None = None) -> pd.DataFrame:
-    """A table file as text columns (`rows`: only the first ones, to see the columns)."""
+def read_table(path: Path, fmt: str) -> pd.DataFrame:
+    """A table file as text columns."""
     if fmt in TABLE_SEPARATORS:
-        return pd.read_csv(path, sep=TABLE_SEPARATORS[fmt], dtype=str, keep_default_na=False, nrows=rows)
+        return pd.read_csv(path, sep=TABLE_SEPARATORS[fmt], dtype=str, keep_default_na=False)
     if fmt == "jsonl":
-        return pd.read_json(path, lines=True, dtype=False, nrows=rows)
+        return pd.read_json(path, lines=True, dtype=False)
     if fmt == "parquet":
-        table = pd.read_parquet(path)
-        return table if rows is None else table.head(rows)
+        return pd.read_parquet(path)
+    raise DatasetError(f"{path}: format {fmt!r} is not a table; expected one of {', '.join(TABLE_SEPARATORS)}")
+
+
+def table_columns(path: Path, fmt: str) -> list[str]:
+    """A table file's column names, read from its header or schema alone (not its rows)."""
+    if fmt in TABLE_SEPARATORS:
+        return list(pd.read_csv(path, sep=TABLE_SEPARATORS[fmt], nrows=0).columns)
+    if fmt == "jsonl":
+        with open(path) as lines:
+            return list(json.loads(lines.readline() or "{}"))
+    if fmt == "parquet":
+        import pyarrow.parquet
+
+        return list(pyarrow.parquet.read_schema(path).names)
     raise DatasetError(f"{path}: format {fmt!r} is not a table; expected one of {', '.join(TABLE_SEPARATORS)}")
 
 
@@ -200,21 +213,21 @@ def describe(found: list[Any]) -> str:
     return f"{len(found)} example(s) ({shown}{', ...' if len(found) > 5 else ''})"
 
 
-def check_labelled(sources: dict[str, Path], dataset: dict[str, Any], read: Callable[[Path], list[Labelled]]) -> None:
-    """What training needs of any labelled data: a label on every example, two labels or more, and
-    a train and a test split that are not empty. Raises DatasetError naming the config key."""
-    if WHOLE in sources:
-        examples = read(sources[WHOLE])
+def check_labelled(found: dict[str, list[Labelled]], sources: dict[str, Path], dataset: dict[str, Any]) -> None:
+    """What training needs of any labelled data (`found`: the examples read from each of `sources`):
+    a label on every example, two labels or more, and a train and a test split that are not empty.
+    Raises DatasetError naming the config key."""
+    if WHOLE in found:
+        examples = found[WHOLE]
         try:
             split_examples(examples, dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"])
         except DatasetError as error:
             raise DatasetError(f"dataset.test_fraction/validation_fraction: {error}") from None
     else:
-        splits = {name: read(path) for name, path in sources.items()}
-        empty = [name for name, found in splits.items() if not found]
+        empty = [name for name, examples in found.items() if not examples]
         if empty:
             raise DatasetError(f"dataset.splits.{empty[0]}: {sources[empty[0]]} holds no examples")
-        examples = [example for found in splits.values() for example in found]
+        examples = [example for split in found.values() for example in split]
     without_label = [example for example in examples if not example.label.strip()]
     if without_label:
         raise DatasetError(f"dataset.label_column {dataset['label_column']!r}: {describe(without_label)} have no label")

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +152,7 @@ class StopForwarder:
         self.received_at = 0.0
         self.group: int | None = None
 
-    @contextmanager
+    @contextlib.contextmanager
     def installed(self):
         previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
         for number in STOP_SIGNALS:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scratchflow.classification import classification_metrics, predict_in_batches
-from scratchflow.dataset import DatasetError, LabelledFile, check_labelled, label_names, labelled_files, load_splits
+from scratchflow.classification import predict_test_split, splits_and_labels
+from scratchflow.dataset import DatasetError, LabelledFile, check_labelled, labelled_files
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
 # What the Hugging Face Trainer writes last into a checkpoint (hf_trainer.CHECKPOINT_MARKER; not
@@ -31,16 +31,17 @@ def check_data(dataset: dict[str, Any], sources: dict[str, Path]) -> None:
     """Every file is an image PIL can read, in a label folder; two labels or more; splits not empty."""
     from PIL import Image, UnidentifiedImageError
 
-    for path in sources.values():
-        for file in labelled_files(path):
+    found = {name: labelled_files(path) for name, path in sources.items()}
+    for name, files in found.items():
+        for file in files:
             if file.path.suffix.lower() not in IMAGE_SUFFIXES:
-                raise DatasetError(f"{file.id} in {path} is not a PNG or JPEG file (by its name); remove it")
+                raise DatasetError(f"{file.id} in {sources[name]} is not a PNG or JPEG file (by its name); remove it")
             try:
                 with Image.open(file.path) as image:
                     image.verify()
             except (UnidentifiedImageError, OSError, SyntaxError) as error:
-                raise DatasetError(f"{file.id} in {path} is not an image PIL can read: {error}") from None
-    check_labelled(sources, dataset, labelled_files)
+                raise DatasetError(f"{file.id} in {sources[name]} is not an image PIL can read: {error}") from None
+    check_labelled(found, sources, dataset)
 
 
 def check_model(model_dir: Path) -> None:
@@ -77,8 +78,7 @@ def train(context: TrainContext) -> Trained:
 
     from scratchflow import hf_trainer
 
-    splits = load_splits(context.data, context.dataset, labelled_files)
-    labels = label_names([file for split in splits.values() for file in split])
+    splits, labels = splits_and_labels(context, labelled_files)
     label_ids = {label: index for index, label in enumerate(labels)}
     set_seed(context.params["seed"])  # before the model is built: the new classifier head is random
     processor = AutoImageProcessor.from_pretrained(context.model, local_files_only=True)
@@ -108,15 +108,10 @@ def train(context: TrainContext) -> Trained:
 def predict(context: PredictContext) -> Predicted:
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-    splits = load_splits(context.data, context.dataset, labelled_files)
-    labels = label_names([file for split in splits.values() for file in split])
     processor = AutoImageProcessor.from_pretrained(context.trained, local_files_only=True)
     model = AutoModelForImageClassification.from_pretrained(context.trained, local_files_only=True)
 
     def encode(batch: list[LabelledFile]) -> Any:
         return processor([load_image(file) for file in batch], return_tensors="pt")
 
-    table = predict_in_batches(model, splits["test"], encode, context.params["batch_size"] * 2, context.threads)
-    return Predicted(
-        metrics=classification_metrics(list(table["label"]), list(table["predicted"]), labels), predictions=table
-    )
+    return predict_test_split(model, context, labelled_files, encode)

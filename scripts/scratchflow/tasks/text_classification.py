@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scratchflow.classification import classification_metrics, predict_in_batches
-from scratchflow.dataset import DatasetError, Example, check_labelled, describe, label_names, load_examples, load_splits
+from scratchflow.classification import predict_test_split, splits_and_labels
+from scratchflow.dataset import DatasetError, Example, check_labelled, describe, load_examples
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
 # What the Hugging Face Trainer writes last into a checkpoint (hf_trainer.CHECKPOINT_MARKER; not
@@ -36,14 +36,14 @@ def check_settings(config: dict[str, Any]) -> None:
 
 def check_data(dataset: dict[str, Any], sources: dict[str, Path]) -> None:
     """Texts present, labels present, two labels or more, splits that leave something to train on."""
-    for path in sources.values():
-        without_text = [example for example in read(dataset)(path) if not example.text.strip()]
-        if without_text:
-            raise DatasetError(
-                f"dataset.text_column {dataset['text_column']!r}: {describe(without_text)} have no text; "
-                "remove them or fill them in"
-            )
-    check_labelled(sources, dataset, read(dataset))
+    found = {name: read(dataset)(path) for name, path in sources.items()}
+    without_text = [example for examples in found.values() for example in examples if not example.text.strip()]
+    if without_text:
+        raise DatasetError(
+            f"dataset.text_column {dataset['text_column']!r}: {describe(without_text)} have no text; "
+            "remove them or fill them in"
+        )
+    check_labelled(found, sources, dataset)
 
 
 def check_model(model_dir: Path) -> None:
@@ -75,8 +75,7 @@ def train(context: TrainContext) -> Trained:
     from scratchflow import hf_trainer
 
     params = context.params
-    splits = load_splits(context.data, context.dataset, read(context.dataset))
-    labels = label_names([example for split in splits.values() for example in split])
+    splits, labels = splits_and_labels(context, read(context.dataset))
     label_ids = {label: index for index, label in enumerate(labels)}
     set_seed(params["seed"])  # before the model is built: the new classifier head is random
     tokenizer = AutoTokenizer.from_pretrained(context.model, local_files_only=True)
@@ -104,8 +103,6 @@ def train(context: TrainContext) -> Trained:
 def predict(context: PredictContext) -> Predicted:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    splits = load_splits(context.data, context.dataset, read(context.dataset))
-    labels = label_names([example for split in splits.values() for example in split])
     tokenizer = AutoTokenizer.from_pretrained(context.trained, local_files_only=True)
     model = AutoModelForSequenceClassification.from_pretrained(context.trained, local_files_only=True)
 
@@ -114,7 +111,4 @@ def predict(context: PredictContext) -> Predicted:
         max_length = context.params["max_length"]
         return tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
 
-    table = predict_in_batches(model, splits["test"], encode, context.params["batch_size"] * 2, context.threads)
-    return Predicted(
-        metrics=classification_metrics(list(table["label"]), list(table["predicted"]), labels), predictions=table
-    )
+    return predict_test_split(model, context, read(context.dataset), encode)
