@@ -1,6 +1,7 @@
 import json
 
-from scratchflow.aggregation import best_run, plot_comparison, summarize, varying_columns
+import pytest
+from scratchflow.aggregation import UnknownMetric, best_run, plot_comparison, summarize, varying_columns
 
 
 def write_run(root, run_id, lr, seed, accuracy, macro_f1):
@@ -37,3 +38,15 @@ def test_the_plot_is_a_png(tmp_path):
     plot_comparison(summarize(runs(tmp_path)), "macro_f1", "max", plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in plot.parent.iterdir()] == ["comparison.png"]
+
+
+def test_a_loss_is_compared_by_its_lowest_value(tmp_path):
+    summary = summarize(runs(tmp_path))
+    assert best_run(summary, "accuracy", goal="min")["run_id"] == "ccc"
+    plot_comparison(summary, "accuracy", "min", tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_metric_no_run_reports_is_refused_naming_those_that_exist(tmp_path):
+    with pytest.raises(UnknownMetric, match="'f1': no run reports it; the runs report: accuracy, macro_f1"):
+        best_run(summarize(runs(tmp_path)), "f1")

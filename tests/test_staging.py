@@ -217,3 +217,30 @@ def test_scratch_root_expands_job_variables(monkeypatch, tmp_path):
     monkeypatch.delenv("SLURM_TMPDIR")
     with pytest.raises(StagingError, match="SLURM_TMPDIR"):
         resolve_scratch_root("$SLURM_TMPDIR/x")
+
+
+def test_split_files_travel_in_one_archive_whatever_their_names(tmp_path):
+    """Splits from different folders, with the same base name and characters tar's renaming treats
+    specially, arrive as <name>/train, <name>/validation, <name>/test."""
+    sources = {
+        "train": tmp_path / "a.b" / "data",
+        "validation": tmp_path / "x,y" / "dev[1].csv",
+        "test": tmp_path / "c" / "data",
+    }
+    for name, path in sources.items():
+        if path.suffix:
+            path.parent.mkdir(parents=True)
+            path.write_text(f"{name}\n")
+        else:
+            (path / "cat").mkdir(parents=True)
+            (path / "cat" / "1.txt").write_text(f"{name}\n")
+    dataset = {"name": "bench", "format": "folder", "splits": {name: str(path) for name, path in sources.items()}}
+    record = archive_dataset(dataset, tmp_path / "bench.tar", tmp_path / "bench.json")
+    assert record["files"] == 3 and record["root"] == "bench"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    staged = stage_in(tmp_path / "bench.tar", tmp_path / "bench.json", scratch)
+    assert (staged / "train" / "cat" / "1.txt").read_text() == "train\n"
+    assert (staged / "validation").read_text() == "validation\n"
+    assert (staged / "test" / "cat" / "1.txt").read_text() == "test\n"
+    assert sorted(path.name for path in staged.iterdir()) == ["test", "train", "validation"]
