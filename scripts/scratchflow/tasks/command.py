@@ -103,9 +103,10 @@ class CheckpointMirror:
     """Copies every new complete checkpoint the program writes on scratch to shared storage, from a
     thread that looks every second, and once more when the program has ended."""
 
-    def __init__(self, local: Path, run: RunCheckpoints):
+    def __init__(self, local: Path, run: RunCheckpoints, seeded_step: int | None = None):
         self.local, self.run = local, run
-        self.mirrored_step: int | None = None
+        # The checkpoint seeded from shared storage is there already.
+        self.mirrored_step: int | None = seeded_step
         self.error: BaseException | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -242,7 +243,8 @@ def train(context: TrainContext) -> Trained:
     }
     argv = context.params["command"]
     log.info("running %s", argv)
-    mirror = CheckpointMirror(checkpoint_dir, context.checkpoints)
+    resumed_step = step_of(resume_from) if resume_from else None
+    mirror = CheckpointMirror(checkpoint_dir, context.checkpoints, seeded_step=resumed_step)
     stop = StopForwarder(stop_file)
     code, tail = run_command(argv, env, mirror, stop, context.stop_grace_seconds)
     finished = code == 0 and (output_dir / METRICS_FILE).is_file()
@@ -265,7 +267,7 @@ def train(context: TrainContext) -> Trained:
         metrics={
             "command": argv,
             "exit_code": code,
-            "resumed_from_step": step_of(resume_from) if resume_from else None,
+            "resumed_from_step": resumed_step,
             "global_steps": mirror.mirrored_step,
         },
     )
