@@ -1,7 +1,10 @@
-"""Training throughput: samples/s of scratchflow's training step (the text task's train)
-against a bare Hugging Face Trainer script with the same model, data, batch, length and threads.
-
-Both fine-tune the demo's model (all-MiniLM-L6-v2) on BBC News articles, in this process, in turn.
+"""Training throughput: samples/s of scratchflow's built-in tasks' training against what a user writes
+by hand, with the same model, data, batch and threads, in this process, in turn:
+- text: the text task fine-tunes the demo's model (all-MiniLM-L6-v2) on BBC News articles, against a
+  bare Hugging Face Trainer script (same length);
+- image: the image task trains the example's tiny ResNet on animal-mnist PNGs, against a bare
+  Trainer and a plain PyTorch loop (DataLoader, AdamW, linear warm-up, evaluation once an epoch,
+  the model saved at the end), where a fast step makes any per-step cost show.
 Two figures each:
 - loop samples/s: between the first and the last optimizer step, from step-end timestamps (a
   callback in both): what the training loop sustains, which is what an hour-long job is made of;
@@ -10,7 +13,7 @@ Two figures each:
 A third variant, the bare script with one dataloader worker process, shows why scratchflow uses
 none on CPU (scratchflow.training.dataloader_workers).
 
-    .venv/bin/python benchmarks/throughput.py [--examples 640] [--batch-size 32] [--repeats 3]
+    .venv/bin/python benchmarks/throughput.py [--examples 640] [--batch-size 32] [--images 4000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -25,16 +28,21 @@ import pandas as pd
 import torch
 from measure import arguments, print_table, save
 from scratchflow import hf_trainer
+from scratchflow.animal_mnist import write_pngs
 from scratchflow.checkpoints import RunCheckpoints
-from scratchflow.dataset import label_names, load_examples, resolve_location, split_examples
-from scratchflow.tasks import TrainContext, text_classification
+from scratchflow.dataset import label_names, labelled_files, load_examples, resolve_location, split_examples
+from scratchflow.tasks import TrainContext, image_classification, text_classification
+from scratchflow.tiny_model import build_tiny_resnet
 from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     DataCollatorWithPadding,
     Trainer,
     TrainerCallback,
     TrainingArguments,
+    get_linear_schedule_with_warmup,
     set_seed,
 )
 
@@ -56,10 +64,9 @@ def loop_rate(clock: StepClock, batch_size: int) -> float:
     return (len(clock.times) - 1) * batch_size / (clock.times[-1] - clock.times[0])
 
 
-def scratchflow_step(splits, labels, model_dir: Path, params: dict[str, Any], work: Path) -> tuple[float, float]:
-    """The text task's train as the train job calls it (checkpoint interval longer than the run, as
-    with hourly checkpoints), on the same splits written as split files; its StopOnSignal callback
-    also keeps the step clock."""
+def scratchflow_train(task: Any, data: dict[str, Path], dataset: dict[str, Any], model_dir: Path, params, work: Path):
+    """A task's train as the train job calls it (checkpoint interval longer than the run, as with
+    hourly checkpoints); its StopOnSignal callback also keeps the step clock."""
     clock = StepClock()
 
     class ClockedStopOnSignal(hf_trainer.StopOnSignal):
@@ -67,18 +74,12 @@ def scratchflow_step(splits, labels, model_dir: Path, params: dict[str, Any], wo
             clock.on_step_end(args, state, control)
             super().on_step_end(args, state, control, **kwargs)
 
-    data = {}
-    for name in ("train", "validation"):
-        data[name] = work / f"{name}.csv"
-        rows = {"text": [e.text for e in splits[name]], "label": [e.label for e in splits[name]]}
-        pd.DataFrame(rows).to_csv(data[name], index=False)
-    dataset = {"format": "csv", "text_column": "text", "label_column": "label", "splits": list(data)}
     (work / "scratch").mkdir()
     context = TrainContext(
         run_id="throughput",
         piece=1,
         data=data,
-        dataset=dataset,
+        dataset={**dataset, "splits": list(data)},
         params=params,
         model=model_dir,
         work_dir=work / "scratch",
@@ -90,10 +91,42 @@ def scratchflow_step(splits, labels, model_dir: Path, params: dict[str, Any], wo
     original, hf_trainer.StopOnSignal = hf_trainer.StopOnSignal, ClockedStopOnSignal
     started = time.perf_counter()
     try:
-        text_classification.train(context)
+        task.train(context)
     finally:
         hf_trainer.StopOnSignal = original
     return loop_rate(clock, params["batch_size"]), time.perf_counter() - started
+
+
+def scratchflow_text(splits, labels, model_dir: Path, params: dict[str, Any], work: Path) -> tuple[float, float]:
+    """The text task on the same splits, written as split files."""
+    data = {}
+    for name in ("train", "validation"):
+        data[name] = work / f"{name}.csv"
+        rows = {"text": [e.text for e in splits[name]], "label": [e.label for e in splits[name]]}
+        pd.DataFrame(rows).to_csv(data[name], index=False)
+    dataset = {"format": "csv", "text_column": "text", "label_column": "label"}
+    return scratchflow_train(text_classification, data, dataset, model_dir, params, work)
+
+
+def bare_arguments(params: dict[str, Any], work: Path, workers: int, **task_specific: Any) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(work / "bare"),
+        learning_rate=params["learning_rate"],
+        per_device_train_batch_size=params["batch_size"],
+        per_device_eval_batch_size=params["batch_size"] * 2,
+        num_train_epochs=params["epochs"],
+        weight_decay=params["weight_decay"],
+        warmup_steps=params["warmup_ratio"],
+        seed=params["seed"],
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=workers,
+        eval_strategy="epoch",
+        save_strategy="no",
+        logging_steps=10,
+        disable_tqdm=True,
+        report_to="none",
+        **task_specific,
+    )
 
 
 def bare_trainer(
@@ -112,23 +145,7 @@ def bare_trainer(
 
     trainer = Trainer(
         model=model,
-        args=TrainingArguments(
-            output_dir=str(work / "bare"),
-            learning_rate=params["learning_rate"],
-            per_device_train_batch_size=params["batch_size"],
-            per_device_eval_batch_size=params["batch_size"] * 2,
-            num_train_epochs=params["epochs"],
-            weight_decay=params["weight_decay"],
-            warmup_steps=params["warmup_ratio"],
-            seed=params["seed"],
-            use_cpu=not torch.cuda.is_available(),
-            dataloader_num_workers=workers,
-            eval_strategy="epoch",
-            save_strategy="no",
-            logging_steps=10,
-            disable_tqdm=True,
-            report_to="none",
-        ),
+        args=bare_arguments(params, work, workers),
         train_dataset=encode(splits["train"]),
         eval_dataset=encode(splits["validation"]),
         data_collator=DataCollatorWithPadding(tokenizer),
@@ -140,61 +157,183 @@ def bare_trainer(
     return loop_rate(clock, params["batch_size"]), time.perf_counter() - started
 
 
+def animal_images(work: Path, per_label: int) -> dict[str, Path]:
+    """`train/` and `validation/` folders per label: `per_label` images of each animal, a tenth of
+    them for validation."""
+    everything = write_pngs(work / "all", per_label=per_label)
+    folders = {name: work / name for name in ("train", "validation")}
+    for label in sorted(path.name for path in everything.iterdir()):
+        images = sorted((everything / label).iterdir())
+        held_out = len(images) // 10
+        for name, chosen in (("validation", images[:held_out]), ("train", images[held_out:])):
+            (folders[name] / label).mkdir(parents=True)
+            for image in chosen:
+                image.rename(folders[name] / label / image.name)
+    return folders
+
+
+def image_model(processor_dir: Path, labels: list[str]):
+    set_seed(0)
+    processor = AutoImageProcessor.from_pretrained(processor_dir, local_files_only=True)
+    model = AutoModelForImageClassification.from_pretrained(
+        processor_dir, local_files_only=True, num_labels=len(labels), ignore_mismatched_sizes=True
+    )
+    return processor, model
+
+
+class BareImages(torch.utils.data.Dataset):
+    """What a user writes: open the image with PIL, run the processor."""
+
+    def __init__(self, folder: Path, processor: Any, labels: list[str]):
+        self.files = sorted((path, labels.index(path.parent.name)) for path in folder.glob("*/*.png"))
+        self.processor = processor
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        from PIL import Image
+
+        path, label = self.files[index]
+        with Image.open(path) as image:
+            pixels = self.processor(image.convert("RGB"), return_tensors="pt")["pixel_values"][0]
+        return {"pixel_values": pixels, "labels": label}
+
+
+def scratchflow_image(folders: dict[str, Path], labels, model_dir: Path, params, work: Path) -> tuple[float, float]:
+    return scratchflow_train(image_classification, folders, {"format": "folder"}, model_dir, params, work)
+
+
+def bare_image_trainer(folders: dict[str, Path], labels, model_dir: Path, params, work: Path) -> tuple[float, float]:
+    clock = StepClock()
+    started = time.perf_counter()
+    processor, model = image_model(model_dir, labels)
+    trainer = Trainer(
+        model=model,
+        args=bare_arguments(params, work, 0, remove_unused_columns=False),
+        train_dataset=BareImages(folders["train"], processor, labels),
+        eval_dataset=BareImages(folders["validation"], processor, labels),
+        callbacks=[clock],
+    )
+    trainer.train()
+    trainer.save_model(str(work / "model"))
+    return loop_rate(clock, params["batch_size"]), time.perf_counter() - started
+
+
+def bare_image_loop(folders: dict[str, Path], labels, model_dir: Path, params, work: Path) -> tuple[float, float]:
+    """A plain PyTorch loop: the least a user could write."""
+    step_ends: list[float] = []
+    started = time.perf_counter()
+    processor, model = image_model(model_dir, labels)
+    train = torch.utils.data.DataLoader(
+        BareImages(folders["train"], processor, labels),
+        batch_size=params["batch_size"],
+        shuffle=True,
+        generator=torch.Generator().manual_seed(params["seed"]),
+    )
+    validation = torch.utils.data.DataLoader(
+        BareImages(folders["validation"], processor, labels), batch_size=params["batch_size"] * 2
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=params["learning_rate"], weight_decay=params["weight_decay"])
+    total = params["epochs"] * len(train)
+    schedule = get_linear_schedule_with_warmup(optimizer, round(params["warmup_ratio"] * total), total)
+    for _ in range(params["epochs"]):
+        model.train()
+        for batch in train:
+            model(**batch).loss.backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            step_ends.append(time.perf_counter())
+        model.eval()
+        with torch.no_grad():
+            correct = sum(
+                (model(batch["pixel_values"]).logits.argmax(1) == batch["labels"]).sum() for batch in validation
+            )
+        print(f"  bare loop: validation accuracy {correct / len(validation.dataset):.3f}")
+    model.save_pretrained(work / "model")
+    rate = (len(step_ends) - 1) * params["batch_size"] / (step_ends[-1] - step_ends[0])
+    return rate, time.perf_counter() - started
+
+
+def compare(title: str, variants: dict[str, Any], baseline: str, arguments: tuple, repeats: int) -> dict[str, Any]:
+    """Every variant `repeats` times in turn; the best loop rate and end-to-end time of each, and their
+    ratios to the baseline's."""
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, variant in variants.items():
+            with tempfile.TemporaryDirectory(prefix="scratchflow-throughput-") as work:
+                results[name].append(variant(*arguments, Path(work)))
+    best = {
+        name: {"loop_samples_per_s": max(rate for rate, _ in runs), "end_to_end_s": min(wall for _, wall in runs)}
+        for name, runs in results.items()
+    }
+    for figures in best.values():
+        figures["loop_ratio_to_bare"] = figures["loop_samples_per_s"] / best[baseline]["loop_samples_per_s"]
+        figures["end_to_end_ratio_to_bare"] = figures["end_to_end_s"] / best[baseline]["end_to_end_s"]
+    print_table(
+        f"{title}, best of {repeats}",
+        ["variant", "loop samples/s", f"x {baseline}", "end to end s", f"x {baseline}"],
+        [
+            [name, f["loop_samples_per_s"], f["loop_ratio_to_bare"], f["end_to_end_s"], f["end_to_end_ratio_to_bare"]]
+            for name, f in best.items()
+        ],
+    )
+    return best
+
+
 def main() -> None:
     parser = arguments(__doc__)
-    parser.add_argument("--examples", type=int, default=640, help="training examples (one epoch)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--examples", type=int, default=640, help="text training examples (one epoch)")
+    parser.add_argument("--batch-size", type=int, default=32, help="text batch")
     parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--images", type=int, default=4000, help="animal images (a tenth for validation, one epoch)")
+    parser.add_argument("--image-batch-size", type=int, default=64)
     options = parser.parse_args()
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     examples = load_examples(resolve_location(DATA), "folder", "text", "label")
     splits = split_examples(examples, 0.2, 0.1, 13)
     splits = {"train": splits["train"][: options.examples], "validation": splits["validation"][:128]}
-    labels = label_names(examples)
-    params = {
-        "learning_rate": 1e-4,
-        "batch_size": options.batch_size,
-        "epochs": 1,
-        "max_length": options.max_length,
-        "seed": 0,
-        "weight_decay": 0.0,
-        "warmup_ratio": 0.1,
-        "bf16": False,
-        "tf32": True,
-    }
-    model_dir = resolve_location(MODEL)
-    variants = {
-        "scratchflow text task": scratchflow_step,
-        "bare HF Trainer": bare_trainer,
-        "bare, 1 dataloader worker": lambda *a: bare_trainer(*a, workers=1),
-    }
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    for _ in range(options.repeats):
-        for name, variant in variants.items():
-            with tempfile.TemporaryDirectory(prefix="scratchflow-throughput-") as work:
-                results[name].append(variant(splits, labels, model_dir, params, Path(work)))
-    best = {
-        name: {"loop_samples_per_s": max(rate for rate, _ in runs), "end_to_end_s": min(wall for _, wall in runs)}
-        for name, runs in results.items()
-    }
-    bare = best["bare HF Trainer"]
-    for figures in best.values():
-        figures["loop_ratio_to_bare"] = figures["loop_samples_per_s"] / bare["loop_samples_per_s"]
-        figures["end_to_end_ratio_to_bare"] = figures["end_to_end_s"] / bare["end_to_end_s"]
-    print_table(
-        f"{len(splits['train'])} examples, batch {options.batch_size}, length {options.max_length}, "
-        f"{threads} threads, best of {options.repeats}",
-        ["variant", "loop samples/s", "x bare", "end to end s", "x bare"],
-        [
-            [name, f["loop_samples_per_s"], f["loop_ratio_to_bare"], f["end_to_end_s"], f["end_to_end_ratio_to_bare"]]
-            for name, f in best.items()
-        ],
+    common = {"epochs": 1, "seed": 0, "weight_decay": 0.0, "warmup_ratio": 0.1, "bf16": False, "tf32": True}
+    text_params = {"learning_rate": 1e-4, "batch_size": options.batch_size, "max_length": options.max_length}
+    text = compare(
+        f"text: {len(splits['train'])} examples, batch {options.batch_size}, length {options.max_length}, "
+        f"{threads} threads",
+        {
+            "scratchflow text task": scratchflow_text,
+            "bare HF Trainer": bare_trainer,
+            "bare, 1 dataloader worker": lambda *a: bare_trainer(*a, workers=1),
+        },
+        "bare HF Trainer",
+        (splits, label_names(examples), resolve_location(MODEL), {**common, **text_params}),
+        options.repeats,
     )
+    with tempfile.TemporaryDirectory(prefix="scratchflow-images-") as images:
+        folders = animal_images(Path(images), options.images // 10)
+        model_dir = build_tiny_resnet(Path(images) / "tiny-resnet")
+        labels = sorted(path.name for path in folders["train"].iterdir())
+        image_params = {"learning_rate": 3e-3, "batch_size": options.image_batch_size}
+        image = compare(
+            f"image: {len(labelled_files(folders['train']))} images, batch {options.image_batch_size}, "
+            f"{threads} threads",
+            {
+                "scratchflow image task": scratchflow_image,
+                "bare HF Trainer": bare_image_trainer,
+                "bare PyTorch loop": bare_image_loop,
+            },
+            "bare PyTorch loop",
+            (folders, labels, model_dir, {**common, **image_params}),
+            options.repeats,
+        )
     save(
         options.json,
         "throughput",
-        {"examples": len(splits["train"]), "batch_size": options.batch_size, "threads": threads, "variants": best},
+        {
+            "threads": threads,
+            "text": {"examples": len(splits["train"]), "batch_size": options.batch_size, "variants": text},
+            "image": {"images": options.images, "batch_size": options.image_batch_size, "variants": image},
+        },
     )
 
 
