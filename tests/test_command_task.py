@@ -11,14 +11,8 @@ import time
 
 import pytest
 from scratchflow.checkpoints import RunCheckpoints
-from scratchflow.tasks.command import (
-    CheckpointMirror,
-    CommandFailed,
-    StopForwarder,
-    check_settings,
-    read_metrics,
-    run_command,
-)
+from scratchflow.processes import StopForwarder, run_program
+from scratchflow.tasks.command import CheckpointMirror, CommandFailed, check_settings, read_metrics
 
 IGNORES_STOPS = """
 import signal, time
@@ -33,7 +27,8 @@ def test_a_program_that_ignores_the_stop_is_killed_after_the_grace_period(tmp_pa
     stop = StopForwarder(tmp_path / "stop-requested")
     threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
     started = time.monotonic()
-    code, tail = run_command([sys.executable, "-c", IGNORES_STOPS], dict(os.environ), mirror, stop, grace_seconds=1)
+    argv = [sys.executable, "-c", IGNORES_STOPS]
+    code, tail = run_program(argv, dict(os.environ), stop, grace_seconds=1, alongside=mirror)
     assert code == -signal.SIGKILL
     assert time.monotonic() - started < 15, "killed after the grace period, not after its own sleep"
     assert stop.received == "SIGUSR1" and (tmp_path / "stop-requested").exists()

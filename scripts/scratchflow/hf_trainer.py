@@ -17,15 +17,13 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import is_torch_tf32_available
 
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
+from scratchflow.processes import STOP_SIGNALS
 from scratchflow.tasks import TrainContext, TrainingStopped
 
 log = logging.getLogger(__name__)
 
 # The Trainer writes this last into a checkpoint, so a checkpoint without it is incomplete.
 CHECKPOINT_MARKER = "trainer_state.json"
-# USR1: Slurm's warning before the wall time (--signal=USR1@<seconds>). TERM: scancel, preemption,
-# the time limit itself. Either way: save a checkpoint at the end of the current step, then stop.
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 class MirrorCheckpointsToShared(TrainerCallback):

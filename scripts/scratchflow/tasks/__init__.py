@@ -8,12 +8,12 @@ keys, as lists). The module defines:
 
     CHECKPOINT_MARKER   the file the task writes last into `checkpoint-<step>/`: its presence makes
                         the checkpoint complete (mirrored to shared storage, resumable)
-    USES_MODEL          whether `model:` is required (prefetched to models/<name>/)
+    NEEDS_MODEL         whether `model:` is required (prefetched to models/<name>/)
     METRICS             the test metrics it reports (None: whatever the task's code reports)
     WRITES_PREDICTIONS  whether predict writes predictions.csv
     check_settings(config)              start-up checks of its settings (every start)
     check_data(dataset, sources)        start-up checks of the data (once per version of it)
-    check_model(model_dir)              proves a prefetched model loads offline (if USES_MODEL)
+    check_model(model_dir)              proves a prefetched model loads offline (if NEEDS_MODEL)
     train(TrainContext) -> Trained      raises TrainingStopped when asked to stop (progress saved)
     predict(PredictContext) -> Predicted
 """

@@ -20,23 +20,19 @@ the piece as paused: the retry resumes.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import json
 import logging
 import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
 from scratchflow.files import read_json
+from scratchflow.processes import StopForwarder, run_program
 from scratchflow.staging import StagingError
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained, TrainingStopped
 
@@ -47,8 +43,6 @@ NEEDS_MODEL = False
 METRICS = None  # whatever the program writes into metrics.json
 WRITES_PREDICTIONS = False
 METRICS_FILE = "metrics.json"
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-TAIL_LINES = 30
 MIRROR_POLL_SECONDS = 1.0
 
 
@@ -144,78 +138,8 @@ class CheckpointMirror:
         log.info("checkpoint %s saved to %s", newest.name, self.run.folder)
 
 
-class StopForwarder:
-    """While the program runs, USR1/TERM to the job go on to the program's process group."""
-
-    def __init__(self, stop_file: Path):
-        self.stop_file = stop_file
-        self.received: str | None = None
-        self.received_at = 0.0
-        self.group: int | None = None
-
-    @contextlib.contextmanager
-    def installed(self):
-        previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
-        for number in STOP_SIGNALS:
-            signal.signal(number, self._receive)
-        try:
-            yield self
-        finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
-
-    def _receive(self, number: int, _frame: Any) -> None:
-        if self.received is None:
-            self.received, self.received_at = signal.Signals(number).name, time.monotonic()
-            self.stop_file.touch()
-            log.warning("%s received: passing it on to the command, then pausing the run", self.received)
-        if self.group is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.group, number)
-
-
-def _relay_output(stream: Any, tail: collections.deque[str]) -> None:
-    """The program's output into the job's log, keeping the last lines for an error message."""
-    for line in iter(stream.readline, b""):
-        text = line.decode(errors="replace")
-        tail.append(text)
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-
 def data_dir(data: dict[str, Path]) -> Path:
     return data["all"] if "all" in data else next(iter(data.values())).parent
-
-
-def run_command(
-    argv: list[str], env: dict[str, str], checkpoints: CheckpointMirror, stop: StopForwarder, grace_seconds: float
-) -> tuple[int, str]:
-    """Run the program to its end, or until a stop and its grace period; return its exit code and
-    the tail of its output. Signals reset to their defaults in the program (Python's handlers do
-    not survive exec; USR1, ignored by the rule's Snakemake, is handled here while it starts)."""
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    with stop.installed(), checkpoints:
-        process = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        stop.group = process.pid
-        if stop.received:  # a stop that came while the program started
-            os.killpg(process.pid, signal.Signals[stop.received])
-        relay = threading.Thread(target=_relay_output, args=(process.stdout, tail), daemon=True)
-        relay.start()
-        while True:
-            try:
-                code = process.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if stop.received and time.monotonic() - stop.received_at > grace_seconds:
-                    log.warning("the command did not exit within %s s of %s: killing it", grace_seconds, stop.received)
-                    os.killpg(process.pid, signal.SIGKILL)
-        relay.join(timeout=10)
-        stop.group = None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # what the program left running in its group
-    return code, "".join(tail)
 
 
 def train(context: TrainContext) -> Trained:
@@ -246,7 +170,7 @@ def train(context: TrainContext) -> Trained:
     resumed_step = step_of(resume_from) if resume_from else None
     mirror = CheckpointMirror(checkpoint_dir, context.checkpoints, seeded_step=resumed_step)
     stop = StopForwarder(stop_file)
-    code, tail = run_command(argv, env, mirror, stop, context.stop_grace_seconds)
+    code, tail = run_program(argv, env, stop, context.stop_grace_seconds, alongside=mirror)
     finished = code == 0 and (output_dir / METRICS_FILE).is_file()
     if stop.received and not finished:
         step = mirror.mirrored_step

@@ -1,0 +1,108 @@
+"""Running a child program inside a job: its output relayed into the job's log (the tail kept for an
+error message), and Slurm's stop signals passed on to it with a grace period. Used by the command
+task (the lab's own program) and by the multi-process launcher (torchrun)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# USR1: Slurm's warning before the wall time (--signal=USR1@<seconds>). TERM: scancel, preemption,
+# the time limit itself.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+TAIL_LINES = 30
+
+
+class StopForwarder:
+    """While a program runs, USR1/TERM to the job go on to the program's process group; the first
+    one also creates `stop_file` (for code that cannot take signals)."""
+
+    def __init__(self, stop_file: Path):
+        self.stop_file = stop_file
+        self.received: str | None = None
+        self.received_at = 0.0
+        self.group: int | None = None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopForwarder]:
+        previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+        for number in STOP_SIGNALS:
+            signal.signal(number, self._receive)
+        try:
+            yield self
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+    def _receive(self, number: int, _frame: Any) -> None:
+        if self.received is None:
+            self.received, self.received_at = signal.Signals(number).name, time.monotonic()
+            self.stop_file.touch()
+            log.warning("%s received: passing it on to the training processes, then pausing the run", self.received)
+        if self.group is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.group, number)
+
+
+def _relay_output(stream: Any, tail: collections.deque[str]) -> None:
+    """The program's output into the job's log, keeping the last lines for an error message."""
+    for line in iter(stream.readline, b""):
+        text = line.decode(errors="replace")
+        tail.append(text)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def run_program(
+    argv: list[str],
+    env: dict[str, str],
+    stop: StopForwarder,
+    grace_seconds: float,
+    alongside: contextlib.AbstractContextManager[Any] | None = None,
+) -> tuple[int, str]:
+    """Run a program in its own process group to its end, or until a stop and its grace period;
+    return its exit code and the tail of its output. `alongside` is entered while it runs (a
+    checkpoint watcher). What the program leaves running in its group is killed at the end.
+
+    The program starts with the default stop signals: the rule's Snakemake ignores USR1, which would
+    stay ignored across exec, but here both are caught while it starts, and a caught signal is reset
+    to its default by exec."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    with stop.installed(), alongside or contextlib.nullcontext():
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stop.group = process.pid
+        if stop.received:  # a stop that came while the program started
+            os.killpg(process.pid, signal.Signals[stop.received])
+        relay = threading.Thread(target=_relay_output, args=(process.stdout, tail), daemon=True)
+        relay.start()
+        while True:
+            try:
+                code = process.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if stop.received and time.monotonic() - stop.received_at > grace_seconds:
+                    log.warning("%s did not exit within %s s of %s: killing it", argv[0], grace_seconds, stop.received)
+                    os.killpg(process.pid, signal.SIGKILL)
+        relay.join(timeout=10)
+        stop.group = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return code, "".join(tail)
