@@ -155,34 +155,51 @@ def release_finished_checkpoints():
             RunCheckpoints(folder, TASK.CHECKPOINT_MARKER).release()
 
 
+def evaluated_resource(resource, rule, attempt):
+    """A rule's resource as Snakemake computes it for `attempt`; None where it depends on the job's
+    input or wildcards (sbatch checks those at submission)."""
+    try:
+        return resource.evaluate(
+            SimpleNamespace(),
+            input=[],
+            attempt=attempt,
+            threads=1,
+            rulename=rule,
+            async_run=workflow.async_run,
+        ).value
+    except Exception:
+        return None
+
+
 def check_rule_resources():
-    """Profile resources checked before any job is submitted: unknown names, and runtimes above
-    cluster.max_runtime_minutes. Called when the workflow is read (first attempts: --retries is
-    not known yet) and again from onstart, for every attempt up to --retries."""
+    """Profile resources checked before any job is submitted: unknown names, the training shape,
+    and runtimes above cluster.max_runtime_minutes. Called when the workflow is read (first
+    attempts: --retries is not known yet) and again from onstart, for every attempt up to --retries.
+    """
     if not workflow.is_main_process:
         return
-    runtimes = {}
+    runtimes, shapes = {}, {}
     for defined in workflow.rules:
+        shape = {
+            name: evaluated_resource(defined.resources.get(name), defined.name, 1)
+            for name in ("nodes", "processes_per_node")
+        }
+        shapes[defined.name] = {
+            name: value for name, value in shape.items() if value is not None
+        }
         runtime = defined.resources.get("runtime")
         if runtime is None:
             continue
         retries = defined.restart_times if workflow.execution_settings else 0
-        try:
-            runtimes[defined.name] = [
-                runtime.evaluate(
-                    SimpleNamespace(),
-                    input=[],
-                    attempt=attempt,
-                    threads=1,
-                    rulename=defined.name,
-                    async_run=workflow.async_run,
-                ).value
-                for attempt in range(1, retries + 2)
-            ]
-        except Exception:
-            continue  # depends on the job's input or wildcards: sbatch checks it at submission
+        minutes = [
+            evaluated_resource(runtime, defined.name, attempt)
+            for attempt in range(1, retries + 2)
+        ]
+        if None not in minutes:
+            runtimes[defined.name] = minutes
     check_resources(
         {defined.name: defined.resources for defined in workflow.rules},
         runtimes,
+        shapes,
         config["cluster"],
     )

@@ -1,6 +1,7 @@
 # Entry point of rule train; the work is scratchflow.jobs.train_job.
 from pathlib import Path
 
+from scratchflow.distributed import shape_of
 from scratchflow.jobs import TrainJob, job_context, train_job
 
 with job_context(snakemake.log[0], snakemake.threads):
@@ -22,5 +23,6 @@ with job_context(snakemake.log[0], snakemake.threads):
             model_out=Path(snakemake.output.model),
             params_out=Path(snakemake.output.params),
             record_out=Path(snakemake.output.record),
+            shape=shape_of(snakemake.resources),
         )
     )

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,18 @@ def start_workflow(workdir: Path, *args: str) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+
+
+def job_process(workdir: Path) -> int:
+    """The train job's own Python process in `workdir` (the command it runs is a child of it)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", r"\.snakemake/scripts/tmp.*\.train\.py"], capture_output=True, text=True)
+        pids = [int(pid) for pid in found.stdout.split() if Path(f"/proc/{pid}/cwd").resolve() == workdir.resolve()]
+        if pids:
+            return pids[0]
+        time.sleep(0.05)
+    raise AssertionError("no train job process")
 
 
 def workflow_env() -> dict[str, str]:

@@ -16,6 +16,7 @@ import pytest
 from conftest import (
     command_config,
     image_config,
+    job_process,
     run_workflow,
     same_metrics,
     start_workflow,
@@ -64,18 +65,6 @@ def test_an_image_run_killed_midway_resumes_to_identical_metrics(
     assert len(predictions) == metrics["examples"] == 32
     assert (tmp_path / "results" / "runs" / run_id / "model" / "preprocessor_config.json").is_file()
     assert list((tmp_path / "scratch").iterdir()) == []
-
-
-def job_process(workdir: Path) -> int:
-    """The train job's own Python process in `workdir` (the command it runs is a child of it)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        found = subprocess.run(["pgrep", "-f", r"\.snakemake/scripts/tmp.*\.train\.py"], capture_output=True, text=True)
-        pids = [int(pid) for pid in found.stdout.split() if Path(f"/proc/{pid}/cwd").resolve() == workdir.resolve()]
-        if pids:
-            return pids[0]
-        time.sleep(0.05)
-    raise AssertionError("no train job process")
 
 
 def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical_metrics(

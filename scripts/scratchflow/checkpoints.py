@@ -5,9 +5,11 @@ in `checkpoints/<run_id>/`, and appear there only whole: each is written to scra
 then copied in with `staging.copy_whole`. A checkpoint is a directory `checkpoint-<step>` and is
 complete once it holds the task's marker file (written last). The folder's `run.json` says which
 run (parameters and data) the checkpoints belong to, so that a checkpoint is never resumed by a run
-it does not match. While a job trains the run, `running.json` names it: a second copy of the same
-run (a requeued job next to its resubmission, a rerun while an orphaned job still trains) waits
-instead of writing the same checkpoints at the same time. `pieces.json` lists the jobs that trained
+it does not match. A checkpoint written by several training processes holds `world.json` (how many)
+and is assembled from every node's part under a hidden name before it gets its own. While a job
+trains the run, `running.json` names it: a second copy of the same run (a requeued job next to its
+resubmission, a rerun while an orphaned job still trains) waits instead of writing the same
+checkpoints at the same time. `pieces.json` lists the jobs that trained
 the run, in order, with how each ended.
 """
 
@@ -36,6 +38,8 @@ CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 OWNER_FILE = "run.json"
 HOLDER_FILE = "running.json"
 PIECES_FILE = "pieces.json"
+# In a checkpoint written by several processes: their number (absent: one process wrote it).
+WORLD_FILE = "world.json"
 # squeue states of a job that may still write (a pending one was requeued and will start again).
 ACTIVE_SLURM_STATES = {
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
@@ -45,6 +49,15 @@ ACTIVE_SLURM_STATES = {
 
 class CheckpointMismatch(RuntimeError):
     """The checkpoint folder belongs to a different run (other parameters or other data)."""
+
+
+class WorldSizeChanged(RuntimeError):
+    """The newest checkpoint was written by another number of training processes than this job runs."""
+
+
+def world_size_of(checkpoint: Path) -> int:
+    world_file = checkpoint / WORLD_FILE
+    return read_json(world_file)["world_size"] if world_file.is_file() else 1
 
 
 def complete_checkpoints(folder: Path, marker: str) -> list[tuple[int, Path]]:
@@ -108,14 +121,26 @@ class RunCheckpoints:
         folder.mkdir(parents=True, exist_ok=True)
         write_json_atomically(owner, owner_file)
 
-    def seed(self, local_folder: Path) -> Path | None:
+    def seed(self, local_folder: Path, world_size: int = 1) -> Path | None:
         """Copy the newest complete checkpoint to scratch (`local_folder`), where the task resumes
-        from it; None when the run starts from zero."""
+        from it; None when the run starts from zero. Refused if it was written by another number of
+        training processes: the global batch, the data order and the per-process random states
+        would not continue the same run. A copy already there (seeded by the node's launcher) is
+        used as it is."""
         newest = self.newest()
         if newest is None:
             return None
+        written_by = world_size_of(newest)
+        if written_by != world_size:
+            raise WorldSizeChanged(
+                f"{newest} was written by {written_by} training process(es), and this job trains with "
+                f"{world_size}: resuming would continue the run with another global batch and data order. "
+                "Train it with the shape it started with (the train rule's nodes and processes_per_node, or "
+                f"GPUs, in the profile), or delete {self.folder} to start it again at this shape."
+            )
         local = local_folder / newest.name
-        copy_whole(newest, local)
+        if not local.is_dir():
+            copy_whole(newest, local)
         log.info("resuming from %s", newest)
         return local
 
@@ -124,6 +149,24 @@ class RunCheckpoints:
         all, then drop all but the newest `keep` complete ones."""
         destination = self.folder / local_checkpoint.name
         copy_whole(local_checkpoint, destination)
+        for _step, old in self.complete()[: -self.keep]:
+            _remove_whole(old)
+        return destination
+
+    def assembly(self, name: str, tag: str) -> Path:
+        """Where the parts of checkpoint `name`, written by several processes on several nodes, are
+        gathered before `publish` gives it its name. `tag` (the launching job's owner tag, the same
+        on every node) lets a later job remove what a killed one left."""
+        return self.folder / f".{name}.assembling{tag}"
+
+    def publish(self, assembly: Path, world_size: int) -> Path:
+        """Give an assembled checkpoint its name, with the number of processes that wrote it, then
+        drop all but the newest `keep` complete ones."""
+        write_json_atomically({"world_size": world_size}, assembly / WORLD_FILE)
+        destination = self.folder / assembly.name[1:].split(".assembling")[0]
+        if destination.exists():
+            _remove_whole(destination)
+        os.rename(assembly, destination)
         for _step, old in self.complete()[: -self.keep]:
             _remove_whole(old)
         return destination

@@ -22,6 +22,7 @@ KNOWN_RESOURCES = frozenset(
         *("slurm_account", "slurm_partition", "slurm_extra", "slurm_cluster", "clusters", "cluster"),
         *("constraint", "qos", "nodes", "tasks", "tasks_per_node", "tasks_per_gpu", "mpi"),
         *("cpus_per_task", "cpus_per_gpu", "gpu", "gpu_model", "gres"),
+        "processes_per_node",  # scratchflow's own: training processes per node (rule train)
     }
 )
 
@@ -149,10 +150,15 @@ def check_dataset(config: dict[str, Any], task: Any, data_fingerprint: str, chec
 
 
 def check_resources(
-    resources_by_rule: Mapping[str, Mapping[str, Any]], runtimes: Mapping[str, list[int]], cluster: dict[str, Any]
+    resources_by_rule: Mapping[str, Mapping[str, Any]],
+    runtimes: Mapping[str, list[int]],
+    shapes: Mapping[str, Mapping[str, Any]],
+    cluster: dict[str, Any],
 ) -> None:
-    """Resource names must be ones Snakemake or the Slurm plugin use; no attempt's runtime (minutes)
-    may exceed the cluster's maximum. `runtimes` maps a rule to its runtime for attempt 1, 2, ..."""
+    """Resource names must be ones Snakemake, the Slurm plugin or scratchflow use; `shapes` (a rule's
+    `nodes` and `processes_per_node`, evaluated) must be whole numbers >= 1, processes only for
+    training; no attempt's runtime (minutes) may exceed the cluster's maximum. `runtimes` maps a
+    rule to its runtime for attempt 1, 2, ..."""
     for rule, resources in resources_by_rule.items():
         unknown = sorted(set(resources) - KNOWN_RESOURCES)
         if unknown:
@@ -160,6 +166,14 @@ def check_resources(
                 f"resource {', '.join(unknown)} of rule {rule} (profile or --set-resources) is not one "
                 "Snakemake or the Slurm plugin knows, so it would be ignored; known: "
                 + ", ".join(sorted(KNOWN_RESOURCES))
+            )
+    for rule, shape in shapes.items():
+        for name, value in shape.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"resource {name} of rule {rule}: {value!r} is not a whole number >= 1")
+        if "processes_per_node" in shape and rule != "train":
+            raise ConfigError(
+                f"resource processes_per_node of rule {rule}: only rule train starts several training processes"
             )
     limit = cluster.get("max_runtime_minutes")
     for rule, minutes in runtimes.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import is_torch_tf32_available
 
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
+from scratchflow.distributed import Rank
 from scratchflow.processes import STOP_SIGNALS
 from scratchflow.tasks import TrainContext, TrainingStopped
 
@@ -27,17 +29,39 @@ CHECKPOINT_MARKER = "trainer_state.json"
 
 
 class MirrorCheckpointsToShared(TrainerCallback):
-    """After the trainer saves a checkpoint on scratch, copy it whole to shared storage."""
+    """After the trainer saves a checkpoint on scratch, copy it whole to shared storage.
 
-    def __init__(self, checkpoints: RunCheckpoints):
-        self.checkpoints = checkpoints
+    With several processes, each writes its part (its random states; its shard, if sharded) into
+    the checkpoint on its node's scratch. After a barrier, one process per node copies its node's
+    part into a hidden assembly folder on shared storage; after a second barrier, rank 0 checks that
+    every rank's random state is there and gives the checkpoint its name. A checkpoint on shared
+    storage is therefore complete, or hidden and removed later."""
+
+    def __init__(self, checkpoints: RunCheckpoints, me: Rank):
+        self.checkpoints, self.me = checkpoints, me
 
     def on_save(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.is_world_process_zero:
+        if self.me.world_size == 1:
             newest = newest_complete_checkpoint(Path(args.output_dir), CHECKPOINT_MARKER)
             if newest is not None:
                 self.checkpoints.mirror(newest)
                 log.info("checkpoint %s saved to %s", newest.name, self.checkpoints.folder)
+            return
+        local = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        assembly = self.checkpoints.assembly(local.name, os.environ["SCRATCHFLOW_ASSEMBLY_TAG"])
+        torch.distributed.barrier()  # every process has written its part
+        if self.me.local_rank == 0:
+            shutil.copytree(local, assembly, dirs_exist_ok=True)
+        torch.distributed.barrier()  # every node's part is on shared storage
+        if self.me.rank == 0:
+            missing = [
+                name for name in (f"rng_state_{rank}.pth" for rank in range(self.me.world_size))
+                if not (assembly / name).is_file()
+            ]  # fmt: skip
+            if missing or not (assembly / CHECKPOINT_MARKER).is_file():
+                raise RuntimeError(f"{assembly} lacks {', '.join(missing) or CHECKPOINT_MARKER}: not published")
+            self.checkpoints.publish(assembly, self.me.world_size)
+            log.info("checkpoint %s of %d processes saved to %s", local.name, self.me.world_size, assembly.parent)
 
 
 class StopOnSignal(TrainerCallback):
@@ -63,9 +87,17 @@ class StopOnSignal(TrainerCallback):
         log.warning("%s received: saving a checkpoint after the current step, then stopping", self.received)
 
     def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.received or state.global_step >= state.max_steps:
+        stopping = self.received is not None
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # A signal may reach one process, or one node, or all at different moments: every
+            # process learns at the end of each step whether any got one, so all stop at that step.
+            anyone = torch.tensor([int(stopping)], device=args.device)
+            torch.distributed.all_reduce(anyone, op=torch.distributed.ReduceOp.MAX)
+            if anyone.item() and not stopping:
+                self.received, stopping = "a stop signal to another process", True
+        if stopping or state.global_step >= state.max_steps:
             control.should_save = True
-        if self.received:
+        if stopping:
             control.should_training_stop = True
 
 
@@ -111,6 +143,8 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
         logging_steps=10,
         disable_tqdm=True,
         report_to="none",
+        # Every parameter gets a gradient in these models: DDP need not search the graph each step.
+        ddp_find_unused_parameters=False,
         **task_specific,
     )
 
@@ -120,14 +154,15 @@ def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dic
     newest complete shared checkpoint, train until done or asked to stop, and return it with the
     training figures. A stop raises TrainingStopped once its checkpoint is on shared storage."""
     torch.set_num_threads(context.threads)
+    me = Rank.from_environment()
     stop = StopOnSignal()
     trainer = Trainer(
         compute_metrics=accuracy,
         # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
-        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints)],
+        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, me)],
         **trainer_arguments,
     )
-    resume_from = context.checkpoints.seed(context.work_dir / "checkpoints")
+    resume_from = context.checkpoints.seed(context.work_dir / "checkpoints", me.world_size)
     with stop.listening():
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if result.global_step < trainer.state.max_steps:

@@ -10,13 +10,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation
+from scratchflow import aggregation, distributed
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.dataset import staged_sources
+from scratchflow.distributed import Shape
 from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.record import PhaseTimer, environment_record, output_to_log, stop_cleanly_on_sigterm
@@ -72,6 +73,7 @@ class TrainJob:
     model_out: Path
     params_out: Path
     record_out: Path
+    shape: Shape = field(default_factory=Shape)
 
 
 def train_job(job: TrainJob) -> None:
@@ -88,11 +90,13 @@ def train_job(job: TrainJob) -> None:
     run = RunCheckpoints(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
     run.claim({"run_id": job.run_id, **job.identity, "data_sha256": data_record["sha256"]})
     with run.held(), run.piece() as piece, scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch:
-        log.info("run %s, piece %d: scratch %s", job.run_id, piece["piece"], scratch)
+        piece.update(asdict(job.shape), world_size=job.shape.world_size)
+        log.info("run %s, piece %d: scratch %s, %s", job.run_id, piece["piece"], scratch, job.shape)
         with timer.phase("stage"):
             data = staged_sources(stage_in(job.archive, job.manifest, scratch), job.identity["dataset"])
         with timer.phase("train"):
-            trained = task.train(
+            trained = distributed.train(
+                job.task,
                 TrainContext(
                     run_id=job.run_id,
                     piece=piece["piece"],
@@ -105,7 +109,8 @@ def train_job(job: TrainJob) -> None:
                     save_every_steps=job.checkpointing["every_steps"],
                     stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
                     threads=job.threads,
-                )
+                ),
+                job.shape,
             )
         piece.update(
             resumed_from_step=trained.metrics.get("resumed_from_step"), reached_step=trained.metrics.get("global_steps")

@@ -1,0 +1,197 @@
+"""Training with several processes: the run's shape, the launcher, and the worker torchrun starts.
+
+The shape comes from the train rule's resources, set in the cluster's profile next to the GPUs it
+asks for: `processes_per_node` (default: the GPUs Slurm gives the job, from CUDA_VISIBLE_DEVICES; one
+process without GPUs) and `nodes`. One process is today's training, in the job's own process, with
+no torchrun. More on one node: the job stages the data in once, then runs
+`torchrun --standalone --nproc-per-node=P -m scratchflow.distributed <spec>`; every process runs the
+task's `train` (the Hugging Face Trainer finds its rank in torchrun's environment), and rank 0
+reports back through a file. Stop signals reach torchrun through the job (and from Slurm directly),
+and torchrun passes them on to every process (`--signals-to-handle` with SIGUSR1, which its default
+list lacks: without it torchrun would die of USR1 and orphan its workers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.files import OWNER_TAG, read_json, write_json_atomically
+from scratchflow.processes import StopForwarder, run_program
+from scratchflow.tasks import TrainContext, Trained, TrainingStopped, load_task
+
+log = logging.getLogger(__name__)
+
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# After torchrun's own shutdown wait (the stop grace period), time for it to kill and report.
+LAUNCHER_EXTRA_GRACE_SECONDS = 30
+SCRIPTS_DIR = Path(__file__).resolve().parents[1]
+
+
+class TrainingFailed(RuntimeError):
+    """A training process failed: torchrun ended without a result."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many processes train one run: `processes_per_node` on each of `nodes`."""
+
+    nodes: int = 1
+    processes_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+
+def visible_gpus(environ: Mapping[str, str]) -> int:
+    """The GPUs this job may use on its node, as Slurm lists them (CUDA_VISIBLE_DEVICES)."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES", "")
+    return len([device for device in listed.split(",") if device.strip()])
+
+
+def shape_of(resources: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Shape:
+    """The train job's shape from its resources; processes default to the GPUs it was given."""
+    nodes = int(resources.get("nodes") or 1)
+    processes = int(resources.get("processes_per_node") or max(1, visible_gpus(environ)))
+    if nodes < 1 or processes < 1:
+        raise ValueError(f"resources of rule train: nodes ({nodes}) and processes_per_node ({processes}) must be >= 1")
+    return Shape(nodes=nodes, processes_per_node=processes)
+
+
+def train(task_name: str, context: TrainContext, shape: Shape) -> Trained:
+    """Train one piece of a run with `shape`'s processes; one process trains in this one."""
+    task = load_task(task_name)
+    if shape.world_size == 1 or getattr(task, "LAUNCHES_OWN_PROCESSES", False):
+        return task.train(context)
+    if shape.nodes > 1:
+        raise NotImplementedError("training on several nodes: not built yet (one node, several processes, is)")
+    # Seeded here, once for the node: the processes then find the copy in place.
+    context.checkpoints.seed(context.work_dir / "checkpoints", shape.world_size)
+    return _torchrun(task_name, context, shape)
+
+
+def _torchrun(task_name: str, context: TrainContext, shape: Shape) -> Trained:
+    spec, result = context.work_dir / "launch.json", context.work_dir / "trained.json"
+    write_json_atomically(
+        {"task": task_name, "context": _plain(context), "result": str(result), "assembly_tag": OWNER_TAG}, spec
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={shape.processes_per_node}",
+        f"--signals-to-handle={TORCHRUN_SIGNALS}",
+        f"--shutdown-timeout={round(context.stop_grace_seconds)}",
+        "-m",
+        "scratchflow.distributed",
+        str(spec),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS_DIR), os.environ.get("PYTHONPATH")])),
+        # The job's CPUs, shared among its processes.
+        "OMP_NUM_THREADS": str(max(1, context.threads // shape.processes_per_node)),
+    }
+    log.info("training with %d processes: %s", shape.world_size, " ".join(argv))
+    stop = StopForwarder(context.work_dir / "stop-requested")
+    grace = context.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
+    code, tail = run_program(argv, env, stop, grace)
+    if result.is_file():
+        outcome = read_json(result)
+        if "stopped" in outcome:
+            raise TrainingStopped(outcome["stopped"])
+        return Trained(output=Path(outcome["output"]), metrics=outcome["metrics"])
+    if stop.received:
+        newest = context.checkpoints.newest()
+        raise TrainingStopped(
+            f"stopped on {stop.received} before the processes could save; the next attempt resumes from "
+            + (newest.name if newest else "the beginning")
+        )
+    raise TrainingFailed(f"torchrun exited with {code} and no result; its last lines:\n{tail}")
+
+
+def _plain(context: TrainContext) -> dict[str, Any]:
+    fields = asdict(context)
+    fields["data"] = {name: str(path) for name, path in context.data.items()}
+    fields["model"] = str(context.model) if context.model else None
+    fields["work_dir"] = str(context.work_dir)
+    fields["checkpoints"] = {
+        "folder": str(context.checkpoints.folder),
+        "marker": context.checkpoints.marker,
+        "keep": context.checkpoints.keep,
+    }
+    return fields
+
+
+def _context(fields: dict[str, Any], processes: int) -> TrainContext:
+    checkpoints = fields["checkpoints"]
+    return TrainContext(
+        **{
+            **fields,
+            "data": {name: Path(path) for name, path in fields["data"].items()},
+            "model": Path(fields["model"]) if fields["model"] else None,
+            "work_dir": Path(fields["work_dir"]),
+            "checkpoints": RunCheckpoints(Path(checkpoints["folder"]), checkpoints["marker"], checkpoints["keep"]),
+            "threads": max(1, fields["threads"] // processes),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place among the training processes (torchrun's environment)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Rank:
+        return cls(
+            rank=int(environ.get("RANK", 0)),
+            local_rank=int(environ.get("LOCAL_RANK", 0)),
+            world_size=int(environ.get("WORLD_SIZE", 1)),
+        )
+
+
+def _die_with_parent() -> None:
+    """A worker whose torchrun is killed dies too, instead of training on as an orphan."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def main(spec_path: str) -> None:
+    """One training process under torchrun: the task's train; rank 0 writes the outcome."""
+    _die_with_parent()
+    spec = read_json(Path(spec_path))
+    me = Rank.from_environment()
+    os.environ["SCRATCHFLOW_ASSEMBLY_TAG"] = spec["assembly_tag"]
+    logging.basicConfig(
+        level=logging.INFO if me.rank == 0 else logging.WARNING,
+        format=f"%(asctime)s %(levelname)s rank {me.rank} %(name)s: %(message)s",
+        force=True,
+    )
+    context = _context(spec["context"], int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    try:
+        trained = load_task(spec["task"]).train(context)
+        outcome: dict[str, Any] = {"output": str(trained.output), "metrics": trained.metrics}
+    except TrainingStopped as stopped:
+        outcome = {"stopped": str(stopped)}
+    if me.rank == 0:
+        write_json_atomically(outcome, Path(spec["result"]))
+    log.info("rank %d of %d done: %s", me.rank, me.world_size, json.dumps(outcome)[:200])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,180 @@
+"""Training with several processes on one node (torchrun, gloo on CPU): the shape from the train
+rule's resources, checkpoints that hold every rank's part, all ranks stopping at one step, a dead
+rank failing the job at once, and resumes that end exactly like an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import job_process, run_workflow, same_metrics, start_workflow, workflow_config, write_config
+from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
+from scratchflow.config import ConfigError, check_resources
+from scratchflow.distributed import Shape, shape_of
+
+TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
+MARKER = "trainer_state.json"
+
+
+def test_the_shape_comes_from_the_resources_or_the_gpus_slurm_gives():
+    assert shape_of({}, {}) == Shape(nodes=1, processes_per_node=1)
+    assert shape_of({}, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == Shape(1, 4)
+    assert shape_of({"processes_per_node": 2}, {"CUDA_VISIBLE_DEVICES": "0"}).processes_per_node == 2
+    assert shape_of({"nodes": 2}, {"CUDA_VISIBLE_DEVICES": "0,1"}).world_size == 4
+    assert shape_of({}, {"CUDA_VISIBLE_DEVICES": ""}) == Shape(1, 1)
+
+
+@pytest.mark.parametrize(
+    ("rule", "shape", "message"),
+    [
+        ("train", {"processes_per_node": 0}, "resource processes_per_node of rule train: 0 is not a whole number"),
+        ("train", {"nodes": "two"}, "resource nodes of rule train: 'two' is not a whole number"),
+        ("predict", {"processes_per_node": 2}, "only rule train starts several training processes"),
+    ],
+)
+def test_a_bad_training_shape_is_refused_naming_the_resource(rule, shape, message):
+    with pytest.raises(ConfigError, match=message):
+        check_resources({rule: shape}, {}, {rule: shape}, {"name": "local"})
+
+
+def write_checkpoint(folder: Path, step: int, world_size: int | None = None) -> Path:
+    checkpoint = folder / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / MARKER).write_text("{}")
+    if world_size is not None:
+        (checkpoint / "world.json").write_text(json.dumps({"world_size": world_size}))
+    return checkpoint
+
+
+def test_a_checkpoint_of_another_world_size_is_refused_with_what_to_do(tmp_path):
+    run = RunCheckpoints(tmp_path / "shared", MARKER)
+    write_checkpoint(run.folder, 40, world_size=4)
+    with pytest.raises(WorldSizeChanged, match=r"written by 4 training process\(es\), and this job trains with 2"):
+        run.seed(tmp_path / "local", world_size=2)
+    assert run.seed(tmp_path / "local", world_size=4) == tmp_path / "local" / "checkpoint-40"
+    # A checkpoint without world.json was written by one process, as before this existed.
+    write_checkpoint(run.folder, 50)
+    assert run.seed(tmp_path / "local-2").name == "checkpoint-50"
+
+
+def test_a_checkpoint_seeded_by_the_launcher_is_used_in_place(tmp_path):
+    run = RunCheckpoints(tmp_path / "shared", MARKER)
+    write_checkpoint(run.folder, 10, world_size=2)
+    seeded = run.seed(tmp_path / "local", world_size=2)
+    (seeded / "written-on-scratch").touch()
+    assert run.seed(tmp_path / "local", world_size=2) == seeded
+    assert (seeded / "written-on-scratch").exists(), "not copied again over the processes' copy"
+
+
+def test_an_assembled_checkpoint_appears_under_its_name_with_its_world_size(tmp_path):
+    run = RunCheckpoints(tmp_path / "shared", MARKER, keep=2)
+    for step in (10, 20):
+        write_checkpoint(run.folder, step, world_size=2)
+    assembly = run.assembly("checkpoint-30", "@host@123")
+    assert assembly.name.startswith(".") and complete_checkpoints(run.folder, MARKER)[-1][0] == 20
+    assembly.mkdir()
+    (assembly / MARKER).write_text("{}")
+    run.publish(assembly, world_size=2)
+    assert [step for step, _ in run.complete()] == [20, 30]
+    assert json.loads((run.folder / "checkpoint-30" / "world.json").read_text()) == {"world_size": 2}
+    assert not assembly.exists()
+
+
+def two_process_config(workdir: Path, data: Path, model: Path) -> None:
+    config = workflow_config(data, model, workdir / "scratch", grid={"seed": [7]})
+    config["training"].update(epochs=20, max_length=128)
+    config["checkpointing"] = {"every_steps": 20, "keep": 2}
+    write_config(workdir, config)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_two_process_run(tmp_path_factory, bbc_subset, tiny_model) -> Path:
+    workdir = tmp_path_factory.mktemp("two-processes")
+    two_process_config(workdir, bbc_subset, tiny_model)
+    run_workflow(workdir, *TWO_PROCESSES)
+    return workdir
+
+
+def wait_for_step(workdir: Path, workflow: subprocess.Popen, step: int) -> Path:
+    """The shared checkpoint of `step` (or later), once it is complete."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and workflow.poll() is None:
+        for folder in (workdir / "checkpoints").glob("*"):
+            found = [path for done, path in complete_checkpoints(folder, MARKER) if done >= step]
+            if found:
+                return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint of step {step}; the workflow said:\n{workflow.communicate()[0][-4000:]}")
+
+
+def training_processes(workdir: Path) -> dict[int, int]:
+    """rank -> pid of the torchrun workers training in `workdir`."""
+    found = subprocess.run(["pgrep", "-f", "scratchflow.distributed"], capture_output=True, text=True)
+    ranks = {}
+    for pid in map(int, found.stdout.split()):
+        try:
+            environ = dict(
+                line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line
+            )
+        except FileNotFoundError:
+            continue
+        if "RANK" in environ and Path(f"/proc/{pid}/cwd").resolve() == workdir.resolve():
+            ranks[int(environ["RANK"])] = pid
+    return ranks
+
+
+def train_log(workdir: Path) -> str:
+    return "".join(path.read_text() for path in (workdir / "logs" / "train").glob("*.log"))
+
+
+def pieces(workdir: Path) -> list[dict]:
+    return json.loads(next((workdir / "checkpoints").glob("*/pieces.json")).read_text())
+
+
+@pytest.mark.slow
+def test_two_processes_killed_stopped_and_resumed_end_like_an_uninterrupted_run(
+    tmp_path, bbc_subset, tiny_model, uninterrupted_two_process_run
+):
+    """One grid point trained by 2 processes: a rank SIGKILLed fails the job within seconds; a resume
+    with 1 process is refused; USR1 to the job makes both ranks stop at one step with a checkpoint
+    holding both ranks' random states; the last resume ends with the uninterrupted run's metrics."""
+    two_process_config(tmp_path, bbc_subset, tiny_model)
+
+    workflow = start_workflow(tmp_path, *TWO_PROCESSES)
+    wait_for_step(tmp_path, workflow, 20)
+    os.kill(training_processes(tmp_path)[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    output = workflow.communicate(timeout=120)[0]
+    assert workflow.returncode != 0
+    assert time.monotonic() - killed_at < 30, "a dead rank fails the job at once, not at the wall time"
+    assert "TrainingFailed: torchrun exited with" in pieces(tmp_path)[0]["outcome"], output[-3000:]
+    assert "SIGKILL" in train_log(tmp_path)
+    assert training_processes(tmp_path) == {}, "no rank trains on as an orphan"
+
+    refused = run_workflow(tmp_path, check=False)
+    assert refused.returncode != 0
+    assert "WorldSizeChanged" in pieces(tmp_path)[1]["outcome"]
+    assert "was written by 2 training process(es), and this job trains with 1" in train_log(tmp_path)
+
+    workflow = start_workflow(tmp_path, *TWO_PROCESSES)
+    wait_for_step(tmp_path, workflow, 40)
+    os.kill(job_process(tmp_path), signal.SIGUSR1)
+    output = workflow.communicate(timeout=120)[0]
+    stopped = pieces(tmp_path)[2]
+    assert "stopped on SIGUSR1 at step" in stopped["outcome"], output[-3000:]
+    step = int(stopped["outcome"].split("at step ")[1].split(" ")[0])
+    checkpoint = next((tmp_path / "checkpoints").glob(f"*/checkpoint-{step}"))
+    assert {"rng_state_0.pth", "rng_state_1.pth", "world.json", MARKER} <= {path.name for path in checkpoint.iterdir()}
+
+    run_workflow(tmp_path, *TWO_PROCESSES)
+
+    (record,) = (tmp_path / "results" / "runs").glob("*/record.json")
+    last = json.loads(record.read_text())["pieces"][-1]
+    assert (last["outcome"], last["world_size"], last["resumed_from_step"]) == ("finished", 2, step)
+    assert same_metrics(tmp_path, uninterrupted_two_process_run)
+    assert list((tmp_path / "scratch").iterdir()) == []
