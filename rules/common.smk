@@ -180,12 +180,12 @@ def check_rule_resources():
         return
     runtimes, shapes = {}, {}
     for defined in workflow.rules:
-        shape = {
+        requested = {
             name: evaluated_resource(defined.resources.get(name), defined.name, 1)
-            for name in ("nodes", "processes_per_node")
+            for name in ("nodes", "processes_per_node", "gres", "gpu", "slurm_extra")
         }
         shapes[defined.name] = {
-            name: value for name, value in shape.items() if value is not None
+            name: value for name, value in requested.items() if value is not None
         }
         runtime = defined.resources.get("runtime")
         if runtime is None:

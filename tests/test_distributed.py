@@ -15,7 +15,7 @@ import pytest
 from conftest import job_process, run_workflow, same_metrics, start_workflow, workflow_config, write_config
 from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
 from scratchflow.config import ConfigError, check_resources
-from scratchflow.distributed import Shape, shape_of
+from scratchflow.distributed import Shape, requested_gpus_per_node, shape_of
 
 TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
 MARKER = "trainer_state.json"
@@ -30,11 +30,29 @@ def test_the_shape_comes_from_the_resources_or_the_gpus_slurm_gives():
 
 
 @pytest.mark.parametrize(
+    ("resources", "gpus"),
+    [
+        ({"gres": "gpu:2"}, 2),  # OSCER, LRZ, Edinburgh
+        ({"gres": "gpu:a100:4"}, 4),
+        ({"gres": "tmpdisk:100,gpu"}, 1),
+        ({"gpu": 4, "gpu_model": "a100"}, 4),  # Narval, DFKI: --gpus, the job's total
+        ({"gpu": 4, "nodes": 2}, 2),
+        ({"slurm_extra": "--signal=USR1@600 --gpus-per-node=a100:4"}, 4),
+        ({"cpus_per_task": 8}, None),
+    ],
+)
+def test_the_gpus_asked_for_per_node_are_read_from_every_syntax_the_profiles_use(resources, gpus):
+    assert requested_gpus_per_node(resources) == gpus
+
+
+@pytest.mark.parametrize(
     ("rule", "shape", "message"),
     [
         ("train", {"processes_per_node": 0}, "resource processes_per_node of rule train: 0 is not a whole number"),
         ("train", {"nodes": "two"}, "resource nodes of rule train: 'two' is not a whole number"),
         ("predict", {"processes_per_node": 2}, "only rule train starts several training processes"),
+        ("train", {"processes_per_node": 4, "gres": "gpu:2"}, "4 processes on a node given 2 GPU"),
+        ("train", {"nodes": 2}, "training across 2 nodes is not available yet"),
     ],
 )
 def test_a_bad_training_shape_is_refused_naming_the_resource(rule, shape, message):

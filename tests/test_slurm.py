@@ -210,6 +210,11 @@ PROFILE_ERRORS = {
         ["--set-resources", "train:runtime=1000*attempt"],
         "2000 min on attempt 2 is above the maximum of cluster 'edinburgh', 1680 min",
     ),
+    # The profile asks for one GPU per node (gres gpu:1).
+    "more training processes than GPUs": (
+        ["--set-resources", "train:processes_per_node=2"],
+        "resource processes_per_node of rule train: 2 processes on a node given 1 GPU(s)",
+    ),
 }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow.dataset import DatasetError, data_sources, resolve_location, table_columns
+from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.models import is_local_source
 from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
 
@@ -149,6 +150,31 @@ def check_dataset(config: dict[str, Any], task: Any, data_fingerprint: str, chec
     marker.touch()
 
 
+def check_training_shape(rule: str, resources: Mapping[str, Any]) -> None:
+    """`nodes` and `processes_per_node` whole numbers >= 1; processes only for training, and no more
+    on a node than the GPUs asked for there (one process drives one GPU)."""
+    for name in ("nodes", "processes_per_node"):
+        value = resources.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"resource {name} of rule {rule}: {value!r} is not a whole number >= 1")
+    processes = resources.get("processes_per_node")
+    if processes is not None and rule != "train":
+        raise ConfigError(
+            f"resource processes_per_node of rule {rule}: only rule train starts several training processes"
+        )
+    gpus = requested_gpus_per_node(resources)
+    if processes is not None and gpus is not None and processes > gpus:
+        raise ConfigError(
+            f"resource processes_per_node of rule {rule}: {processes} processes on a node given {gpus} GPU(s); "
+            "each process drives one GPU: ask for more GPUs per node (gres, gpu or --gpus-per-node) or fewer processes"
+        )
+    if rule == "train" and (resources.get("nodes") or 1) > 1:
+        raise ConfigError(
+            f"resource nodes of rule {rule}: training across {resources['nodes']} nodes is not available yet; "
+            "train on one node with several GPUs (one process per GPU, or processes_per_node)"
+        )
+
+
 def check_resources(
     resources_by_rule: Mapping[str, Mapping[str, Any]],
     runtimes: Mapping[str, list[int]],
@@ -156,8 +182,8 @@ def check_resources(
     cluster: dict[str, Any],
 ) -> None:
     """Resource names must be ones Snakemake, the Slurm plugin or scratchflow use; `shapes` (a rule's
-    `nodes` and `processes_per_node`, evaluated) must be whole numbers >= 1, processes only for
-    training; no attempt's runtime (minutes) may exceed the cluster's maximum. `runtimes` maps a
+    `nodes`, `processes_per_node` and GPU requests, evaluated) must fit (`check_training_shape`); no
+    attempt's runtime (minutes) may exceed the cluster's maximum. `runtimes` maps a
     rule to its runtime for attempt 1, 2, ..."""
     for rule, resources in resources_by_rule.items():
         unknown = sorted(set(resources) - KNOWN_RESOURCES)
@@ -168,13 +194,7 @@ def check_resources(
                 + ", ".join(sorted(KNOWN_RESOURCES))
             )
     for rule, shape in shapes.items():
-        for name, value in shape.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"resource {name} of rule {rule}: {value!r} is not a whole number >= 1")
-        if "processes_per_node" in shape and rule != "train":
-            raise ConfigError(
-                f"resource processes_per_node of rule {rule}: only rule train starts several training processes"
-            )
+        check_training_shape(rule, shape)
     limit = cluster.get("max_runtime_minutes")
     for rule, minutes in runtimes.items():
         for attempt, runtime in enumerate(minutes, start=1):

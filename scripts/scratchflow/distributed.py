@@ -17,6 +17,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -59,6 +60,22 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
     return len([device for device in listed.split(",") if device.strip()])
 
 
+def requested_gpus_per_node(resources: Mapping[str, Any]) -> int | None:
+    """The GPUs a rule's resources ask for on each node, in any of the syntaxes the profiles use
+    (`gres: gpu[:type]:N`, `gpu: N` with `gpu_model`, `--gpus-per-node=[type:]N` in slurm_extra);
+    None when it asks for none."""
+    for request in str(resources.get("gres") or "").split(","):
+        name, *rest = request.strip().split(":")
+        if name == "gpu":
+            return int(rest[-1]) if rest and rest[-1].isdigit() else 1
+    per_node = re.search(r"--gpus-per-node[= ](?:[\w.-]+:)?(\d+)", str(resources.get("slurm_extra") or ""))
+    if per_node:
+        return int(per_node.group(1))
+    if resources.get("gpu"):
+        return -(-int(resources["gpu"]) // int(resources.get("nodes") or 1))
+    return None
+
+
 def shape_of(resources: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Shape:
     """The train job's shape from its resources; processes default to the GPUs it was given."""
     nodes = int(resources.get("nodes") or 1)
@@ -68,9 +85,10 @@ def shape_of(resources: Mapping[str, Any], environ: Mapping[str, str] = os.envir
     return Shape(nodes=nodes, processes_per_node=processes)
 
 
-def train(task_name: str, context: TrainContext, shape: Shape) -> Trained:
-    """Train one piece of a run with `shape`'s processes; one process trains in this one."""
+def train(task_name: str, context: TrainContext) -> Trained:
+    """Train one piece of a run with the context's shape; one process trains in this one."""
     task = load_task(task_name)
+    shape = Shape(context.nodes, context.processes_per_node)
     if shape.world_size == 1 or getattr(task, "LAUNCHES_OWN_PROCESSES", False):
         return task.train(context)
     if shape.nodes > 1:

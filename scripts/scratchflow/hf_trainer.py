@@ -101,14 +101,16 @@ class StopOnSignal(TrainerCallback):
             control.should_training_stop = True
 
 
-def dataloader_workers(on_gpu: bool) -> int:
-    """Batch-preparing processes, from the CPUs this job may use (Slurm's --cpus-per-task).
+def dataloader_workers(on_gpu: bool, processes_on_node: int = 1) -> int:
+    """Batch-preparing processes of each training process, from the CPUs this job may use on its
+    node (Slurm's --cpus-per-task), shared by the `processes_on_node` training processes there.
 
-    On a GPU node, one CPU drives the GPU and the others prepare batches (at most 8). On CPU, every
-    CPU computes the model: a worker process would take a CPU from it (benchmarks/throughput.py)."""
+    On a GPU node, one CPU drives each GPU and the others prepare batches (at most 8 per GPU). On
+    CPU, every CPU computes the model: a worker process would take a CPU from it
+    (benchmarks/throughput.py)."""
     if not on_gpu:
         return 0
-    return min(8, len(os.sched_getaffinity(0)) - 1)
+    return min(8, len(os.sched_getaffinity(0)) // processes_on_node - 1)
 
 
 def accuracy(evaluation: Any) -> dict[str, float]:
@@ -120,7 +122,7 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
     """The Trainer's settings from the run's parameters; checkpoints go to scratch."""
     params = context.params
     on_gpu = torch.cuda.is_available()
-    workers = dataloader_workers(on_gpu)
+    workers = dataloader_workers(on_gpu, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return TrainingArguments(
         output_dir=str(context.work_dir / "checkpoints"),
         learning_rate=params["learning_rate"],

@@ -109,8 +109,9 @@ def train_job(job: TrainJob) -> None:
                     save_every_steps=job.checkpointing["every_steps"],
                     stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
                     threads=job.threads,
+                    nodes=job.shape.nodes,
+                    processes_per_node=job.shape.processes_per_node,
                 ),
-                job.shape,
             )
         piece.update(
             resumed_from_step=trained.metrics.get("resumed_from_step"), reached_step=trained.metrics.get("global_steps")

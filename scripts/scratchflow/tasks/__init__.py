@@ -15,6 +15,10 @@ keys, as lists). The module defines:
     check_data(dataset, sources)        start-up checks of the data (once per version of it)
     check_model(model_dir)              proves a prefetched model loads offline (if NEEDS_MODEL)
     train(TrainContext) -> Trained      raises TrainingStopped when asked to stop (progress saved)
+
+and may define LAUNCHES_OWN_PROCESSES = True: `train` then runs once per job whatever the job's
+shape (it starts its own processes); otherwise a job with several training processes runs `train`
+in each of them under torchrun (`scratchflow.distributed`).
     predict(PredictContext) -> Predicted
 """
 
@@ -55,7 +59,9 @@ class TrainContext:
     checkpoints: RunCheckpoints  # the run's checkpoint state on shared storage
     save_every_steps: int
     stop_grace_seconds: float
-    threads: int
+    threads: int  # CPU threads of this process
+    nodes: int = 1  # the job's shape: training processes = nodes x processes_per_node
+    processes_per_node: int = 1
 
 
 @dataclass(frozen=True)

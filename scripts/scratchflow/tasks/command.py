@@ -12,6 +12,8 @@ directory. It learns where things are from environment variables (the README's c
     SCRATCHFLOW_PARAMS            a JSON file of the run's parameters (the training keys but `command`)
     SCRATCHFLOW_RUN_ID, SCRATCHFLOW_PIECE, SCRATCHFLOW_SAVE_EVERY_STEPS, SCRATCHFLOW_MODEL_DIR (if a model)
     SCRATCHFLOW_STOP_FILE         appears when the job is asked to stop (for code that cannot take signals)
+    SCRATCHFLOW_NODES, SCRATCHFLOW_PROCESSES_PER_NODE
+                                  the train rule's shape, for a program that starts its own processes
 
 On SIGUSR1/SIGTERM the job forwards the signal to the program's process group, waits up to
 checkpointing.stop_grace_seconds for it to exit, mirrors its newest complete checkpoint, and records
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_MARKER = "COMPLETE"
 NEEDS_MODEL = False
+# The program starts its own processes (the shape is in its environment); it runs once per job.
+LAUNCHES_OWN_PROCESSES = True
 METRICS = None  # whatever the program writes into metrics.json
 WRITES_PREDICTIONS = False
 METRICS_FILE = "metrics.json"
@@ -163,6 +167,8 @@ def train(context: TrainContext) -> Trained:
         "SCRATCHFLOW_PIECE": str(context.piece),
         "SCRATCHFLOW_SAVE_EVERY_STEPS": str(context.save_every_steps),
         "SCRATCHFLOW_STOP_FILE": str(stop_file),
+        "SCRATCHFLOW_NODES": str(context.nodes),
+        "SCRATCHFLOW_PROCESSES_PER_NODE": str(context.processes_per_node),
         **({"SCRATCHFLOW_MODEL_DIR": str(context.model)} if context.model else {}),
     }
     argv = context.params["command"]
