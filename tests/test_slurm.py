@@ -285,3 +285,29 @@ def test_an_image_task_runs_on_slurm_with_the_oscer_profile(slurm, tmp_path, ani
     (train_line,) = sbatch_lines(result.stdout, "train")
     assert "-p gpu" in train_line and "--gres=gpu:1" in train_line
     assert not scratch_used(tmp_path, run.name).exists()
+
+
+def test_a_train_job_given_two_gpus_trains_with_two_processes_on_slurm(slurm, tmp_path, bbc_subset, tiny_model):
+    """The OSCER profile asking for both GPUs of a node: Slurm lists two (fake) GPUs in the job's
+    CUDA_VISIBLE_DEVICES, and the job trains with one torchrun process per GPU (gloo on this CPU)."""
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    config["training"]["epochs"] = 2
+    del config["cluster"]
+    write_config(tmp_path, config)
+    # As the README says: the train entry of the profile asks for two GPUs (a `--set-resources` on
+    # the command line would replace the profile's whole train entry).
+    profile = (REPO / "profiles" / "oscer" / "config.v8+.yaml").read_text()
+    profile = profile.replace('gres: "gpu:1"\n    cpus_per_task: 8', 'gres: "gpu:2"\n    cpus_per_task: 8', 1)
+    profile = profile.replace("configfile: ../../", f"configfile: {REPO}/")
+    (tmp_path / "oscer-two-gpus").mkdir()
+    (tmp_path / "oscer-two-gpus" / "config.v8+.yaml").write_text(profile)
+    result = run_on_slurm(slurm, tmp_path, str(tmp_path / "oscer-two-gpus"), {})
+    assert result.returncode == 0, result.stdout[-6000:]
+    (train_line,) = sbatch_lines(result.stdout, "train")
+    for flag in ("--gres=gpu:2", "-p gpu", "--signal=USR1@600"):
+        assert flag in train_line, train_line[:1500]
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    (piece,) = json.loads((run / "record.json").read_text())["pieces"]
+    assert (piece["world_size"], piece["processes_per_node"], piece["outcome"]) == (2, 2, "finished")
+    assert "rank 0 of 2 done" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
+    assert not scratch_used(tmp_path, run.name).exists()

@@ -91,7 +91,10 @@ def train_job(job: TrainJob) -> None:
     run.claim({"run_id": job.run_id, **job.identity, "data_sha256": data_record["sha256"]})
     with run.held(), run.piece() as piece, scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch:
         piece.update(asdict(job.shape), world_size=job.shape.world_size)
-        log.info("run %s, piece %d: scratch %s, %s", job.run_id, piece["piece"], scratch, job.shape)
+        log.info(
+            "run %s, piece %d: scratch %s (training processes: %d node(s) x %d)",
+            *(job.run_id, piece["piece"], scratch, job.shape.nodes, job.shape.processes_per_node),
+        )
         with timer.phase("stage"):
             data = staged_sources(stage_in(job.archive, job.manifest, scratch), job.identity["dataset"])
         with timer.phase("train"):
