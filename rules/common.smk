@@ -1,4 +1,5 @@
 # Config validation, the run table, and the named input functions the rules use.
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -14,8 +15,10 @@ from scratchflow.config import (
     check_dataset,
     check_dataset_layout,
     check_paths,
+    check_precision,
     check_resources,
     check_split_fractions,
+    cpu_flags,
     explain_schema_error,
     validate_task,
 )
@@ -173,7 +176,7 @@ def evaluated_resource(resource, rule, attempt):
 
 def check_rule_resources():
     """Profile resources checked before any job is submitted: unknown names, the training shape,
-    and runtimes above cluster.max_runtime_minutes. Called when the workflow is read (first
+    FSDP and bf16 on a CPU-only run, and runtimes above cluster.max_runtime_minutes. Called when the workflow is read (first
     attempts: --retries is not known yet) and again from onstart, for every attempt up to --retries.
     """
     if not workflow.is_main_process:
@@ -202,4 +205,7 @@ def check_rule_resources():
         runtimes,
         shapes,
         config["cluster"],
+    )
+    check_precision(
+        config, shapes["train"], shutil.which("nvidia-smi") is not None, cpu_flags()
     )

@@ -103,6 +103,9 @@ CASES = {
     "zero epochs": (set_key("grid", epochs=[0]), ["grid.epochs[0]", "less than the minimum of 1"]),
     "warmup ratio of 1.5": (set_key("training", warmup_ratio=1.5), ["training.warmup_ratio", "maximum of 1"]),
     "checkpoint every 0 steps": (set_key("checkpointing", every_steps=0), ["checkpointing.every_steps"]),
+    "FSDP misspelt": (set_key("training", fsdp="full_shrd"), ["training.fsdp", "'full_shrd' does not match"]),
+    # The local profile asks for no GPU, and this test machine has none.
+    "FSDP on a CPU-only run": (set_key("training", fsdp="full_shard"), ["training.fsdp", "this run has none"]),
     "unknown metric": (
         lambda c, _t: c.update(aggregate={"metric": "f1"}),
         ["aggregate.metric", "'f1' is not a metric", "macro_f1, accuracy"],

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import job_process, run_workflow, same_metrics, start_workflow, workflow_config, write_config
 from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
-from scratchflow.config import ConfigError, check_resources
+from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.distributed import Shape, requested_gpus_per_node, shape_of
 
 TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
@@ -58,6 +58,23 @@ def test_the_gpus_asked_for_per_node_are_read_from_every_syntax_the_profiles_use
 def test_a_bad_training_shape_is_refused_naming_the_resource(rule, shape, message):
     with pytest.raises(ConfigError, match=message):
         check_resources({rule: shape}, {}, {rule: shape}, {"name": "local"})
+
+
+def precision_config(**training) -> dict:
+    return {"training": {"learning_rate": 1e-3, **training}, "grid": {"seed": [0]}}
+
+
+def test_fsdp_and_bf16_on_a_cpu_only_run_are_refused_unless_the_cpu_can_do_bf16():
+    cpu_only = ({}, False)  # a train rule asking for no GPU, on a machine without one
+    with pytest.raises(ConfigError, match=r"training\.fsdp: FSDP shards the model across GPUs"):
+        check_precision(precision_config(fsdp="full_shard"), *cpu_only, flags={"avx512_bf16"})
+    with pytest.raises(ConfigError, match=r"training\.bf16: .* no bfloat16 instructions"):
+        check_precision(precision_config(bf16=True), *cpu_only, flags={"avx2"})
+    with pytest.raises(ConfigError, match=r"training\.bf16"):
+        check_precision({"training": {}, "grid": {"bf16": [False, True]}}, *cpu_only, flags=set())
+    check_precision(precision_config(bf16=True), *cpu_only, flags={"avx512_bf16"})
+    check_precision(precision_config(fsdp="full_shard", bf16=True), {"gres": "gpu:4"}, False, flags=set())
+    check_precision(precision_config(fsdp="full_shard"), {}, True, flags=set())  # a local run on a GPU machine
 
 
 def write_checkpoint(folder: Path, step: int, world_size: int | None = None) -> Path:

@@ -175,6 +175,39 @@ def check_training_shape(rule: str, resources: Mapping[str, Any]) -> None:
         )
 
 
+CPU_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def check_precision(
+    config: dict[str, Any], train_resources: Mapping[str, Any], gpus_here: bool, flags: set[str]
+) -> None:
+    """FSDP needs GPUs, and bf16 on CPUs is slow without bfloat16 instructions: refused for a run
+    that is CPU-only (its train rule asks for no GPU, and this machine, where a local run trains,
+    has none)."""
+    if requested_gpus_per_node(train_resources) is not None or gpus_here:
+        return
+    training, grid = config["training"], config.get("grid", {})
+    if training.get("fsdp") or any(grid.get("fsdp", [])):
+        raise ConfigError(
+            "training.fsdp: FSDP shards the model across GPUs, and this run has none (the train rule "
+            "asks for no GPU: gres, gpu or --gpus-per-node in the profile); remove fsdp, or train on GPUs"
+        )
+    if (training.get("bf16") or any(grid.get("bf16", []))) and not flags & set(CPU_BFLOAT16_FLAGS):
+        raise ConfigError(
+            "training.bf16: this run trains on CPU (its train rule asks for no GPU), and this CPU has no "
+            f"bfloat16 instructions ({' or '.join(CPU_BFLOAT16_FLAGS)}): bf16 would be far slower than "
+            "float32. Set bf16: false, or train on GPUs"
+        )
+
+
 def check_resources(
     resources_by_rule: Mapping[str, Mapping[str, Any]],
     runtimes: Mapping[str, list[int]],

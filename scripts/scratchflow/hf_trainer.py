@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,6 +102,33 @@ class StopOnSignal(TrainerCallback):
             control.should_training_stop = True
 
 
+class ProgressLog(TrainerCallback):
+    """Log lines (rank 0) for the first step of a piece and the speed of the rest: what a user
+    reads to see how long a job took to start training and how fast it trains."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.first is None:
+            self.first = (state.global_step, time.perf_counter())
+            if state.is_world_process_zero:
+                log.info("first training step of this piece done: step %d of %d", state.global_step, state.max_steps)
+
+    def on_train_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.first is None or state.global_step <= self.first[0] or not state.is_world_process_zero:
+            return
+        step, at = self.first
+        examples = (state.global_step - step) * args.per_device_train_batch_size * args.world_size
+        log.info(
+            "steps %d to %d: %.1f samples/s (evaluations and checkpoints included) over %d process(es)",
+            step,
+            state.global_step,
+            examples / (time.perf_counter() - at),
+            args.world_size,
+        )
+
+
 def dataloader_workers(on_gpu: bool, processes_on_node: int = 1) -> int:
     """Batch-preparing processes of each training process, from the CPUs this job may use on its
     node (Slurm's --cpus-per-task), shared by the `processes_on_node` training processes there.
@@ -122,6 +150,8 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
     """The Trainer's settings from the run's parameters; checkpoints go to scratch."""
     params = context.params
     on_gpu = torch.cuda.is_available()
+    if params.get("fsdp") and not on_gpu:
+        raise ValueError(f"training.fsdp: {params['fsdp']!r} shards the model across GPUs, and this job has none")
     workers = dataloader_workers(on_gpu, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return TrainingArguments(
         output_dir=str(context.work_dir / "checkpoints"),
@@ -147,6 +177,8 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
         report_to="none",
         # Every parameter gets a gradient in these models: DDP need not search the graph each step.
         ddp_find_unused_parameters=False,
+        fsdp=params.get("fsdp", ""),
+        fsdp_config=params.get("fsdp_config"),
         **task_specific,
     )
 
@@ -161,7 +193,7 @@ def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dic
     trainer = Trainer(
         compute_metrics=accuracy,
         # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
-        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, me)],
+        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, me), ProgressLog()],
         **trainer_arguments,
     )
     resume_from = context.checkpoints.seed(context.work_dir / "checkpoints", me.world_size)
