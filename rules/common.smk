@@ -185,7 +185,10 @@ def check_rule_resources():
     for defined in workflow.rules:
         requested = {
             name: evaluated_resource(defined.resources.get(name), defined.name, 1)
-            for name in ("nodes", "processes_per_node", "gres", "gpu", "slurm_extra")
+            for name in (
+                *("nodes", "processes_per_node", "gres", "gpu", "slurm_extra"),
+                *("mpi", "tasks", "tasks_per_gpu"),
+            )
         }
         shapes[defined.name] = {
             name: value for name, value in requested.items() if value is not None

@@ -1,5 +1,6 @@
-"""A real single-host Slurm cluster for the tests: munge, MariaDB, slurmdbd, slurmctld and slurmd from
-Debian's packages, configured under one directory and started directly (there is no systemd here).
+"""A real Slurm cluster on one host for the tests: munge, MariaDB, slurmdbd, slurmctld and two slurmd
+(two nodes, `slurmd -N`, Debian's Slurm is built for several slurmd per host) from Debian's packages,
+configured under one directory and started directly (there is no systemd here).
 
 Only the daemons started here are stopped here. Clients on the "login node" find the cluster through
 $SLURM_CONF and clients inside jobs through slurmd's configless cache, so nothing under /etc/slurm
@@ -32,12 +33,16 @@ MARIADB_SOCKET = Path("/run/mysqld/mysqld.sock")
 NETWORK_NAMESPACE = "scratchflow-slurm"
 FAKE_GPUS = 2
 GPU_TYPE = "a100"
-# The node claims what the profiles ask of a real GPU node (SlurmdParameters=config_overrides keeps
+# Two nodes on this host, so that multi-node training runs for real (each its own slurmd and port).
+NODES = ("n1", "n2")
+FIRST_SLURMD_PORT = 17001
+# Each node claims what the profiles ask of a real GPU node (SlurmdParameters=config_overrides keeps
 # slurmd from draining it for lacking them), so each profile's own requests schedule as they are.
 NODE_CPUS = 64
 NODE_MEMORY_MB = 512_000
 # The real clusters' partition names (README, "Clusters"); `batch` is the default, which
 # is where a job without a partition (the Alliance's way) lands.
+NODE_LIST = f"{NODES[0][0]}[1-{len(NODES)}]"
 PARTITIONS = (
     "batch",
     "gpu",
@@ -108,7 +113,7 @@ class LocalSlurm:
         etc, run, log = self.root / "etc", self.root / "run", self.root / "log"
         self._write_job_scripts(etc)
         partitions = "\n".join(
-            f"PartitionName={name} Nodes={self.host} MaxTime=7-00:00:00 State=UP"
+            f"PartitionName={name} Nodes={NODE_LIST} MaxTime=7-00:00:00 State=UP"
             + (" Default=YES" if name == "batch" else "")
             for name in PARTITIONS
         )
@@ -119,11 +124,11 @@ class LocalSlurm:
             SlurmUser=root
             AuthType=auth/munge
             StateSaveLocation={self.root / "state"}
-            SlurmdSpoolDir={self.root / "spool"}
+            SlurmdSpoolDir={self.root / "spool" / "%n"}
             SlurmctldPidFile={run / "slurmctld.pid"}
-            SlurmdPidFile={run / "slurmd.pid"}
+            SlurmdPidFile={run / "slurmd-%n.pid"}
             SlurmctldLogFile={log / "slurmctld.log"}
-            SlurmdLogFile={log / "slurmd.log"}
+            SlurmdLogFile={log / "slurmd-%n.log"}
             ProctrackType=proctrack/linuxproc
             TaskPlugin=task/none
             SelectType=select/cons_tres
@@ -144,8 +149,9 @@ class LocalSlurm:
             Prolog={etc / "prolog.sh"}
             Epilog={etc / "epilog.sh"}
             TaskProlog={etc / "task_prolog.sh"}
-            NodeName={self.host} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} \\
-                Gres=gpu:{GPU_TYPE}:{FAKE_GPUS} State=UNKNOWN
+            NodeName={NODE_LIST} NodeHostname={self.host} NodeAddr=127.0.0.1 \\
+                Port={FIRST_SLURMD_PORT}-{FIRST_SLURMD_PORT + len(NODES) - 1} \\
+                CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} Gres=gpu:{GPU_TYPE}:{FAKE_GPUS} State=UNKNOWN
             """)
             + partitions
             + "\n"
@@ -153,7 +159,7 @@ class LocalSlurm:
         (etc / "gres.conf").write_text(
             "AutoDetect=off\n"
             + "".join(
-                f"NodeName={self.host} Name=gpu Type={GPU_TYPE} File={self.root / 'gpus' / f'nvidia{index}'}\n"
+                f"NodeName={NODE_LIST} Name=gpu Type={GPU_TYPE} File={self.root / 'gpus' / f'nvidia{index}'}\n"
                 for index in range(FAKE_GPUS)
             )
         )
@@ -245,8 +251,10 @@ class LocalSlurm:
         # Configless, like many real clusters: the node fetches its config from slurmctld and caches
         # it under /run/slurm/conf, where clients inside jobs find it (the jobstep plugin strips
         # every SLURM_* variable, $SLURM_CONF included, before its nested srun).
-        self._start("slurmd", ["slurmd", "-D", "--conf-server", "127.0.0.1"])
-        self._wait("the node", self._node_idle)
+        for node in NODES:
+            (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
+            self._start(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"])
+        self._wait("the nodes", self._nodes_idle)
         return self
 
     def restart_controller(self, down_seconds: float) -> None:
@@ -258,9 +266,11 @@ class LocalSlurm:
         self._start("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         self._wait("slurmctld", lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0)
 
-    def _node_idle(self) -> bool:
-        state = self.run("sinfo", "-h", "-n", self.host, "-o", "%T", check=False).stdout.split()
-        return bool(state) and all(s.rstrip("*") in ("idle", "mixed", "allocated") for s in state)
+    def _nodes_idle(self) -> bool:
+        listed = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split("\n")
+        states = dict(line.split() for line in listed if line.strip())  # a node is listed per partition
+        ready = ("idle", "mixed", "allocated")
+        return set(states) == set(NODES) and all(state.rstrip("*") in ready for state in states.values())
 
     def stop(self) -> None:
         """Stop the daemons started here, newest first."""

@@ -52,12 +52,14 @@ def test_the_gpus_asked_for_per_node_are_read_from_every_syntax_the_profiles_use
         ("train", {"nodes": "two"}, "resource nodes of rule train: 'two' is not a whole number"),
         ("predict", {"processes_per_node": 2}, "only rule train starts several training processes"),
         ("train", {"processes_per_node": 4, "gres": "gpu:2"}, "4 processes on a node given 2 GPU"),
-        ("train", {"nodes": 2}, "training across 2 nodes is not available yet"),
+        ("train", {"nodes": 2}, "2 nodes need one launcher per node"),
+        ("train", {"nodes": 2, "mpi": "srun", "tasks": 2, "gres": "gpu:2"}, "ask for nodes: 2, mpi: srun"),
+        ("train", {"nodes": 2, "mpi": "srun", "tasks": 2}, "resource slurm_extra of rule train: 2 nodes need"),
     ],
 )
 def test_a_bad_training_shape_is_refused_naming_the_resource(rule, shape, message):
     with pytest.raises(ConfigError, match=message):
-        check_resources({rule: shape}, {}, {rule: shape}, {"name": "local"})
+        check_resources({rule: shape}, {}, {rule: shape}, {"name": "oscer"})
 
 
 def precision_config(**training) -> dict:
@@ -75,6 +77,13 @@ def test_fsdp_and_bf16_on_a_cpu_only_run_are_refused_unless_the_cpu_can_do_bf16(
     check_precision(precision_config(bf16=True), *cpu_only, flags={"avx512_bf16"})
     check_precision(precision_config(fsdp="full_shard", bf16=True), {"gres": "gpu:4"}, False, flags=set())
     check_precision(precision_config(fsdp="full_shard"), {}, True, flags=set())  # a local run on a GPU machine
+
+
+def test_several_nodes_on_this_machine_are_refused():
+    shape = {"nodes": 2, "mpi": "srun", "tasks": 2, "slurm_extra": "--ntasks-per-node=1"}
+    with pytest.raises(ConfigError, match="2 nodes with cluster 'local'"):
+        check_resources({"train": shape}, {}, {"train": shape}, {"name": "local"})
+    check_resources({"train": shape}, {}, {"train": shape}, {"name": "oscer"})
 
 
 def write_checkpoint(folder: Path, step: int, world_size: int | None = None) -> Path:

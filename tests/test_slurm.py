@@ -311,3 +311,47 @@ def test_a_train_job_given_two_gpus_trains_with_two_processes_on_slurm(slurm, tm
     assert (piece["world_size"], piece["processes_per_node"], piece["outcome"]) == (2, 2, "finished")
     assert "rank 0 of 2 done" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
     assert not scratch_used(tmp_path, run.name).exists()
+
+
+OSCER_TWO_NODES = """\
+    slurm_partition: gpu
+    # 2 nodes x 2 GPUs: one launcher per node, one training process per GPU.
+    nodes: 2
+    mpi: srun
+    tasks: 2
+    tasks_per_gpu: 0
+    gres: "gpu:2"
+    slurm_extra: "--signal=USR1@600 --ntasks-per-node=1"
+"""
+
+
+def test_a_train_job_on_two_nodes_of_two_gpus_trains_with_four_processes_on_slurm(
+    slurm, tmp_path, bbc_subset, tiny_model
+):
+    """OSCER's shape from the DINOv2 guide, 2 nodes x 2 GPUs, on the test cluster's two nodes: one
+    launcher per node stages the data into its own scratch, torchrun puts rank 0 on the batch host,
+    every scratch is gone afterwards."""
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    config["training"]["epochs"] = 2
+    del config["cluster"]
+    write_config(tmp_path, config)
+    profile = (REPO / "profiles" / "oscer" / "config.v8+.yaml").read_text()
+    train_entry = re.search(r"  train:\n(    .*\n|\s*#.*\n)+", profile).group(0)
+    profile = profile.replace(train_entry, "  train:\n" + OSCER_TWO_NODES, 1)
+    profile = profile.replace("configfile: ../../", f"configfile: {REPO}/")
+    (tmp_path / "oscer-two-nodes").mkdir()
+    (tmp_path / "oscer-two-nodes" / "config.v8+.yaml").write_text(profile)
+    result = run_on_slurm(slurm, tmp_path, str(tmp_path / "oscer-two-nodes"), {})
+    assert result.returncode == 0, result.stdout[-6000:]
+    (train_line,) = sbatch_lines(result.stdout, "train")
+    for flag in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--gres=gpu:2", "-p gpu"):
+        assert flag in train_line, train_line[:1500]
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    (piece,) = json.loads((run / "record.json").read_text())["pieces"]
+    assert (piece["world_size"], piece["nodes"], piece["outcome"]) == (4, 2, "finished")
+    log = (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
+    assert "rank 0 of 4 done" in log and "node n2" in log and "staging into" in log, log[-3000:]
+    assert piece["ranks"] == {"n1": [0, 1], "n2": [2, 3]}, "rank 0 on the batch host, the first node"
+    second_node_scratch = Path(re.search(r"staging into (\S+)", log).group(1))
+    assert "-n2@" in second_node_scratch.name
+    assert not scratch_used(tmp_path, run.name).exists() and not second_node_scratch.exists()

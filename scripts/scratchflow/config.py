@@ -150,9 +150,10 @@ def check_dataset(config: dict[str, Any], task: Any, data_fingerprint: str, chec
     marker.touch()
 
 
-def check_training_shape(rule: str, resources: Mapping[str, Any]) -> None:
+def check_training_shape(rule: str, resources: Mapping[str, Any], cluster_name: str = "local") -> None:
     """`nodes` and `processes_per_node` whole numbers >= 1; processes only for training, and no more
-    on a node than the GPUs asked for there (one process drives one GPU)."""
+    on a node than the GPUs asked for there (one process drives one GPU); several nodes only on a
+    Slurm cluster, with the resources that give one launcher per node."""
     for name in ("nodes", "processes_per_node"):
         value = resources.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -168,11 +169,26 @@ def check_training_shape(rule: str, resources: Mapping[str, Any]) -> None:
             f"resource processes_per_node of rule {rule}: {processes} processes on a node given {gpus} GPU(s); "
             "each process drives one GPU: ask for more GPUs per node (gres, gpu or --gpus-per-node) or fewer processes"
         )
-    if rule == "train" and (resources.get("nodes") or 1) > 1:
-        raise ConfigError(
-            f"resource nodes of rule {rule}: training across {resources['nodes']} nodes is not available yet; "
-            "train on one node with several GPUs (one process per GPU, or processes_per_node)"
+    nodes = resources.get("nodes") or 1
+    if rule == "train" and nodes > 1:
+        if cluster_name == "local":
+            raise ConfigError(
+                f"resource nodes of rule train: {nodes} nodes with cluster {cluster_name!r} (this machine): "
+                "several nodes need a Slurm cluster's profile"
+            )
+        recipe = (
+            f"nodes: {nodes}, mpi: srun, tasks: {nodes}, tasks_per_gpu: 0 and --ntasks-per-node=1 in slurm_extra "
+            '(README, "Several nodes")'
         )
+        # With GPUs, the plugin would otherwise ask for --ntasks-per-gpu (a launcher per GPU).
+        gpu_tasks = requested_gpus_per_node(resources) is not None and resources.get("tasks_per_gpu") != 0
+        if not resources.get("mpi") or resources.get("tasks") != nodes or gpu_tasks:
+            raise ConfigError(
+                f"resource nodes of rule train: {nodes} nodes need one launcher per node, and the Slurm plugin "
+                f"runs a job on its first node only without an mpi resource; ask for {recipe}"
+            )
+        if "--ntasks-per-node=1" not in str(resources.get("slurm_extra") or ""):
+            raise ConfigError(f"resource slurm_extra of rule train: {nodes} nodes need --ntasks-per-node=1 ({recipe})")
 
 
 CPU_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -227,7 +243,7 @@ def check_resources(
                 + ", ".join(sorted(KNOWN_RESOURCES))
             )
     for rule, shape in shapes.items():
-        check_training_shape(rule, shape)
+        check_training_shape(rule, shape, cluster["name"])
     limit = cluster.get("max_runtime_minutes")
     for rule, minutes in runtimes.items():
         for attempt, runtime in enumerate(minutes, start=1):

@@ -1,14 +1,21 @@
-"""Training with several processes: the run's shape, the launcher, and the worker torchrun starts.
+"""Training with several processes: the run's shape, the launchers, and the worker torchrun starts.
 
 The shape comes from the train rule's resources, set in the cluster's profile next to the GPUs it
 asks for: `processes_per_node` (default: the GPUs Slurm gives the job, from CUDA_VISIBLE_DEVICES; one
 process without GPUs) and `nodes`. One process is today's training, in the job's own process, with
 no torchrun. More on one node: the job stages the data in once, then runs
-`torchrun --standalone --nproc-per-node=P -m scratchflow.distributed <spec>`; every process runs the
-task's `train` (the Hugging Face Trainer finds its rank in torchrun's environment), and rank 0
-reports back through a file. Stop signals reach torchrun through the job (and from Slurm directly),
-and torchrun passes them on to every process (`--signals-to-handle` with SIGUSR1, which its default
-list lacks: without it torchrun would die of USR1 and orphan its workers).
+`torchrun --standalone --nproc-per-node=P -m scratchflow.distributed worker <spec>`; every process
+runs the task's `train` (the Hugging Face Trainer finds its rank in torchrun's environment), and
+rank 0 reports back through a file. Several nodes: the job (on the allocation's first node, the
+batch host) runs `srun --ntasks-per-node=1 … -m scratchflow.distributed node <spec>`, one launcher
+per node; each stages the data into its own node-local scratch (the batch host's launcher uses the
+job's), verified as always, then starts torchrun with a static rendezvous that puts rank 0 on the
+batch host (`--node-rank=$SLURM_NODEID`, `--master-addr=$SLURM_LAUNCH_NODE_IPADDR`), and removes
+its scratch however it ends. Stop signals reach torchrun through the job and the launchers (and
+from Slurm directly), and torchrun passes them on to every process (`--signals-to-handle` with
+SIGUSR1, which its default list lacks: without it torchrun would die of USR1 and orphan its
+workers). A launcher whose processes fail exits non-zero, and srun (`--kill-on-bad-exit`) then ends
+the others at once.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -26,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow.checkpoints import RunCheckpoints
-from scratchflow.files import OWNER_TAG, read_json, write_json_atomically
+from scratchflow.dataset import staged_sources
+from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
 from scratchflow.processes import StopForwarder, run_program
+from scratchflow.staging import scratch_directory, stage_in
 from scratchflow.tasks import TrainContext, Trained, TrainingStopped, load_task
 
 log = logging.getLogger(__name__)
@@ -52,6 +62,22 @@ class Shape:
     @property
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
+
+
+def ranks_by_node(shape: Shape, environ: Mapping[str, str] = os.environ) -> dict[str, list[int]]:
+    """Which node runs which ranks: node i of the allocation (srun's node id, the order Slurm lists
+    them) runs ranks i*P to i*P + P - 1. Asks Slurm for the nodes of a multi-node job."""
+    if shape.nodes == 1:
+        nodes = [environ.get("SLURMD_NODENAME", HOST)]
+    else:
+
+        def ask(*command: str) -> str:
+            return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+        nodes = ask("scontrol", "show", "hostnames", ask("squeue", "-h", "-j", environ["SLURM_JOB_ID"], "-o", "%N"))
+        nodes = nodes.split()
+    per_node = shape.processes_per_node
+    return {node: list(range(index * per_node, (index + 1) * per_node)) for index, node in enumerate(nodes)}
 
 
 def visible_gpus(environ: Mapping[str, str]) -> int:
@@ -85,46 +111,46 @@ def shape_of(resources: Mapping[str, Any], environ: Mapping[str, str] = os.envir
     return Shape(nodes=nodes, processes_per_node=processes)
 
 
-def train(task_name: str, context: TrainContext) -> Trained:
-    """Train one piece of a run with the context's shape; one process trains in this one."""
+@dataclass(frozen=True)
+class Staging:
+    """Where a node's launcher finds the data to stage into its own scratch."""
+
+    archive: Path
+    manifest: Path
+    scratch_root: str | None
+
+
+def train(task_name: str, context: TrainContext, staging: Staging | None = None) -> Trained:
+    """Train one piece of a run with the context's shape; one process trains in this one. Several
+    nodes need `staging`: every other node stages the data in itself."""
     task = load_task(task_name)
     shape = Shape(context.nodes, context.processes_per_node)
     if shape.world_size == 1 or getattr(task, "LAUNCHES_OWN_PROCESSES", False):
         return task.train(context)
-    if shape.nodes > 1:
-        raise NotImplementedError("training on several nodes: not built yet (one node, several processes, is)")
-    # Seeded here, once for the node: the processes then find the copy in place.
+    # Seeded here, once for this node: the processes then find the copy in place.
     context.checkpoints.seed(context.work_dir / "checkpoints", shape.world_size)
-    return _torchrun(task_name, context, shape)
-
-
-def _torchrun(task_name: str, context: TrainContext, shape: Shape) -> Trained:
     spec, result = context.work_dir / "launch.json", context.work_dir / "trained.json"
     write_json_atomically(
-        {"task": task_name, "context": _plain(context), "result": str(result), "assembly_tag": OWNER_TAG}, spec
+        {
+            "task": task_name,
+            "context": _plain(context),
+            "result": str(result),
+            "assembly_tag": OWNER_TAG,
+            "batch_node": os.environ.get("SLURMD_NODENAME", HOST),
+            "staging": {key: str(value) if value else None for key, value in asdict(staging).items()}
+            if staging
+            else None,
+        },
+        spec,
     )
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={shape.processes_per_node}",
-        f"--signals-to-handle={TORCHRUN_SIGNALS}",
-        f"--shutdown-timeout={round(context.stop_grace_seconds)}",
-        "-m",
-        "scratchflow.distributed",
-        str(spec),
-    ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS_DIR), os.environ.get("PYTHONPATH")])),
-        # The job's CPUs, shared among its processes.
-        "OMP_NUM_THREADS": str(max(1, context.threads // shape.processes_per_node)),
-    }
+    if shape.nodes == 1:
+        argv = torchrun_argv(shape, context.stop_grace_seconds, ["--standalone"], spec)
+    else:
+        argv = srun_argv(shape, context.threads, spec)
     log.info("training with %d processes: %s", shape.world_size, " ".join(argv))
     stop = StopForwarder(context.work_dir / "stop-requested")
     grace = context.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
-    code, tail = run_program(argv, env, stop, grace)
+    code, tail = run_program(argv, launch_environment(context.threads, shape), stop, grace)
     if result.is_file():
         outcome = read_json(result)
         if "stopped" in outcome:
@@ -136,7 +162,99 @@ def _torchrun(task_name: str, context: TrainContext, shape: Shape) -> Trained:
             f"stopped on {stop.received} before the processes could save; the next attempt resumes from "
             + (newest.name if newest else "the beginning")
         )
-    raise TrainingFailed(f"torchrun exited with {code} and no result; its last lines:\n{tail}")
+    launcher = "torchrun" if shape.nodes == 1 else "the nodes' launchers (srun)"
+    raise TrainingFailed(f"{launcher} exited with {code} and no result; the last lines:\n{tail}")
+
+
+def torchrun_argv(shape: Shape, grace_seconds: float, rendezvous: list[str], spec: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous,
+        f"--nproc-per-node={shape.processes_per_node}",
+        f"--signals-to-handle={TORCHRUN_SIGNALS}",
+        f"--shutdown-timeout={round(grace_seconds)}",
+        "-m",
+        "scratchflow.distributed",
+        "worker",
+        str(spec),
+    ]
+
+
+def srun_argv(shape: Shape, threads: int, spec: Path) -> list[str]:
+    """One launcher per node of the job's allocation (srun finds it from SLURM_JOB_ID), with the
+    job's CPUs and GPUs on each."""
+    gpus = visible_gpus(os.environ)
+    return [
+        "srun",
+        f"--nodes={shape.nodes}",
+        f"--ntasks={shape.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={threads}",
+        *([f"--gres=gpu:{gpus}"] if gpus else []),
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "scratchflow.distributed",
+        "node",
+        str(spec),
+    ]
+
+
+def launch_environment(threads: int, shape: Shape) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS_DIR), os.environ.get("PYTHONPATH")])),
+        # The job's CPUs on a node, shared among the node's processes.
+        "OMP_NUM_THREADS": str(max(1, threads // shape.processes_per_node)),
+    }
+
+
+def rendezvous_port(job_id: str) -> int:
+    """The same on every node of a job, and different for jobs that may share a node."""
+    return 20_000 + int(job_id) % 20_000
+
+
+def run_node(spec_path: Path) -> int:
+    """One node's launcher in a multi-node job: its own stage-in (except on the batch host, whose
+    scratch the job has staged), then torchrun for this node's processes. Returns the exit code:
+    0 after a stop (the job reads the outcome from rank 0), non-zero when the processes failed."""
+    spec = read_json(spec_path)
+    node, node_rank = os.environ.get("SLURMD_NODENAME", HOST), int(os.environ["SLURM_NODEID"])
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s node {node} %(name)s: %(message)s", force=True
+    )
+    fields = spec["context"]
+    shape = Shape(fields["nodes"], fields["processes_per_node"])
+    rendezvous = [
+        f"--nnodes={shape.nodes}",
+        f"--node-rank={node_rank}",
+        f"--master-addr={os.environ['SLURM_LAUNCH_NODE_IPADDR']}",
+        f"--master-port={rendezvous_port(os.environ['SLURM_JOB_ID'])}",
+    ]
+    if node_rank == 0:
+        if node != spec["batch_node"]:
+            log.error("node rank 0 is %s, not the batch host %s, where the job syncs from", node, spec["batch_node"])
+            return 2
+        return _node_torchrun(shape, fields, rendezvous, spec_path)
+    staging = Staging(**spec["staging"])
+    with scratch_directory(staging.scratch_root, f"train-{fields['run_id']}-{node}") as scratch:
+        log.info("node rank %d: staging into %s", node_rank, scratch)
+        data = staged_sources(stage_in(Path(staging.archive), Path(staging.manifest), scratch), fields["dataset"])
+        context = _context({**fields, "work_dir": str(scratch), "data": {k: str(v) for k, v in data.items()}}, 1)
+        context.checkpoints.seed(scratch / "checkpoints", shape.world_size)
+        node_spec = scratch / "launch.json"
+        write_json_atomically({**spec, "context": _plain(context)}, node_spec)
+        return _node_torchrun(shape, _plain(context), rendezvous, node_spec)
+
+
+def _node_torchrun(shape: Shape, fields: dict[str, Any], rendezvous: list[str], spec: Path) -> int:
+    argv = torchrun_argv(shape, fields["stop_grace_seconds"], rendezvous, spec)
+    stop = StopForwarder(Path(fields["work_dir"]) / "stop-requested")
+    grace = fields["stop_grace_seconds"] + LAUNCHER_EXTRA_GRACE_SECONDS
+    code, _tail = run_program(argv, launch_environment(fields["threads"], shape), stop, grace)
+    return 0 if stop.received else code
 
 
 def _plain(context: TrainContext) -> dict[str, Any]:
@@ -212,4 +330,7 @@ def main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    role, spec_file = sys.argv[1:3]
+    if role == "node":
+        sys.exit(run_node(Path(spec_file)))
+    main(spec_file)

@@ -90,7 +90,7 @@ def train_job(job: TrainJob) -> None:
     run = RunCheckpoints(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
     run.claim({"run_id": job.run_id, **job.identity, "data_sha256": data_record["sha256"]})
     with run.held(), run.piece() as piece, scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch:
-        piece.update(asdict(job.shape), world_size=job.shape.world_size)
+        piece.update(asdict(job.shape), world_size=job.shape.world_size, ranks=distributed.ranks_by_node(job.shape))
         log.info(
             "run %s, piece %d: scratch %s (training processes: %d node(s) x %d)",
             *(job.run_id, piece["piece"], scratch, job.shape.nodes, job.shape.processes_per_node),
@@ -115,6 +115,7 @@ def train_job(job: TrainJob) -> None:
                     nodes=job.shape.nodes,
                     processes_per_node=job.shape.processes_per_node,
                 ),
+                distributed.Staging(job.archive, job.manifest, job.scratch_root),
             )
         piece.update(
             resumed_from_step=trained.metrics.get("resumed_from_step"), reached_step=trained.metrics.get("global_steps")
