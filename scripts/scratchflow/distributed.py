@@ -11,16 +11,20 @@ batch host) runs `srun --ntasks-per-node=1 … -m scratchflow.distributed node <
 per node; each stages the data into its own node-local scratch (the batch host's launcher uses the
 job's), verified as always, then starts torchrun with a static rendezvous that puts rank 0 on the
 batch host (`--node-rank=$SLURM_NODEID`, `--master-addr=$SLURM_LAUNCH_NODE_IPADDR`), and removes
-its scratch however it ends. Stop signals reach torchrun through the job and the launchers (and
-from Slurm directly), and torchrun passes them on to every process (`--signals-to-handle` with
-SIGUSR1, which its default list lacks: without it torchrun would die of USR1 and orphan its
-workers). A launcher whose processes fail exits non-zero, and srun (`--kill-on-bad-exit`) then ends
-the others at once.
+its scratch however it ends.
+
+Stop signals: torchrun ignores USR1 (it is not in its `--signals-to-handle`, and a handled one would
+send its agent out through the failure path, which skips the exit barrier: the other nodes' torchrun
+would then wait 300 s in theirs). The job, or each node's launcher, passes USR1 and TERM straight to
+torchrun's workers, and leaves the stop file for a worker that had no handler yet; the workers agree
+at each step whether any got one, stop at the same step and exit cleanly, so every torchrun ends
+at once. TERM from Slurm itself (scancel, the time limit) still reaches torchrun, which passes it on.
+A launcher whose processes fail exits non-zero, and srun (`--kill-on-bad-exit`) then ends the
+others at once.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -36,13 +40,12 @@ from typing import Any
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.dataset import staged_sources
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
-from scratchflow.processes import StopForwarder, run_program
+from scratchflow.processes import STOP_FILE_NAME, STOP_SIGNALS, StopForwarder, run_program, set_parent_death_signal
 from scratchflow.staging import scratch_directory, stage_in
 from scratchflow.tasks import TrainContext, Trained, TrainingStopped, load_task
 
 log = logging.getLogger(__name__)
 
-TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # After torchrun's own shutdown wait (the stop grace period), time for it to kill and report.
 LAUNCHER_EXTRA_GRACE_SECONDS = 30
 SCRIPTS_DIR = Path(__file__).resolve().parents[1]
@@ -148,9 +151,11 @@ def train(task_name: str, context: TrainContext, staging: Staging | None = None)
     else:
         argv = srun_argv(shape, context.threads, spec)
     log.info("training with %d processes: %s", shape.world_size, " ".join(argv))
-    stop = StopForwarder(context.work_dir / "stop-requested")
+    # One node: the stop goes to torchrun's workers. Several: srun passes it on to every launcher.
+    torchrun_here = shape.nodes == 1
+    stop = StopForwarder(context.work_dir / STOP_FILE_NAME, to_children=torchrun_here)
     grace = context.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
-    code, tail = run_program(argv, launch_environment(context.threads, shape), stop, grace)
+    code, tail = run_program(argv, launch_environment(context.threads, shape), stop, grace, launcher=torchrun_here)
     if result.is_file():
         outcome = read_json(result)
         if "stopped" in outcome:
@@ -173,7 +178,6 @@ def torchrun_argv(shape: Shape, grace_seconds: float, rendezvous: list[str], spe
         "torch.distributed.run",
         *rendezvous,
         f"--nproc-per-node={shape.processes_per_node}",
-        f"--signals-to-handle={TORCHRUN_SIGNALS}",
         f"--shutdown-timeout={round(grace_seconds)}",
         "-m",
         "scratchflow.distributed",
@@ -251,9 +255,9 @@ def run_node(spec_path: Path) -> int:
 
 def _node_torchrun(shape: Shape, fields: dict[str, Any], rendezvous: list[str], spec: Path) -> int:
     argv = torchrun_argv(shape, fields["stop_grace_seconds"], rendezvous, spec)
-    stop = StopForwarder(Path(fields["work_dir"]) / "stop-requested")
+    stop = StopForwarder(Path(fields["work_dir"]) / STOP_FILE_NAME, to_children=True)
     grace = fields["stop_grace_seconds"] + LAUNCHER_EXTRA_GRACE_SECONDS
-    code, _tail = run_program(argv, launch_environment(fields["threads"], shape), stop, grace)
+    code, _tail = run_program(argv, launch_environment(fields["threads"], shape), stop, grace, launcher=True)
     return 0 if stop.received else code
 
 
@@ -301,16 +305,14 @@ class Rank:
         )
 
 
-def _die_with_parent() -> None:
-    """A worker whose torchrun is killed dies too, instead of training on as an orphan."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def main(spec_path: str) -> None:
     """One training process under torchrun: the task's train; rank 0 writes the outcome."""
-    _die_with_parent()
+    set_parent_death_signal()  # a worker whose torchrun is killed dies too, instead of training on as an orphan
     spec = read_json(Path(spec_path))
+    # Until the trainer listens (it also looks for the stop file at every step).
+    stop_file = Path(spec["context"]["work_dir"]) / STOP_FILE_NAME
+    for number in STOP_SIGNALS:
+        signal.signal(number, lambda number, _frame: stop_file.write_text(signal.Signals(number).name))
     me = Rank.from_environment()
     os.environ["SCRATCHFLOW_ASSEMBLY_TAG"] = spec["assembly_tag"]
     logging.basicConfig(

@@ -20,7 +20,7 @@ from transformers.utils import is_torch_tf32_available
 
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
 from scratchflow.distributed import Rank
-from scratchflow.processes import STOP_SIGNALS
+from scratchflow.processes import STOP_FILE_NAME, STOP_SIGNALS
 from scratchflow.tasks import TrainContext, TrainingStopped
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,13 @@ class MirrorCheckpointsToShared(TrainerCallback):
 
 class StopOnSignal(TrainerCallback):
     """Turns a stop signal into "save a checkpoint now and stop"; also saves one after the last step,
-    so that a run whose job dies after training resumes from its end instead of from zero."""
+    so that a run whose job dies after training resumes from its end instead of from zero. Under
+    torchrun the job's launcher passes the signal on and also leaves `stop_file`, which counts as one
+    (the signal may have come before this process listened)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_file: Path | None = None) -> None:
         self.received: str | None = None
+        self.stop_file = stop_file
 
     @contextmanager
     def listening(self) -> Iterator[None]:
@@ -88,6 +91,8 @@ class StopOnSignal(TrainerCallback):
         log.warning("%s received: saving a checkpoint after the current step, then stopping", self.received)
 
     def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.received is None and self.stop_file is not None and self.stop_file.exists():
+            self.received = self.stop_file.read_text() or "a stop request"
         stopping = self.received is not None
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             # A signal may reach one process, or one node, or all at different moments: every
@@ -189,7 +194,7 @@ def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dic
     training figures. A stop raises TrainingStopped once its checkpoint is on shared storage."""
     torch.set_num_threads(context.threads)
     me = Rank.from_environment()
-    stop = StopOnSignal()
+    stop = StopOnSignal(context.work_dir / STOP_FILE_NAME if me.world_size > 1 else None)
     trainer = Trainer(
         compute_metrics=accuracy,
         # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -25,15 +26,36 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 TAIL_LINES = 30
 
 
-class StopForwarder:
-    """While a program runs, USR1/TERM to the job go on to the program's process group; the first
-    one also creates `stop_file` (for code that cannot take signals)."""
+STOP_FILE_NAME = "stop-requested"
 
-    def __init__(self, stop_file: Path):
+
+def child_pids(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (from /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                children.append(int(entry.name))
+    return children
+
+
+class StopForwarder:
+    """While a program runs, USR1/TERM to the job go on to the program's process group, or, with
+    `to_children`, to the program's own child processes only (torchrun's workers); the first one
+    also creates `stop_file`, holding the signal's name (for code that cannot take signals, or had
+    no handler yet)."""
+
+    def __init__(self, stop_file: Path, to_children: bool = False):
         self.stop_file = stop_file
+        self.to_children = to_children
         self.received: str | None = None
         self.received_at = 0.0
-        self.group: int | None = None
+        self.program: int | None = None
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopForwarder]:
@@ -49,11 +71,22 @@ class StopForwarder:
     def _receive(self, number: int, _frame: Any) -> None:
         if self.received is None:
             self.received, self.received_at = signal.Signals(number).name, time.monotonic()
-            self.stop_file.touch()
+            partial = self.stop_file.with_name(f".{self.stop_file.name}.partial")
+            partial.write_text(self.received)
+            os.replace(partial, self.stop_file)  # never seen empty
             log.warning("%s received: passing it on to the training processes, then pausing the run", self.received)
-        if self.group is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.group, number)
+        self.pass_on(number)
+
+    def pass_on(self, number: int) -> None:
+        if self.program is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if not self.to_children:
+                os.killpg(self.program, number)
+                return
+            for child in child_pids(self.program):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, number)
 
 
 def _relay_output(stream: Any, tail: collections.deque[str]) -> None:
@@ -65,12 +98,24 @@ def _relay_output(stream: Any, tail: collections.deque[str]) -> None:
         sys.stdout.flush()
 
 
+def set_parent_death_signal() -> None:
+    """This process gets SIGKILL when the process that started it dies (Linux's parent-death signal)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _start_as_launcher() -> None:
+    set_parent_death_signal()
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def run_program(
     argv: list[str],
     env: dict[str, str],
     stop: StopForwarder,
     grace_seconds: float,
     alongside: contextlib.AbstractContextManager[Any] | None = None,
+    launcher: bool = False,
 ) -> tuple[int, str]:
     """Run a program in its own process group to its end, or until a stop and its grace period;
     return its exit code and the tail of its output. `alongside` is entered while it runs (a
@@ -78,7 +123,9 @@ def run_program(
 
     The program starts with the default stop signals: the rule's Snakemake ignores USR1, which would
     stay ignored across exec, but here both are caught while it starts, and a caught signal is reset
-    to its default by exec."""
+    to its default by exec. A `launcher` (torchrun) instead ignores USR1, which reaches its workers
+    from `stop` (see scratchflow.distributed), and is killed when this process is: a launcher killed
+    must not leave torchrun and its workers training on, out of Slurm's sight."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with stop.installed(), alongside or contextlib.nullcontext():
         process = subprocess.Popen(
@@ -87,10 +134,12 @@ def run_program(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # Not next to a thread (`alongside` starts one): preexec_fn is unsafe there.
+            preexec_fn=_start_as_launcher if launcher and alongside is None else None,
         )
-        stop.group = process.pid
+        stop.program = process.pid
         if stop.received:  # a stop that came while the program started
-            os.killpg(process.pid, signal.Signals[stop.received])
+            stop.pass_on(signal.Signals[stop.received])
         relay = threading.Thread(target=_relay_output, args=(process.stdout, tail), daemon=True)
         relay.start()
         while True:
@@ -102,7 +151,7 @@ def run_program(
                     log.warning("%s did not exit within %s s of %s: killing it", argv[0], grace_seconds, stop.received)
                     os.killpg(process.pid, signal.SIGKILL)
         relay.join(timeout=10)
-        stop.group = None
+        stop.program = None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
     return code, "".join(tail)

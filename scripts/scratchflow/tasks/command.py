@@ -34,7 +34,7 @@ from typing import Any
 
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
 from scratchflow.files import read_json
-from scratchflow.processes import StopForwarder, run_program
+from scratchflow.processes import STOP_FILE_NAME, StopForwarder, run_program
 from scratchflow.staging import StagingError
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained, TrainingStopped
 
@@ -155,7 +155,7 @@ def train(context: TrainContext) -> Trained:
     params_file = context.work_dir / "params.json"
     params_file.write_text(json.dumps(params, indent=2, sort_keys=True))
     resume_from = context.checkpoints.seed(checkpoint_dir)
-    stop_file = context.work_dir / "stop-requested"
+    stop_file = context.work_dir / STOP_FILE_NAME
     env = {
         **os.environ,
         "SCRATCHFLOW_DATA_DIR": str(data_dir(context.data)),
