@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from conftest import job_process, run_workflow, same_metrics, start_workflow, wo
 from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.distributed import Shape, requested_gpus_per_node, shape_of
+from scratchflow.processes import StopForwarder, run_program
 
 TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
 MARKER = "trainer_state.json"
@@ -86,6 +89,18 @@ def test_several_nodes_on_this_machine_are_refused():
     check_resources({"train": shape}, {}, {"train": shape}, {"name": "oscer"})
 
 
+def test_the_multi_node_shapes_the_readme_gives_pass_the_start_up_checks():
+    """OSCER's (gres per node) and Narval's (--gpus-per-node, which the plugin does not count as a
+    GPU job, so no tasks_per_gpu is needed)."""
+    oscer = {"nodes": 2, "mpi": "srun", "tasks": 2, "tasks_per_gpu": 0, "gres": "gpu:2"}
+    oscer["slurm_extra"] = "--signal=USR1@600 --ntasks-per-node=1"
+    narval = {"nodes": 2, "mpi": "srun", "tasks": 2}
+    narval["slurm_extra"] = "--signal=USR1@600 --ntasks-per-node=1 --gpus-per-node=a100:4"
+    for shape, cluster in ((oscer, "oscer"), (narval, "narval")):
+        check_resources({"train": shape}, {}, {"train": shape}, {"name": cluster})
+    assert requested_gpus_per_node(narval) == 4
+
+
 def write_checkpoint(folder: Path, step: int, world_size: int | None = None) -> Path:
     checkpoint = folder / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
@@ -127,6 +142,35 @@ def test_an_assembled_checkpoint_appears_under_its_name_with_its_world_size(tmp_
     assert [step for step, _ in run.complete()] == [20, 30]
     assert json.loads((run.folder / "checkpoint-30" / "world.json").read_text()) == {"world_size": 2}
     assert not assembly.exists()
+
+
+# A stand-in for torchrun: a worker in a session of its own, which exits with 3 on USR1.
+WORKER = """
+import signal, sys, time
+signal.signal(signal.SIGUSR1, lambda *_: sys.exit(3))
+print("worker ready", flush=True)
+time.sleep(60)
+"""
+LAUNCHER = f"""
+import subprocess, sys
+sys.exit(subprocess.Popen([sys.executable, "-c", {WORKER!r}], start_new_session=True).wait())
+"""
+
+
+def test_a_stop_reaches_the_launchers_workers_and_the_launcher_itself_ignores_usr1(tmp_path):
+    """torchrun must not take USR1 itself (its failure path skips the barrier the other nodes wait
+    at): the job passes the signal to its workers, which live in sessions of their own."""
+    stop = StopForwarder(tmp_path / "stop-requested", to_children=True)
+
+    def signal_like_slurm() -> None:  # --signal=USR1@... reaches every process of the job step
+        os.kill(stop.program, signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    threading.Timer(3, signal_like_slurm).start()
+    code, tail = run_program([sys.executable, "-c", LAUNCHER], dict(os.environ), stop, 30, launcher=True)
+    assert "worker ready" in tail
+    assert code == 3, "the worker got USR1 and ended the launcher with its exit code"
+    assert (tmp_path / "stop-requested").read_text() == "SIGUSR1", "the stop file names the signal"
 
 
 def two_process_config(workdir: Path, data: Path, model: Path) -> None:

@@ -180,8 +180,10 @@ def check_training_shape(rule: str, resources: Mapping[str, Any], cluster_name: 
             f"nodes: {nodes}, mpi: srun, tasks: {nodes}, tasks_per_gpu: 0 and --ntasks-per-node=1 in slurm_extra "
             '(README, "Several nodes")'
         )
-        # With GPUs, the plugin would otherwise ask for --ntasks-per-gpu (a launcher per GPU).
-        gpu_tasks = requested_gpus_per_node(resources) is not None and resources.get("tasks_per_gpu") != 0
+        # For a GPU job (gpu, or gres with a GPU), the plugin would otherwise ask for --ntasks-per-gpu
+        # (a launcher per GPU); --gpus-per-node in slurm_extra does not make one.
+        plugin_gpu_job = bool(resources.get("gpu")) or "gpu" in str(resources.get("gres") or "")
+        gpu_tasks = plugin_gpu_job and resources.get("tasks_per_gpu") != 0
         if not resources.get("mpi") or resources.get("tasks") != nodes or gpu_tasks:
             raise ConfigError(
                 f"resource nodes of rule train: {nodes} nodes need one launcher per node, and the Slurm plugin "
