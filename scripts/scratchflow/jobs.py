@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow import aggregation, distributed
-from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.distributed import Shape
 from scratchflow.files import read_json, write_json_atomically, written_whole
@@ -90,7 +90,14 @@ def train_job(job: TrainJob) -> None:
     run = RunCheckpoints(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
     run.claim({"run_id": job.run_id, **job.identity, "data_sha256": data_record["sha256"]})
     with run.held(), run.piece() as piece, scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch:
-        piece.update(asdict(job.shape), world_size=job.shape.world_size, ranks=distributed.ranks_by_node(job.shape))
+        newest = run.newest()
+        piece.update(
+            asdict(job.shape),
+            world_size=job.shape.world_size,
+            ranks=distributed.ranks_by_node(job.shape),
+            # Recorded now, so that a piece that stops or fails says where it started too.
+            resumed_from_step=step_of(newest) if newest else None,
+        )
         log.info(
             "run %s, piece %d: scratch %s (training processes: %d node(s) x %d)",
             *(job.run_id, piece["piece"], scratch, job.shape.nodes, job.shape.processes_per_node),
@@ -117,9 +124,7 @@ def train_job(job: TrainJob) -> None:
                 ),
                 distributed.Staging(job.archive, job.manifest, job.scratch_root),
             )
-        piece.update(
-            resumed_from_step=trained.metrics.get("resumed_from_step"), reached_step=trained.metrics.get("global_steps")
-        )
+        piece.update(reached_step=trained.metrics.get("global_steps"))
         with timer.phase("sync"):
             copy_whole(trained.output, job.model_out)
             write_json_atomically(params, job.params_out)
