@@ -208,6 +208,34 @@ def small_disk(tmp_path):
     subprocess.run(["umount", mount_point], check=True)
 
 
+def two_node_config(workdir: Path, data: Path, model: Path) -> None:
+    """One grid point for the OSCER profile's 2 nodes x 2 processes, with its cluster facts: 120
+    steps, a checkpoint every 10, long enough to interrupt three times."""
+    config = workflow_config(data, model, scratch=None, grid={"seed": [3]})
+    config["training"]["epochs"] = 30
+    config["checkpointing"] = {"every_steps": 10, "keep": 2}
+    del config["cluster"]
+    write_config(workdir, config)
+
+
+@pytest.fixture(scope="session")
+def two_node_run(slurm, tmp_path_factory, bbc_subset, tiny_model) -> tuple[Path, str]:
+    """That grid point trained without interruption on the test cluster's two nodes with the OSCER
+    profile: its directory, and the workflow's output."""
+    workdir = tmp_path_factory.mktemp("two-nodes")
+    two_node_config(workdir, bbc_subset, tiny_model)
+    result = subprocess.run(
+        slurm_workflow_command(slurm, "oscer"),
+        cwd=workdir,
+        env=slurm_workflow_env(slurm),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-6000:]
+    return workdir, result.stdout
+
+
 # -- the other tasks: images, and a lab's own command ---------------------------------------------
 
 COMMAND_EXAMPLE = REPO / "config" / "examples" / "command" / "train.py"
@@ -281,5 +309,10 @@ def uninterrupted_image_run(tmp_path_factory, animal_images, tiny_resnet) -> Pat
 
 def same_metrics(workdir: Path, reference: Path) -> bool:
     """Whether the one run of `workdir` ended with exactly the test metrics of `reference`'s."""
+    return metrics_of(workdir, reference) == metrics_of(reference, reference)
+
+
+def metrics_of(workdir: Path, reference: Path) -> str:
+    """The metrics.json of `reference`'s one run, as `workdir` holds it (an assertion message)."""
     (run,) = (reference / "results" / "runs").iterdir()
-    return (workdir / "results" / "runs" / run.name / "metrics.json").read_text() == (run / "metrics.json").read_text()
+    return (workdir / "results" / "runs" / run.name / "metrics.json").read_text()

@@ -87,7 +87,7 @@ def scratch_used(workdir: Path, run_id: str) -> Path:
 # profile -> (flags on the train job's sbatch line, flags that must not be there)
 PROFILES = {
     "edinburgh": (["-p PGR-Standard", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=4", "-t 720"], [" -A "]),
-    "oscer": (["-p gpu", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=8"], [" -A "]),
+    # oscer trains on two nodes: test_the_oscer_profile_trains_on_two_nodes_of_two_gpus_with_four_processes
     # No partition in the profile; the plugin adds the cluster's default one (here `batch`) itself.
     "narval": (["--gpus=a100:1", "--mem 64000", "--cpus-per-task=12", "-t 1440", "-p batch"], [" -A "]),
     "dfki": (["-p A100-80GB", "--gpus=1", "--container-image=/images/scratchflow.sqsh", "--container-mounts="], []),
@@ -210,9 +210,9 @@ PROFILE_ERRORS = {
         ["--set-resources", "train:runtime=1000*attempt"],
         "2000 min on attempt 2 is above the maximum of cluster 'edinburgh', 1680 min",
     ),
-    # The profile asks for one GPU per node (gres gpu:1).
+    # A command-line --set-resources replaces the profile's whole train entry: the GPU is asked again.
     "more training processes than GPUs": (
-        ["--set-resources", "train:processes_per_node=2"],
+        ["--set-resources", "train:gres='gpu:1'", "train:processes_per_node=2"],
         "resource processes_per_node of rule train: 2 processes on a node given 1 GPU(s)",
     ),
 }
@@ -280,32 +280,33 @@ def test_an_image_task_runs_on_slurm_with_the_oscer_profile(slurm, tmp_path, ani
     result = run_on_slurm(slurm, tmp_path, "oscer", {})
     assert result.returncode == 0, result.stdout[-6000:]
     (run,) = (tmp_path / "results" / "runs").iterdir()
-    assert json.loads((run / "record.json").read_text())["task"] == "image-classification"
+    record = json.loads((run / "record.json").read_text())
+    assert record["task"] == "image-classification"
+    assert record["pieces"][0]["world_size"] == 4, "the profile's 2 nodes x 2 GPUs"
     assert json.loads((run / "metrics.json").read_text())["examples"] == 32
     (train_line,) = sbatch_lines(result.stdout, "train")
-    assert "-p gpu" in train_line and "--gres=gpu:1" in train_line
+    assert "-p gpu" in train_line and "--nodes=2" in train_line and "--gres=gpu:2" in train_line
     assert not scratch_used(tmp_path, run.name).exists()
 
 
-def test_a_train_job_given_two_gpus_trains_with_two_processes_on_slurm(slurm, tmp_path, bbc_subset, tiny_model):
-    """The OSCER profile asking for both GPUs of a node: Slurm lists two (fake) GPUs in the job's
-    CUDA_VISIBLE_DEVICES, and the job trains with one torchrun process per GPU (gloo on this CPU)."""
+def test_a_train_job_given_two_gpus_of_one_node_trains_with_two_processes_on_slurm(
+    slurm, tmp_path, bbc_subset, tiny_model
+):
+    """The OSCER profile switched to one node from the command line: Slurm lists two (fake) GPUs in
+    the job's CUDA_VISIBLE_DEVICES, and the job trains with one torchrun process per GPU (gloo on
+    this CPU)."""
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     config["training"]["epochs"] = 2
     del config["cluster"]
     write_config(tmp_path, config)
-    # As the README says: the train entry of the profile asks for two GPUs (a `--set-resources` on
-    # the command line would replace the profile's whole train entry).
-    profile = (REPO / "profiles" / "oscer" / "config.v8+.yaml").read_text()
-    profile = profile.replace('gres: "gpu:1"\n    cpus_per_task: 8', 'gres: "gpu:2"\n    cpus_per_task: 8', 1)
-    profile = profile.replace("configfile: ../../", f"configfile: {REPO}/")
-    (tmp_path / "oscer-two-gpus").mkdir()
-    (tmp_path / "oscer-two-gpus" / "config.v8+.yaml").write_text(profile)
-    result = run_on_slurm(slurm, tmp_path, str(tmp_path / "oscer-two-gpus"), {})
+    # As the README says, this replaces the profile's whole train entry.
+    one_node = ["train:slurm_partition='gpu'", "train:gres='gpu:2'", "train:slurm_extra='--signal=USR1@600'"]
+    result = run_on_slurm(slurm, tmp_path, "oscer", {}, "--set-resources", *one_node)
     assert result.returncode == 0, result.stdout[-6000:]
     (train_line,) = sbatch_lines(result.stdout, "train")
     for flag in ("--gres=gpu:2", "-p gpu", "--signal=USR1@600"):
         assert flag in train_line, train_line[:1500]
+    assert "--nodes=2" not in train_line
     (run,) = (tmp_path / "results" / "runs").iterdir()
     (piece,) = json.loads((run / "record.json").read_text())["pieces"]
     assert (piece["world_size"], piece["processes_per_node"], piece["outcome"]) == (2, 2, "finished")
@@ -313,45 +314,27 @@ def test_a_train_job_given_two_gpus_trains_with_two_processes_on_slurm(slurm, tm
     assert not scratch_used(tmp_path, run.name).exists()
 
 
-OSCER_TWO_NODES = """\
-    slurm_partition: gpu
-    # 2 nodes x 2 GPUs: one launcher per node, one training process per GPU.
-    nodes: 2
-    mpi: srun
-    tasks: 2
-    tasks_per_gpu: 0
-    gres: "gpu:2"
-    slurm_extra: "--signal=USR1@600 --ntasks-per-node=1"
-"""
-
-
-def test_a_train_job_on_two_nodes_of_two_gpus_trains_with_four_processes_on_slurm(
-    slurm, tmp_path, bbc_subset, tiny_model
-):
+def test_the_oscer_profile_trains_on_two_nodes_of_two_gpus_with_four_processes(slurm, two_node_run):
     """OSCER's shape from the DINOv2 guide, 2 nodes x 2 GPUs, on the test cluster's two nodes: one
     launcher per node stages the data into its own scratch, torchrun puts rank 0 on the batch host,
-    every scratch is gone afterwards."""
-    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
-    config["training"]["epochs"] = 2
-    del config["cluster"]
-    write_config(tmp_path, config)
-    profile = (REPO / "profiles" / "oscer" / "config.v8+.yaml").read_text()
-    train_entry = re.search(r"  train:\n(    .*\n|\s*#.*\n)+", profile).group(0)
-    profile = profile.replace(train_entry, "  train:\n" + OSCER_TWO_NODES, 1)
-    profile = profile.replace("configfile: ../../", f"configfile: {REPO}/")
-    (tmp_path / "oscer-two-nodes").mkdir()
-    (tmp_path / "oscer-two-nodes" / "config.v8+.yaml").write_text(profile)
-    result = run_on_slurm(slurm, tmp_path, str(tmp_path / "oscer-two-nodes"), {})
-    assert result.returncode == 0, result.stdout[-6000:]
-    (train_line,) = sbatch_lines(result.stdout, "train")
-    for flag in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--gres=gpu:2", "-p gpu"):
+    every scratch is gone afterwards, and Slurm accounts every job as completed."""
+    workdir, output = two_node_run
+    (train_line,) = sbatch_lines(output, "train")
+    for flag in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--gres=gpu:2", "-p gpu", "--mem 32000"):
         assert flag in train_line, train_line[:1500]
-    (run,) = (tmp_path / "results" / "runs").iterdir()
-    (piece,) = json.loads((run / "record.json").read_text())["pieces"]
+    assert " -A " not in train_line.split("--wrap")[0], "OSCER goes by partition, not account"
+    (run,) = (workdir / "results" / "runs").iterdir()
+    record = json.loads((run / "record.json").read_text())
+    assert record["config"]["cluster"]["name"] == "oscer"
+    (piece,) = record["pieces"]
     assert (piece["world_size"], piece["nodes"], piece["outcome"]) == (4, 2, "finished")
-    log = (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
+    log = (workdir / "logs" / "train" / f"{run.name}.log").read_text()
     assert "rank 0 of 4 done" in log and "node n2" in log and "staging into" in log, log[-3000:]
     assert piece["ranks"] == {"n1": [0, 1], "n2": [2, 3]}, "rank 0 on the batch host, the first node"
     second_node_scratch = Path(re.search(r"staging into (\S+)", log).group(1))
     assert "-n2@" in second_node_scratch.name
-    assert not scratch_used(tmp_path, run.name).exists() and not second_node_scratch.exists()
+    assert not scratch_used(workdir, run.name).exists() and not second_node_scratch.exists()
+    assert list((workdir / "logs" / "slurm").glob("efficiency_report_*.csv")), "the plugin's efficiency report"
+    workflow_run = re.search(r"--job-name (\S+)", train_line).group(1)
+    jobs = slurm.run("sacct", "-X", "-n", "--parsable2", "--format=State", f"--name={workflow_run}").stdout
+    assert jobs.split() == ["COMPLETED"] * 3

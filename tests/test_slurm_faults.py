@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from conftest import (
     same_results,
     slurm_workflow_command,
     slurm_workflow_env,
+    two_node_config,
     workflow_config,
     write_config,
 )
@@ -54,11 +56,11 @@ def configure_long_run(workdir: Path, data: Path, model: Path) -> dict:
     return config
 
 
-def start(slurm, workdir: Path, *arguments: str) -> subprocess.Popen:
+def start(slurm, workdir: Path, *arguments: str, profile: str = PROFILE) -> subprocess.Popen:
     """The profile's command in the background; its output goes to <workdir>.out."""
     output = open(workdir.with_suffix(".out"), "w")  # noqa: SIM115 (closed by finish)
     return subprocess.Popen(
-        slurm_workflow_command(slurm, PROFILE, *arguments),
+        slurm_workflow_command(slurm, profile, *arguments),
         cwd=workdir,
         env=slurm_workflow_env(slurm),
         stdout=output,
@@ -258,3 +260,78 @@ def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_re
     assert "stopped on SIGTERM at step" in first["outcome"] and "paused" in first["outcome"]
     assert second["resumed_from_step"] == stopped_at(first, "SIGTERM") and second["outcome"] == "finished"
     assert same_metrics(tmp_path, uninterrupted_command_run)
+
+
+def pieces_listed(workdir: Path) -> list[dict]:
+    """The pieces of the (only) run while it trains: one more as each job starts."""
+    for listed in workdir.glob("checkpoints/*/pieces.json"):
+        try:
+            return json.loads(listed.read_text())
+        except (OSError, ValueError):  # being replaced
+            continue
+    return []
+
+
+def ended_at(piece: dict) -> float:
+    return datetime.strptime(piece["ended_at"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+
+
+def shared_checkpoint_after(workdir: Path, step: int) -> bool:
+    return any(int(path.name.split("-")[1]) > step for path in workdir.glob("checkpoints/*/checkpoint-*"))
+
+
+def node_launcher(workdir: Path, node: str) -> int | None:
+    """The pid of the launcher (srun's task) of `node` training in `workdir`."""
+    found = subprocess.run(["pgrep", "-f", "scratchflow.distributed node"], capture_output=True, text=True)
+    for pid in found.stdout.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"SLURMD_NODENAME={node}".encode() in environ and Path(f"/proc/{pid}/cwd").resolve() == workdir:
+                return int(pid)
+        except OSError:  # ended meanwhile
+            continue
+    return None
+
+
+def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
+    slurm, tmp_path, bbc_subset, tiny_model, two_node_run
+):
+    """2 nodes x 2 processes with the OSCER profile, one grid point, three faults in turn: USR1 to
+    the second node's launcher only makes all 4 ranks stop at one step (paused); scancel of the job
+    pauses it again; SIGKILL of the second node's launcher fails the job within seconds. Each retry
+    resumes, and the last ends with exactly the metrics of the uninterrupted run; no node keeps any
+    scratch."""
+    workdir = tmp_path.resolve()
+    two_node_config(workdir, bbc_subset, tiny_model)
+    workflow = start(slurm, workdir, "--retries", "3", profile="oscer")
+
+    wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
+    os.kill(wait_until(lambda: node_launcher(workdir, "n2"), workflow, workdir, "n2's launcher"), signal.SIGUSR1)
+    wait_until(lambda: len(pieces_listed(workdir)) == 2, workflow, workdir, "a second piece")
+    first = pieces_listed(workdir)[0]
+    after_usr1 = stopped_at(first, "a stop signal to another process")
+
+    wait_until(lambda: shared_checkpoint_after(workdir, after_usr1), workflow, workdir, "a checkpoint of piece 2")
+    (job,) = active_jobs(slurm, "train")
+    slurm.run("scancel", job)
+    wait_until(lambda: len(pieces_listed(workdir)) == 3, workflow, workdir, "a third piece")
+    after_scancel = stopped_at(pieces_listed(workdir)[1], "SIGTERM")
+
+    wait_until(lambda: shared_checkpoint_after(workdir, after_scancel), workflow, workdir, "a checkpoint of piece 3")
+    os.kill(wait_until(lambda: node_launcher(workdir, "n2"), workflow, workdir, "n2's launcher"), signal.SIGKILL)
+    killed_at = time.time()
+
+    returncode, output = finish(workflow, workdir)
+    assert returncode == 0, output[-6000:]
+    paused, cancelled, failed, finished = pieces_of(workdir)
+    assert paused["outcome"].startswith("TrainingStopped") and paused["world_size"] == 4
+    assert cancelled["resumed_from_step"] == after_usr1 and cancelled["outcome"].startswith("TrainingStopped")
+    assert failed["resumed_from_step"] == after_scancel
+    assert failed["outcome"].startswith("TrainingFailed: the nodes' launchers (srun) exited with"), failed
+    assert ended_at(failed) - killed_at < 30, "a dead node fails the job at once, not at the wall time"
+    assert finished["outcome"] == "finished" and finished["resumed_from_step"] > after_scancel
+    assert finished["ranks"] == {"n1": [0, 1], "n2": [2, 3]}
+    reference, _output = two_node_run
+    assert same_metrics(workdir, reference)
+    (run,) = (workdir / "results" / "runs").iterdir()
+    assert not list(Path("/tmp").glob(f"scratchflow-train-{run.name}*")), "every node's scratch is removed"
