@@ -17,6 +17,7 @@ from conftest import (
     command_config,
     image_config,
     job_process,
+    metrics_of,
     run_workflow,
     same_metrics,
     start_workflow,
@@ -86,7 +87,12 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     first, second = record_of(tmp_path)["pieces"]
     stopped_at = int(first["outcome"].split("at step ")[1].split(":")[0])
     assert second["resumed_from_step"] == stopped_at > 0
-    assert same_metrics(tmp_path, uninterrupted_command_run)
+    assert same_metrics(tmp_path, uninterrupted_command_run), (
+        metrics_of(tmp_path, uninterrupted_command_run),
+        metrics_of(uninterrupted_command_run, uninterrupted_command_run),
+        first,
+        second,
+    )
     (run,) = (tmp_path / "results" / "runs").iterdir()
     assert "resumed at step" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
     assert (run / "model" / "model.pt").is_file()
