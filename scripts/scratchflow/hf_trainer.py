@@ -65,6 +65,20 @@ class MirrorCheckpointsToShared(TrainerCallback):
             log.info("checkpoint %s of %d processes saved to %s", local.name, self.me.world_size, assembly.parent)
 
 
+class ExactlyResumableTrainer(Trainer):
+    """A Trainer whose evaluations leave the global random state alone. A DataLoader draws each
+    iterator's seed from the global generator unless it has its own; the evaluation at an epoch's
+    end would then move the dropout of the next epoch in an uninterrupted run, but not in one resumed
+    from a checkpoint of that epoch's last step (its random state is the one saved before the
+    evaluation), and the two would end differently."""
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        loader = super().get_eval_dataloader(eval_dataset)
+        # accelerate's wrapper iterates the DataLoader it was prepared from.
+        getattr(loader, "base_dataloader", loader).generator = torch.Generator().manual_seed(self.args.seed)
+        return loader
+
+
 class StopOnSignal(TrainerCallback):
     """Turns a stop signal into "save a checkpoint now and stop"; also saves one after the last step,
     so that a run whose job dies after training resumes from its end instead of from zero. Under
@@ -195,7 +209,7 @@ def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dic
     torch.set_num_threads(context.threads)
     me = Rank.from_environment()
     stop = StopOnSignal(context.work_dir / STOP_FILE_NAME if me.world_size > 1 else None)
-    trainer = Trainer(
+    trainer = ExactlyResumableTrainer(
         compute_metrics=accuracy,
         # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
         callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, me), ProgressLog()],
