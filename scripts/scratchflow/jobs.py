@@ -95,6 +95,7 @@ def train_job(job: TrainJob) -> None:
             asdict(job.shape),
             world_size=job.shape.world_size,
             ranks=distributed.ranks_by_node(job.shape),
+            threads=job.threads,
             # Recorded now, so that a piece that stops or fails says where it started too.
             resumed_from_step=step_of(newest) if newest else None,
         )
