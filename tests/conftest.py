@@ -291,7 +291,10 @@ def command_config(data: Path, scratch: Path | None, **training) -> dict:
     }
 
 
-@pytest.fixture(scope="session")
+# Made again in each module that compares with it (15 s): in the whole suite, the USR1 resume of
+# test_tasks twice ended with a test_loss 3e-5 (relative) off a reference made earlier in another module,
+# never when both ran in one module (the cause is not found; see that test's assertion message).
+@pytest.fixture(scope="module")
 def uninterrupted_command_run(tmp_path_factory, bbc_subset) -> Path:
     workdir = tmp_path_factory.mktemp("uninterrupted-command")
     write_config(workdir, command_config(bbc_subset, workdir / "scratch"))
