@@ -12,6 +12,7 @@ profile's own resource names are exercised, not replaced.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -215,12 +216,41 @@ class LocalSlurm:
         raise TimeoutError(f"{what} not ready after {timeout} s; see {self.root / 'log'}")
 
     def _sql(self, statement: str) -> None:
-        subprocess.run(["mariadb", f"--socket={MARIADB_SOCKET}", "-e", statement], check=True)
+        done = subprocess.run(
+            ["mariadb", f"--socket={MARIADB_SOCKET}", "-e", statement], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"MariaDB refused {statement!r}: {done.stderr.strip()}")
+
+    @staticmethod
+    def _mariadb_answers() -> bool:
+        ping = ["mariadb-admin", f"--socket={MARIADB_SOCKET}", "--connect-timeout=2", "ping"]
+        return subprocess.run(ping, capture_output=True).returncode == 0
+
+    def _clear_leftovers(self) -> None:
+        """Stop the daemons of an earlier test cluster that was killed instead of stopped (they
+        still run in the old namespace) and remove the socket a killed MariaDB leaves behind:
+        a stale socket would pass for a running server."""
+        listed = subprocess.run(["ip", "netns", "pids", NETWORK_NAMESPACE], capture_output=True, text=True)
+        leftovers = [int(pid) for pid in listed.stdout.split()]
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while leftovers and time.monotonic() < deadline:
+            leftovers = [pid for pid in leftovers if Path(f"/proc/{pid}").exists()]
+            time.sleep(0.2)
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["ip", "netns", "delete", NETWORK_NAMESPACE], capture_output=True)
+        if MARIADB_SOCKET.is_socket() and not self._mariadb_answers():
+            MARIADB_SOCKET.unlink()
 
     def start(self) -> LocalSlurm:
         install_packages()
         self.write_config()
-        subprocess.run(["ip", "netns", "delete", NETWORK_NAMESPACE], capture_output=True)
+        self._clear_leftovers()
         subprocess.run(["ip", "netns", "add", NETWORK_NAMESPACE], check=True)
         # Daemons resolve their listening address with AI_ADDRCONFIG, which discounts 127.0.0.1:
         # give loopback a second address (TEST-NET-1; nothing routes anywhere from here).
@@ -233,7 +263,7 @@ class LocalSlurm:
         self._wait("munge", lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0)
         # slurmdbd's client library finds MariaDB at its default socket only; no TCP port is opened.
         self._start("mariadbd", ["mariadbd", "--user=mysql", f"--socket={MARIADB_SOCKET}", "--skip-networking"])
-        self._wait("MariaDB", MARIADB_SOCKET.exists)
+        self._wait("MariaDB", self._mariadb_answers)
         # A clean accounting database every time (with SQL: deleting its folder breaks MariaDB).
         self._sql(
             f"DROP DATABASE IF EXISTS {DATABASE}; "
