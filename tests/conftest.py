@@ -3,6 +3,7 @@ workflow in a directory of its own."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -198,6 +199,47 @@ def slurm_workflow_env(slurm, env: dict[str, str] | None = None) -> dict[str, st
     return {**workflow_env(), "SLURM_CONF": str(slurm.conf), "USER": USER, **(env or {})}
 
 
+def run_on_slurm(
+    slurm, workdir: Path, profile: str, env: dict[str, str], *arguments: str
+) -> subprocess.CompletedProcess:
+    """`snakemake --profile profiles/<profile>` on the test cluster's login side, with the overlay."""
+    return subprocess.run(
+        slurm_workflow_command(slurm, profile, *arguments),
+        cwd=workdir,
+        env=slurm_workflow_env(slurm, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def live_pieces(workdir: Path) -> list[dict]:
+    """The pieces of the (only) run while it trains (checkpoints/<run>/pieces.json): one more as
+    each job starts; none before the first."""
+    for listed in workdir.glob("checkpoints/*/pieces.json"):
+        try:
+            return json.loads(listed.read_text())
+        except (OSError, ValueError):  # being replaced
+            continue
+    return []
+
+
+def processes_in(workdir: Path, pattern: str) -> dict[int, dict[str, str]]:
+    """pid -> environment of the processes whose command line matches `pattern` (pgrep -f) and
+    that run in `workdir`."""
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    processes = {}
+    for pid in map(int, found.stdout.split()):
+        try:
+            if Path(f"/proc/{pid}/cwd").resolve() != workdir.resolve():
+                continue
+            listed = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # ended meanwhile
+            continue
+        processes[pid] = dict(line.split("=", 1) for line in listed if "=" in line)
+    return processes
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 256 KB filesystem (tmpfs), like a node whose local disk is nearly full."""
@@ -224,14 +266,7 @@ def two_node_run(slurm, tmp_path_factory, bbc_subset, tiny_model) -> tuple[Path,
     profile: its directory, and the workflow's output."""
     workdir = tmp_path_factory.mktemp("two-nodes")
     two_node_config(workdir, bbc_subset, tiny_model)
-    result = subprocess.run(
-        slurm_workflow_command(slurm, "oscer"),
-        cwd=workdir,
-        env=slurm_workflow_env(slurm),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    result = run_on_slurm(slurm, workdir, "oscer", {})
     assert result.returncode == 0, result.stdout[-6000:]
     return workdir, result.stdout
 

@@ -14,7 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import job_process, run_workflow, same_metrics, start_workflow, workflow_config, write_config
+from conftest import (
+    job_process,
+    live_pieces,
+    processes_in,
+    run_workflow,
+    same_metrics,
+    start_workflow,
+    workflow_config,
+    write_config,
+)
 from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.distributed import Shape, requested_gpus_per_node, shape_of
@@ -167,7 +176,7 @@ def test_a_stop_reaches_the_launchers_workers_and_the_launcher_itself_ignores_us
         os.kill(os.getpid(), signal.SIGUSR1)
 
     threading.Timer(3, signal_like_slurm).start()
-    code, tail = run_program([sys.executable, "-c", LAUNCHER], dict(os.environ), stop, 30, launcher=True)
+    code, tail = run_program([sys.executable, "-c", LAUNCHER], dict(os.environ), stop, 30)
     assert "worker ready" in tail
     assert code == 3, "the worker got USR1 and ended the launcher with its exit code"
     assert (tmp_path / "stop-requested").read_text() == "SIGUSR1", "the stop file names the signal"
@@ -202,26 +211,12 @@ def wait_for_step(workdir: Path, workflow: subprocess.Popen, step: int) -> Path:
 
 def training_processes(workdir: Path) -> dict[int, int]:
     """rank -> pid of the torchrun workers training in `workdir`."""
-    found = subprocess.run(["pgrep", "-f", "scratchflow.distributed"], capture_output=True, text=True)
-    ranks = {}
-    for pid in map(int, found.stdout.split()):
-        try:
-            environ = dict(
-                line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line
-            )
-        except FileNotFoundError:
-            continue
-        if "RANK" in environ and Path(f"/proc/{pid}/cwd").resolve() == workdir.resolve():
-            ranks[int(environ["RANK"])] = pid
-    return ranks
+    workers = processes_in(workdir, "scratchflow.distributed")
+    return {int(environ["RANK"]): pid for pid, environ in workers.items() if "RANK" in environ}
 
 
 def train_log(workdir: Path) -> str:
     return "".join(path.read_text() for path in (workdir / "logs" / "train").glob("*.log"))
-
-
-def pieces(workdir: Path) -> list[dict]:
-    return json.loads(next((workdir / "checkpoints").glob("*/pieces.json")).read_text())
 
 
 @pytest.mark.slow
@@ -240,20 +235,20 @@ def test_two_processes_killed_stopped_and_resumed_end_like_an_uninterrupted_run(
     output = workflow.communicate(timeout=120)[0]
     assert workflow.returncode != 0
     assert time.monotonic() - killed_at < 30, "a dead rank fails the job at once, not at the wall time"
-    assert "TrainingFailed: torchrun exited with" in pieces(tmp_path)[0]["outcome"], output[-3000:]
+    assert "TrainingFailed: torchrun exited with" in live_pieces(tmp_path)[0]["outcome"], output[-3000:]
     assert "SIGKILL" in train_log(tmp_path)
     assert training_processes(tmp_path) == {}, "no rank trains on as an orphan"
 
     refused = run_workflow(tmp_path, check=False)
     assert refused.returncode != 0
-    assert "WorldSizeChanged" in pieces(tmp_path)[1]["outcome"]
+    assert "WorldSizeChanged" in live_pieces(tmp_path)[1]["outcome"]
     assert "was written by 2 training process(es), and this job trains with 1" in train_log(tmp_path)
 
     workflow = start_workflow(tmp_path, *TWO_PROCESSES)
     wait_for_step(tmp_path, workflow, 40)
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=120)[0]
-    stopped = pieces(tmp_path)[2]
+    stopped = live_pieces(tmp_path)[2]
     assert "stopped on SIGUSR1 at step" in stopped["outcome"], output[-3000:]
     step = int(stopped["outcome"].split("at step ")[1].split(" ")[0])
     checkpoint = next((tmp_path / "checkpoints").glob(f"*/checkpoint-{step}"))

@@ -22,13 +22,12 @@ from conftest import (
     REPO,
     USER,
     image_config,
-    slurm_workflow_command,
-    slurm_workflow_env,
+    run_on_slurm,
     workflow_config,
     workflow_env,
     write_config,
 )
-from local_slurm import ACCOUNT, LocalSlurm
+from local_slurm import ACCOUNT
 from scratchflow.dataset import load_examples
 
 pytestmark = pytest.mark.slow
@@ -59,20 +58,6 @@ def alliance_software(tmp_path_factory):
         "PIP_FIND_LINKS": str(wheelhouse),
         "SCRATCHFLOW_REQUIREMENTS": str(REPO / "requirements.txt"),
     }
-
-
-def run_on_slurm(
-    slurm: LocalSlurm, workdir: Path, profile: str, env: dict[str, str], *arguments: str
-) -> subprocess.CompletedProcess:
-    """`snakemake --profile profiles/<profile>` on the test cluster's login side, with the overlay."""
-    return subprocess.run(
-        slurm_workflow_command(slurm, profile, *arguments),
-        cwd=workdir,
-        env=slurm_workflow_env(slurm, env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def sbatch_lines(output: str, rule: str) -> list[str]:

@@ -22,7 +22,9 @@ import yaml
 from conftest import (
     USER,
     command_config,
+    live_pieces,
     long_run,
+    processes_in,
     same_metrics,
     same_results,
     slurm_workflow_command,
@@ -262,16 +264,6 @@ def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_re
     assert same_metrics(tmp_path, uninterrupted_command_run)
 
 
-def pieces_listed(workdir: Path) -> list[dict]:
-    """The pieces of the (only) run while it trains: one more as each job starts."""
-    for listed in workdir.glob("checkpoints/*/pieces.json"):
-        try:
-            return json.loads(listed.read_text())
-        except (OSError, ValueError):  # being replaced
-            continue
-    return []
-
-
 def ended_at(piece: dict) -> float:
     return datetime.strptime(piece["ended_at"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
 
@@ -282,15 +274,8 @@ def shared_checkpoint_after(workdir: Path, step: int) -> bool:
 
 def node_launcher(workdir: Path, node: str) -> int | None:
     """The pid of the launcher (srun's task) of `node` training in `workdir`."""
-    found = subprocess.run(["pgrep", "-f", "scratchflow.distributed node"], capture_output=True, text=True)
-    for pid in found.stdout.split():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if f"SLURMD_NODENAME={node}".encode() in environ and Path(f"/proc/{pid}/cwd").resolve() == workdir:
-                return int(pid)
-        except OSError:  # ended meanwhile
-            continue
-    return None
+    launchers = processes_in(workdir, "scratchflow.distributed node")
+    return next((pid for pid, environ in launchers.items() if environ.get("SLURMD_NODENAME") == node), None)
 
 
 def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
@@ -307,15 +292,15 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
 
     wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
     os.kill(wait_until(lambda: node_launcher(workdir, "n2"), workflow, workdir, "n2's launcher"), signal.SIGUSR1)
-    wait_until(lambda: len(pieces_listed(workdir)) == 2, workflow, workdir, "a second piece")
-    first = pieces_listed(workdir)[0]
+    wait_until(lambda: len(live_pieces(workdir)) == 2, workflow, workdir, "a second piece")
+    first = live_pieces(workdir)[0]
     after_usr1 = stopped_at(first, "a stop signal to another process")
 
     wait_until(lambda: shared_checkpoint_after(workdir, after_usr1), workflow, workdir, "a checkpoint of piece 2")
     (job,) = active_jobs(slurm, "train")
     slurm.run("scancel", job)
-    wait_until(lambda: len(pieces_listed(workdir)) == 3, workflow, workdir, "a third piece")
-    after_scancel = stopped_at(pieces_listed(workdir)[1], "SIGTERM")
+    wait_until(lambda: len(live_pieces(workdir)) == 3, workflow, workdir, "a third piece")
+    after_scancel = stopped_at(live_pieces(workdir)[1], "SIGTERM")
 
     wait_until(lambda: shared_checkpoint_after(workdir, after_scancel), workflow, workdir, "a checkpoint of piece 3")
     os.kill(wait_until(lambda: node_launcher(workdir, "n2"), workflow, workdir, "n2's launcher"), signal.SIGKILL)

@@ -17,6 +17,7 @@ from conftest import (
     command_config,
     image_config,
     job_process,
+    live_pieces,
     metrics_of,
     run_workflow,
     same_metrics,
@@ -79,7 +80,7 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=300)[0]
     assert workflow.returncode != 0, "the piece was paused: the local profile has no retries"
-    pieces = json.loads(next((tmp_path / "checkpoints").glob("*/pieces.json")).read_text())
+    pieces = live_pieces(tmp_path)
     assert "stopped on SIGUSR1 at step" in pieces[0]["outcome"] and "paused" in pieces[0]["outcome"], output[-3000:]
 
     run_workflow(tmp_path)

@@ -40,7 +40,14 @@ from typing import Any
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.dataset import staged_sources
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
-from scratchflow.processes import STOP_FILE_NAME, STOP_SIGNALS, StopForwarder, run_program, set_parent_death_signal
+from scratchflow.processes import (
+    STOP_FILE_NAME,
+    STOP_SIGNALS,
+    StopForwarder,
+    run_program,
+    set_parent_death_signal,
+    write_stop_file,
+)
 from scratchflow.staging import scratch_directory, stage_in
 from scratchflow.tasks import TrainContext, Trained, TrainingStopped, load_task
 
@@ -152,10 +159,9 @@ def train(task_name: str, context: TrainContext, staging: Staging | None = None)
         argv = srun_argv(shape, context.threads, spec)
     log.info("training with %d processes: %s", shape.world_size, " ".join(argv))
     # One node: the stop goes to torchrun's workers. Several: srun passes it on to every launcher.
-    torchrun_here = shape.nodes == 1
-    stop = StopForwarder(context.work_dir / STOP_FILE_NAME, to_children=torchrun_here)
+    stop = StopForwarder(context.work_dir / STOP_FILE_NAME, to_children=shape.nodes == 1)
     grace = context.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
-    code, tail = run_program(argv, launch_environment(context.threads, shape), stop, grace, launcher=torchrun_here)
+    code, tail = run_program(argv, launch_environment(context.threads, shape), stop, grace)
     if result.is_file():
         outcome = read_json(result)
         if "stopped" in outcome:
@@ -257,7 +263,7 @@ def _node_torchrun(shape: Shape, fields: dict[str, Any], rendezvous: list[str], 
     argv = torchrun_argv(shape, fields["stop_grace_seconds"], rendezvous, spec)
     stop = StopForwarder(Path(fields["work_dir"]) / STOP_FILE_NAME, to_children=True)
     grace = fields["stop_grace_seconds"] + LAUNCHER_EXTRA_GRACE_SECONDS
-    code, _tail = run_program(argv, launch_environment(fields["threads"], shape), stop, grace, launcher=True)
+    code, _tail = run_program(argv, launch_environment(fields["threads"], shape), stop, grace)
     return 0 if stop.received else code
 
 
@@ -312,7 +318,7 @@ def main(spec_path: str) -> None:
     # Until the trainer listens (it also looks for the stop file at every step).
     stop_file = Path(spec["context"]["work_dir"]) / STOP_FILE_NAME
     for number in STOP_SIGNALS:
-        signal.signal(number, lambda number, _frame: stop_file.write_text(signal.Signals(number).name))
+        signal.signal(number, lambda number, _frame: write_stop_file(stop_file, signal.Signals(number).name))
     me = Rank.from_environment()
     os.environ["SCRATCHFLOW_ASSEMBLY_TAG"] = spec["assembly_tag"]
     logging.basicConfig(

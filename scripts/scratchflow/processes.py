@@ -29,6 +29,13 @@ TAIL_LINES = 30
 STOP_FILE_NAME = "stop-requested"
 
 
+def write_stop_file(stop_file: Path, signal_name: str) -> None:
+    """The stop file, holding the signal's name; never seen empty."""
+    partial = stop_file.with_name(f".{stop_file.name}.partial")
+    partial.write_text(signal_name)
+    os.replace(partial, stop_file)
+
+
 def child_pids(parent: int) -> list[int]:
     """The processes whose parent is `parent` (from /proc)."""
     children = []
@@ -71,9 +78,7 @@ class StopForwarder:
     def _receive(self, number: int, _frame: Any) -> None:
         if self.received is None:
             self.received, self.received_at = signal.Signals(number).name, time.monotonic()
-            partial = self.stop_file.with_name(f".{self.stop_file.name}.partial")
-            partial.write_text(self.received)
-            os.replace(partial, self.stop_file)  # never seen empty
+            write_stop_file(self.stop_file, self.received)
             log.warning("%s received: passing it on to the training processes, then pausing the run", self.received)
         self.pass_on(number)
 
@@ -115,7 +120,6 @@ def run_program(
     stop: StopForwarder,
     grace_seconds: float,
     alongside: contextlib.AbstractContextManager[Any] | None = None,
-    launcher: bool = False,
 ) -> tuple[int, str]:
     """Run a program in its own process group to its end, or until a stop and its grace period;
     return its exit code and the tail of its output. `alongside` is entered while it runs (a
@@ -123,9 +127,10 @@ def run_program(
 
     The program starts with the default stop signals: the rule's Snakemake ignores USR1, which would
     stay ignored across exec, but here both are caught while it starts, and a caught signal is reset
-    to its default by exec. A `launcher` (torchrun) instead ignores USR1, which reaches its workers
-    from `stop` (see scratchflow.distributed), and is killed when this process is: a launcher killed
-    must not leave torchrun and its workers training on, out of Slurm's sight."""
+    to its default by exec. A launcher (torchrun), whose workers get the stop straight from `stop`
+    (`to_children`; see scratchflow.distributed), instead ignores USR1, and is killed when this
+    process is: a launcher killed must not leave torchrun and its workers training on, out of
+    Slurm's sight."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with stop.installed(), alongside or contextlib.nullcontext():
         process = subprocess.Popen(
@@ -135,7 +140,7 @@ def run_program(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             # Not next to a thread (`alongside` starts one): preexec_fn is unsafe there.
-            preexec_fn=_start_as_launcher if launcher and alongside is None else None,
+            preexec_fn=_start_as_launcher if stop.to_children and alongside is None else None,
         )
         stop.program = process.pid
         if stop.received:  # a stop that came while the program started
