@@ -1,4 +1,5 @@
-# Every run's parameters and test metrics in one table, the best run, and a plot comparing them.
+# The grid's settings (seeds as replicates) and runs in two tables, the best of each, and figures
+# comparing their test metrics and learning curves.
 
 
 localrules:
@@ -10,8 +11,10 @@ rule aggregate:
         unpack(run_results),
     output:
         summary="results/summary.tsv",
+        runs="results/runs.tsv",
         best="results/best_run.json",
         plot="results/comparison.png",
+        curves="results/curves.png",
     log:
         "logs/aggregate.log",
     benchmark:

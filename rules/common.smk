@@ -74,6 +74,7 @@ TRAIN_INPUTS = {
 PREDICT_OUTPUTS = {
     "metrics": "results/runs/{run_id}/metrics.json",
     "record": "results/runs/{run_id}/predict_record.json",
+    "curves": "results/runs/{run_id}/curves.png",
     **(
         {"predictions": "results/runs/{run_id}/predictions.csv"}
         if TASK.WRITES_PREDICTIONS
@@ -129,7 +130,13 @@ def run_results(wildcards):
 
 
 def final_outputs(wildcards):
-    return ["results/summary.tsv", "results/best_run.json", "results/comparison.png"]
+    return [
+        "results/summary.tsv",
+        "results/runs.tsv",
+        "results/best_run.json",
+        "results/comparison.png",
+        "results/curves.png",
+    ]
 
 
 def describe_results():
@@ -139,8 +146,11 @@ def describe_results():
     ]
     if not found:
         return "scratchflow: done."
-    return "scratchflow: done. The comparison of the runs:\n" + "\n".join(
-        f"  {path}" for path in found
+    return (
+        "scratchflow: done. The comparison of the runs:\n"
+        + "\n".join(f"  {path}" for path in found)
+        + "\nEvery run's curves, also while a grid trains: tensorboard --logdir "
+        + str(Path("results/runs").resolve())
     )
 
 

@@ -14,6 +14,8 @@ with job_context(snakemake.log[0]):
         metric=snakemake.params.metric,
         goal=snakemake.params.goal,
         summary_out=Path(snakemake.output.summary),
+        runs_out=Path(snakemake.output.runs),
         best_out=Path(snakemake.output.best),
         plot_out=Path(snakemake.output.plot),
+        curves_out=Path(snakemake.output.curves),
     )

@@ -17,6 +17,7 @@ with job_context(snakemake.log[0], snakemake.threads):
             workflow_dir=Path(snakemake.scriptdir).parent,
             metrics_out=Path(snakemake.output.metrics),
             record_out=Path(snakemake.output.record),
+            curves_out=Path(snakemake.output.curves),
             predictions_out=Path(snakemake.output.predictions) if hasattr(snakemake.output, "predictions") else None,
         )
     )

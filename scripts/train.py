@@ -3,6 +3,7 @@ from pathlib import Path
 
 from scratchflow.distributed import shape_of
 from scratchflow.jobs import TrainJob, job_context, train_job
+from scratchflow.tracking import TENSORBOARD_FOLDER
 
 with job_context(snakemake.log[0], snakemake.threads):
     train_job(
@@ -23,6 +24,7 @@ with job_context(snakemake.log[0], snakemake.threads):
             model_out=Path(snakemake.output.model),
             params_out=Path(snakemake.output.params),
             record_out=Path(snakemake.output.record),
+            tracking_dir=Path(snakemake.output.record).parent / TENSORBOARD_FOLDER,
             shape=shape_of(snakemake.resources),
         )
     )

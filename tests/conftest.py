@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from scratchflow.dataset import load_examples, resolve_location
+from scratchflow.tracking import TENSORBOARD_FOLDER, learning_curves, read_curves
 
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "tests" / "slurm_overlay"
@@ -354,3 +355,17 @@ def metrics_of(workdir: Path, reference: Path) -> str:
     """The metrics.json of `reference`'s one run, as `workdir` holds it (an assertion message)."""
     (run,) = (reference / "results" / "runs").iterdir()
     return (workdir / "results" / "runs" / run.name / "metrics.json").read_text()
+
+
+def different_curves(workdir: Path, reference: Path, rel: float = 1e-6) -> list[str]:
+    """The learning curves of `reference`'s one run that `workdir`'s same run does not have point for
+    point: the same steps, once each, with values equal to `rel`."""
+    (run,) = (reference / "results" / "runs").iterdir()
+    theirs = read_curves(run / TENSORBOARD_FOLDER)
+    mine = read_curves(workdir / "results" / "runs" / run.name / TENSORBOARD_FOLDER)
+    return [
+        tag
+        for tag in learning_curves(theirs)
+        if [step for step, _ in mine.get(tag, [])] != [step for step, _ in theirs[tag]]
+        or [value for _, value in mine[tag]] != pytest.approx([value for _, value in theirs[tag]], rel=rel)
+    ]

@@ -1,7 +1,17 @@
 import json
+import math
 
 import pytest
-from scratchflow.aggregation import UnknownMetric, best_run, plot_comparison, summarize, varying_columns
+from scratchflow.aggregation import (
+    UnknownMetric,
+    best,
+    by_setting,
+    check_metric,
+    plot_comparison,
+    setting_columns,
+    summarize,
+    varying_columns,
+)
 
 
 def write_run(root, run_id, lr, seed, accuracy, macro_f1):
@@ -13,6 +23,7 @@ def write_run(root, run_id, lr, seed, accuracy, macro_f1):
 
 
 def runs(tmp_path):
+    """Two settings: learning rate 1e-4 with one seed, 2e-4 with two."""
     return {
         "aaa": write_run(tmp_path, "aaa", 1e-4, 0, 0.90, 0.80),
         "bbb": write_run(tmp_path, "bbb", 2e-4, 0, 0.85, 0.84),
@@ -20,33 +31,69 @@ def runs(tmp_path):
     }
 
 
-def test_summary_has_a_row_per_run_with_params_and_metrics(tmp_path):
-    summary = summarize(runs(tmp_path))
-    assert list(summary["run_id"]) == ["aaa", "bbb", "ccc"]
-    assert list(summary.columns) == ["run_id", "learning_rate", "seed", "epochs", "accuracy", "macro_f1"]
-    assert varying_columns(summary) == ["learning_rate", "seed"]
+def test_the_runs_table_has_a_row_per_run_with_params_and_metrics(tmp_path):
+    table = summarize(runs(tmp_path))
+    assert list(table["run_id"]) == ["aaa", "bbb", "ccc"]
+    assert list(table.columns) == ["run_id", "learning_rate", "seed", "epochs", "accuracy", "macro_f1"]
+    assert setting_columns(table) == ["learning_rate", "epochs"]
+    assert varying_columns(table, setting_columns(table)) == ["learning_rate"]
 
 
-def test_the_best_run_depends_on_the_chosen_metric(tmp_path):
-    summary = summarize(runs(tmp_path))
-    assert best_run(summary, "accuracy") == {"run_id": "aaa", "metric": "accuracy", "goal": "max", "value": 0.90}
-    assert best_run(summary, "macro_f1")["run_id"] == "bbb"
+def test_runs_that_differ_only_in_their_seed_are_one_setting_with_mean_spread_and_count(tmp_path):
+    settings = by_setting(summarize(runs(tmp_path)))
+    assert list(settings["learning_rate"]) == [1e-4, 2e-4]
+    assert list(settings["runs"]) == [1, 2]
+    assert list(settings["run_ids"]) == ["aaa", "bbb ccc"]
+    pair = settings.iloc[1]
+    assert pair["macro_f1_mean"] == pytest.approx(0.765)
+    assert pair["macro_f1_std"] == pytest.approx(math.sqrt(((0.84 - 0.765) ** 2 + (0.69 - 0.765) ** 2) / 1))
+    assert pair["accuracy_count"] == 2
+    assert math.isnan(settings.iloc[0]["macro_f1_std"]), "one run has no spread"
 
 
-def test_the_plot_is_a_png(tmp_path):
+def test_the_best_setting_is_chosen_by_its_mean_and_the_best_run_is_named_beside_it(tmp_path):
+    table = summarize(runs(tmp_path))
+    chosen = best(table, by_setting(table), "macro_f1")
+    # 2e-4 has the best single run (0.84) but the lower mean (0.765 against 0.80).
+    assert chosen["setting"] == {
+        "parameters": {"learning_rate": 1e-4, "epochs": 1},
+        "mean": 0.80,
+        "std": None,
+        "runs": 1,
+        "run_ids": ["aaa"],
+    }
+    assert chosen["run"] == {"run_id": "bbb", "value": 0.84}
+    assert json.loads(json.dumps(chosen)) == chosen, "written as JSON as it is"
+
+
+def test_with_one_seed_per_setting_the_settings_are_the_runs(tmp_path):
+    table = summarize(
+        {"aaa": write_run(tmp_path, "aaa", 1e-4, 0, 0.9, 0.8), "bbb": write_run(tmp_path, "bbb", 2e-4, 0, 0.8, 0.7)}
+    )
+    settings = by_setting(table)
+    assert list(settings["run_ids"]) == ["aaa", "bbb"]
+    assert list(settings["macro_f1_mean"]) == [0.8, 0.7]
+    assert best(table, settings, "macro_f1")["run"]["run_id"] == "aaa"
+
+
+def test_a_loss_is_compared_by_its_lowest_value(tmp_path):
+    table = summarize(runs(tmp_path))
+    settings = by_setting(table)
+    chosen = best(table, settings, "accuracy", goal="min")
+    assert chosen["setting"]["run_ids"] == ["bbb", "ccc"]
+    assert chosen["run"]["run_id"] == "ccc"
+    plot_comparison(table, settings, "accuracy", "min", tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_plot_is_a_png_written_whole(tmp_path):
     plot = tmp_path / "out" / "comparison.png"
-    plot_comparison(summarize(runs(tmp_path)), "macro_f1", "max", plot)
+    table = summarize(runs(tmp_path))
+    plot_comparison(table, by_setting(table), "macro_f1", "max", plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in plot.parent.iterdir()] == ["comparison.png"]
 
 
-def test_a_loss_is_compared_by_its_lowest_value(tmp_path):
-    summary = summarize(runs(tmp_path))
-    assert best_run(summary, "accuracy", goal="min")["run_id"] == "ccc"
-    plot_comparison(summary, "accuracy", "min", tmp_path / "plot.png")
-    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
-
-
 def test_a_metric_no_run_reports_is_refused_naming_those_that_exist(tmp_path):
     with pytest.raises(UnknownMetric, match="'f1': no run reports it; the runs report: accuracy, macro_f1"):
-        best_run(summarize(runs(tmp_path)), "f1")
+        check_metric(summarize(runs(tmp_path)), "f1")

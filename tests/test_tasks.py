@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from conftest import (
     command_config,
+    different_curves,
     image_config,
     job_process,
     live_pieces,
@@ -96,9 +97,10 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     )
     (run,) = (tmp_path / "results" / "runs").iterdir()
     assert "resumed at step" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
+    assert different_curves(tmp_path, uninterrupted_command_run, rel=1e-3) == [], "the program's own curves"
     assert (run / "model" / "model.pt").is_file()
-    summary = pd.read_csv(tmp_path / "results" / "summary.tsv", sep="\t")
-    assert {"accuracy", "macro_f1", "test_loss", "steps", "hidden", "features"} <= set(summary.columns)
+    runs = pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")
+    assert {"accuracy", "macro_f1", "test_loss", "steps", "hidden", "features"} <= set(runs.columns)
     assert json.loads((tmp_path / "results" / "best_run.json").read_text())["goal"] == "min"
     assert list((tmp_path / "scratch").iterdir()) == []
 

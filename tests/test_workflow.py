@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import (
+    different_curves,
     long_run,
     run_workflow,
     same_results,
@@ -23,6 +24,7 @@ from conftest import (
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.dataset import load_examples
+from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
 
 pytestmark = pytest.mark.slow
 
@@ -49,15 +51,22 @@ def finished(tmp_path_factory, bbc_subset, tiny_model):
 
 def test_a_grid_runs_through_the_whole_lifecycle(finished):
     workdir, _, result = finished
+    runs = pd.read_csv(workdir / "results" / "runs.tsv", sep="\t")
+    assert sorted(runs["learning_rate"]) == [1.0e-3, 2.0e-3]
+    assert set(runs["run_id"]) == {path.name for path in run_dirs(workdir)}
+    # One seed per setting: a setting per run, its mean the run's value.
     summary = pd.read_csv(workdir / "results" / "summary.tsv", sep="\t")
-    assert sorted(summary["learning_rate"]) == [1.0e-3, 2.0e-3]
-    assert set(summary["run_id"]) == {path.name for path in run_dirs(workdir)}
+    assert sorted(summary["run_ids"]) == sorted(runs["run_id"])
+    assert sorted(summary["macro_f1_mean"]) == sorted(runs["macro_f1"])
     best = json.loads((workdir / "results" / "best_run.json").read_text())
-    assert best["run_id"] == summary.loc[summary["macro_f1"].idxmax(), "run_id"]
-    assert (workdir / "results" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    assert best["run"]["run_id"] == runs.loc[runs["macro_f1"].idxmax(), "run_id"]
+    assert best["setting"]["run_ids"] == [best["run"]["run_id"]]
+    for figure in ("comparison.png", "curves.png"):
+        assert (workdir / "results" / figure).read_bytes()[:4] == b"\x89PNG"
     assert str(workdir / "results" / "summary.tsv") in result.stdout
+    assert f"tensorboard --logdir {workdir / 'results' / 'runs'}" in result.stdout
     # The tiny model learns the topics far above chance (0.2) from 210 articles.
-    assert summary["accuracy"].max() > 0.5
+    assert runs["accuracy"].max() > 0.5
 
 
 def test_each_run_records_what_reproduces_it(finished):
@@ -77,6 +86,20 @@ def test_each_run_records_what_reproduces_it(finished):
         assert len(predictions) == metrics["examples"] == 60
         assert metrics["accuracy"] == pytest.approx((predictions["label"] == predictions["predicted"]).mean())
         assert (run / "model" / "config.json").is_file()
+
+
+def test_each_run_logs_its_progress_and_keeps_its_curves_on_shared_storage(finished):
+    workdir, _, _ = finished
+    for run in run_dirs(workdir):
+        log = (workdir / "logs" / "train" / f"{run.name}.log").read_text()
+        # 210 training articles in batches of 16, 20 epochs: 280 steps, a line every 10.
+        lines = re.findall(r"step (\d+)/280 \(\d+%\), loss [\d.]+, [\d.]+ samples/s, [\w ]+ left", log)
+        assert [int(step) for step in lines] == list(range(10, 281, 10))
+        assert "\r" not in log, "no progress bars in log files"
+        curves = read_curves(run / TENSORBOARD_FOLDER)
+        assert [step for step, _ in curves["train/loss"]] == list(range(10, 281, 10))
+        assert [step for step, _ in curves["eval/accuracy"]] == list(range(14, 281, 14)), "one per epoch"
+        assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_scratch_and_checkpoints_are_gone_after_success(finished):
@@ -185,6 +208,10 @@ def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset
     assert "resuming from" in (tmp_path / "logs" / "train" / f"{run_id}.log").read_text()
     assert list(scratch.iterdir()) == [], "the retry removed the killed job's scratch"
     assert same_results(tmp_path, uninterrupted_long_run) == []
+    # The curves (TensorBoard's, and so the figures') go on where the checkpoint was, with no step
+    # twice: what the killed piece logged after its checkpoint was replaced.
+    assert different_curves(tmp_path, uninterrupted_long_run) == []
+    assert (tmp_path / "results" / "runs" / run_id / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_scratch_too_small_stops_the_job_before_training_and_is_left_empty(

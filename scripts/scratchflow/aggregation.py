@@ -1,7 +1,9 @@
-"""Comparing the runs of a grid: one table, the best run, one picture, on any metric the task reports."""
+"""Comparing the runs of a grid on any metric the task reports: runs that differ only in their seed are
+replicates of one setting, compared by their mean and spread; the best setting and the best run."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -10,8 +12,10 @@ import pandas as pd
 
 from scratchflow.files import read_json, written_whole
 
-# A plot stays readable up to about this many bars; larger grids show their best runs.
-MOST_RUNS_PLOTTED = 40
+# A plot stays readable up to about this many bars; larger grids show their best settings.
+MOST_SETTINGS_PLOTTED = 40
+# Runs that differ only in this parameter are replicates of one setting.
+REPLICATE_KEY = "seed"
 GOALS = ("max", "min")
 
 
@@ -32,7 +36,7 @@ def summarize(runs: dict[str, dict[str, Path]]) -> pd.DataFrame:
     """One row per run: its id, its parameters, and every flat numeric test metric it reports.
 
     `runs` maps run_id -> {"params": params.json, "metrics": metrics.json}. Metric columns come after
-    the parameters; `summary.attrs["metrics"]` names them.
+    the parameters; `table.attrs["metrics"]` names them.
     """
     rows, metric_names = [], {}
     for run_id, files in runs.items():
@@ -40,60 +44,120 @@ def summarize(runs: dict[str, dict[str, Path]]) -> pd.DataFrame:
         metrics = numbers(read_json(files["metrics"]))
         metric_names.update(dict.fromkeys(metrics))
         rows.append({"run_id": run_id, **{key: _cell(value) for key, value in params.items()}, **metrics})
-    summary = pd.DataFrame(rows)
-    summary = summary[[column for column in summary.columns if column not in metric_names] + list(metric_names)]
-    summary.attrs["metrics"] = list(metric_names)
-    return summary
+    table = pd.DataFrame(rows)
+    table = table[[column for column in table.columns if column not in metric_names] + list(metric_names)]
+    table.attrs["metrics"] = list(metric_names)
+    return table
 
 
 def _cell(value: Any) -> Any:
-    """A parameter as one table cell (a command's argv becomes one string)."""
-    return " ".join(map(str, value)) if isinstance(value, list) else value
+    """A parameter as one table cell (a command's argv becomes one string, a mapping its JSON)."""
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 
 
-def best_run(summary: pd.DataFrame, metric: str, goal: str = "max") -> dict[str, Any]:
-    """The row with the highest (goal max) or lowest (min) `metric`; ties go to the run listed first."""
-    if metric not in summary.attrs.get("metrics", summary.columns) or summary[metric].isna().all():
+def setting_columns(runs: pd.DataFrame) -> list[str]:
+    """The parameters that make a setting: all but the seed, whose runs are replicates."""
+    metrics = runs.attrs.get("metrics", [])
+    return [column for column in runs.columns if column not in ("run_id", REPLICATE_KEY, *metrics)]
+
+
+def by_setting(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting (runs that differ only in their seed): its parameters, how many runs it
+    has and which, and per metric the mean, standard deviation (empty for one run) and count."""
+    metrics = runs.attrs["metrics"]
+    keys = setting_columns(runs)
+    grouped = runs.groupby(keys, dropna=False, sort=False) if keys else runs.groupby(lambda _: 0, sort=False)
+    statistics = grouped[metrics].agg(["mean", "std", "count"])
+    statistics.columns = [f"{metric}_{statistic}" for metric, statistic in statistics.columns]
+    settings = grouped["run_id"].agg(run_ids=lambda ids: " ".join(ids), runs="count")
+    table = pd.concat([settings, statistics], axis=1).reset_index(drop=not keys)
+    table.attrs["metrics"] = metrics
+    return table
+
+
+def check_metric(runs: pd.DataFrame, metric: str) -> None:
+    if metric not in runs.attrs.get("metrics", runs.columns) or runs[metric].isna().all():
         raise UnknownMetric(
             f"aggregate.metric {metric!r}: no run reports it; the runs report: "
-            + ", ".join(summary.attrs.get("metrics", []))
+            + ", ".join(runs.attrs.get("metrics", []))
         )
-    values = summary[metric]
-    best = summary.loc[values.idxmax() if goal == "max" else values.idxmin()]
-    return {"run_id": best["run_id"], "metric": metric, "goal": goal, "value": float(best[metric])}
 
 
-def varying_columns(summary: pd.DataFrame) -> list[str]:
-    """The parameters that differ between runs: the grid's axes, as far as the table shows them."""
-    metrics = summary.attrs.get("metrics", [])
-    parameters = [column for column in summary.columns if column not in ("run_id", *metrics)]
-    return [column for column in parameters if summary[column].astype(str).nunique() > 1]
+def best(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goal: str = "max") -> dict[str, Any]:
+    """The best setting by its mean `metric` (highest for goal max, lowest for min) and, named
+    beside it, the best single run; ties go to the one listed first."""
+    check_metric(runs, metric)
+    mean = settings[f"{metric}_mean"]
+    setting = settings.loc[mean.idxmax() if goal == "max" else mean.idxmin()]
+    run = runs.loc[runs[metric].idxmax() if goal == "max" else runs[metric].idxmin()]
+    return {
+        "metric": metric,
+        "goal": goal,
+        "setting": {
+            "parameters": {name: _plain(setting[name]) for name in setting_columns(runs)},
+            "mean": float(setting[f"{metric}_mean"]),
+            "std": _plain(setting[f"{metric}_std"]),
+            "runs": int(setting["runs"]),
+            "run_ids": setting["run_ids"].split(),
+        },
+        "run": {"run_id": run["run_id"], "value": float(run[metric])},
+    }
 
 
-def plot_comparison(summary: pd.DataFrame, metric: str, goal: str, path: Path) -> None:
-    """A horizontal bar per run, labelled with the parameters that vary, best run highlighted."""
+def _plain(value: Any) -> Any:
+    """A table cell as JSON: numpy scalars as Python numbers, NaN (no value) as null."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def varying_columns(table: pd.DataFrame, columns: list[str]) -> list[str]:
+    """Those of `columns` that differ between rows: the grid's axes, as far as the table shows them."""
+    return [column for column in columns if table[column].astype(str).nunique() > 1]
+
+
+def plot_comparison(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goal: str, path: Path) -> None:
+    """A horizontal bar per setting at its mean, a line for its standard deviation and a dot per
+    run, labelled with the parameters that vary; the best setting in orange."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on cluster nodes
     import matplotlib.pyplot as plt
 
-    best_id = best_run(summary, metric, goal)["run_id"]
-    chosen = summary.nlargest if goal == "max" else summary.nsmallest
-    ordered = chosen(MOST_RUNS_PLOTTED, metric).sort_values(metric, ascending=goal == "max")
-    axes_names = varying_columns(summary)
+    winner = best(runs, settings, metric, goal)["setting"]["run_ids"]
+    mean = f"{metric}_mean"
+    chosen = settings.nlargest if goal == "max" else settings.nsmallest
+    ordered = chosen(MOST_SETTINGS_PLOTTED, mean).sort_values(mean, ascending=goal == "max")
+    axes_names = varying_columns(settings, setting_columns(runs))
     labels = [
-        f"{row['run_id']}  " + ", ".join(f"{name}={row[name]}" for name in axes_names) for _, row in ordered.iterrows()
+        ", ".join(f"{name}={row[name]}" for name in axes_names) + f"  ({row['runs']} run{'s' * (row['runs'] > 1)})"
+        for _, row in ordered.iterrows()
     ]
-    colours = ["tab:orange" if run_id == best_id else "tab:blue" for run_id in ordered["run_id"]]
+    colours = ["tab:orange" if row["run_ids"].split() == winner else "tab:blue" for _, row in ordered.iterrows()]
     figure, axes = plt.subplots(figsize=(9, 1.2 + 0.45 * len(ordered)))
-    axes.barh(labels, ordered[metric], color=colours)
-    for position, value in enumerate(ordered[metric]):
-        axes.text(value, position, f" {value:.3f}", va="center")
-    axes.set_xlabel(f"test {metric} ({'higher' if goal == 'max' else 'lower'} is better)")
-    top = float(ordered[metric].max())
-    axes.set_xlim(min(0.0, float(ordered[metric].min())), 1.08 if 0 < top <= 1 else top * 1.15 or 1)
-    shown = f"best {len(ordered)} of {len(summary)}" if len(ordered) < len(summary) else str(len(summary))
-    axes.set_title(f"{shown} runs; best run {best_id} in orange")
+    axes.barh(
+        labels,
+        ordered[mean],
+        color=colours,
+        alpha=0.6,
+        xerr=ordered[f"{metric}_std"].fillna(0),
+        capsize=3,
+        ecolor="dimgray",
+    )
+    values = runs.set_index("run_id")[metric]
+    for position, (_, row) in enumerate(ordered.iterrows()):
+        replicates = values[row["run_ids"].split()]
+        axes.scatter(replicates, [position] * len(replicates), color="tab:red", s=14, zorder=3)
+        axes.text(row[mean], position + 0.3, f" {row[mean]:.3f}", va="center", fontsize="small")
+    axes.set_xlabel(
+        f"test {metric}: mean ± std of the seeds, a dot per run ({'higher' if goal == 'max' else 'lower'} is better)"
+    )
+    top = float(runs[metric].max())
+    axes.set_xlim(min(0.0, float(runs[metric].min())), 1.08 if 0 < top <= 1 else top * 1.15 or 1)
+    shown = f"best {len(ordered)} of {len(settings)}" if len(ordered) < len(settings) else str(len(settings))
+    axes.set_title(f"{shown} settings, {len(runs)} runs; best setting in orange")
     figure.tight_layout()
     with written_whole(path) as partial:
         figure.savefig(partial, dpi=110, format="png")

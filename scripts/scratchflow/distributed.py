@@ -272,6 +272,7 @@ def _plain(context: TrainContext) -> dict[str, Any]:
     fields["data"] = {name: str(path) for name, path in context.data.items()}
     fields["model"] = str(context.model) if context.model else None
     fields["work_dir"] = str(context.work_dir)
+    fields["tracking_dir"] = str(context.tracking_dir)
     fields["checkpoints"] = {
         "folder": str(context.checkpoints.folder),
         "marker": context.checkpoints.marker,
@@ -288,6 +289,7 @@ def _context(fields: dict[str, Any], processes: int) -> TrainContext:
             "data": {name: Path(path) for name, path in fields["data"].items()},
             "model": Path(fields["model"]) if fields["model"] else None,
             "work_dir": Path(fields["work_dir"]),
+            "tracking_dir": Path(fields["tracking_dir"]),
             "checkpoints": RunCheckpoints(Path(checkpoints["folder"]), checkpoints["marker"], checkpoints["keep"]),
             "threads": max(1, fields["threads"] // processes),
         }

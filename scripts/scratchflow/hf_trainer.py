@@ -16,12 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.integrations import TensorBoardCallback
 from transformers.utils import is_torch_tf32_available
 
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
 from scratchflow.distributed import Rank
 from scratchflow.processes import STOP_FILE_NAME, STOP_SIGNALS
 from scratchflow.tasks import TrainContext, TrainingStopped
+from scratchflow.tracking import open_writer, progress_line
 
 log = logging.getLogger(__name__)
 
@@ -122,17 +124,37 @@ class StopOnSignal(TrainerCallback):
 
 
 class ProgressLog(TrainerCallback):
-    """Log lines (rank 0) for the first step of a piece and the speed of the rest: what a user
-    reads to see how long a job took to start training and how fast it trains."""
+    """Log lines (rank 0): the first step of a piece (how long the job took to start training), a
+    line every `logging_steps` with step/N, loss, speed and time left, and the piece's speed."""
 
     def __init__(self) -> None:
         self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
 
     def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.first is None:
-            self.first = (state.global_step, time.perf_counter())
+            self.first = self.last = (state.global_step, time.perf_counter())
             if state.is_world_process_zero:
                 log.info("first training step of this piece done: step %d of %d", state.global_step, state.max_steps)
+
+    def on_log(self, args: TrainingArguments, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if "loss" not in (logs or {}) or self.last is None or not state.is_world_process_zero:
+            return
+        step, at = self.last
+        now = time.perf_counter()
+        if state.global_step <= step:
+            return
+        steps_per_second = (state.global_step - step) / (now - at)
+        self.last = (state.global_step, now)
+        log.info(
+            progress_line(
+                state.global_step,
+                state.max_steps,
+                logs["loss"],
+                steps_per_second * args.per_device_train_batch_size * args.world_size,
+                (state.max_steps - state.global_step) / steps_per_second,
+            )
+        )
 
     def on_train_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.first is None or state.global_step <= self.first[0] or not state.is_world_process_zero:
@@ -216,6 +238,9 @@ def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dic
         **trainer_arguments,
     )
     resume_from = context.checkpoints.seed(context.work_dir / "checkpoints", me.world_size)
+    if me.rank == 0:  # the curves on shared storage, continued from where this piece resumes
+        writer = open_writer(context.tracking_dir, step_of(resume_from) if resume_from else None)
+        trainer.add_callback(TensorBoardCallback(writer))
     with stop.listening():
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if result.global_step < trainer.state.max_steps:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation, distributed
+from scratchflow import aggregation, distributed, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.distributed import Shape
@@ -73,6 +73,7 @@ class TrainJob:
     model_out: Path
     params_out: Path
     record_out: Path
+    tracking_dir: Path  # results/runs/<run_id>/tensorboard: kept across pieces, so not an output
     shape: Shape = field(default_factory=Shape)
 
 
@@ -117,6 +118,7 @@ def train_job(job: TrainJob) -> None:
                     model=job.base_model,
                     work_dir=scratch,
                     checkpoints=run,
+                    tracking_dir=job.tracking_dir,
                     save_every_steps=job.checkpointing["every_steps"],
                     stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
                     threads=job.threads,
@@ -161,6 +163,7 @@ class PredictJob:
     workflow_dir: Path
     metrics_out: Path
     record_out: Path
+    curves_out: Path  # beside the run's tensorboard folder
     predictions_out: Path | None  # for tasks that write predictions
 
 
@@ -192,6 +195,9 @@ def predict_job(job: PredictJob) -> None:
             if job.predictions_out is not None:
                 copy_whole(scratch / job.predictions_out.name, job.predictions_out)
             write_json_atomically(predicted.metrics, job.metrics_out)
+        with timer.phase("curves"):
+            curves = tracking.read_curves(job.curves_out.parent / tracking.TENSORBOARD_FOLDER)
+            tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id}")
     write_json_atomically(
         {"run_id": job.run_id, "timings_seconds": timer.seconds, "environment": environment_record(job.workflow_dir)},
         job.record_out,
@@ -205,13 +211,34 @@ def aggregate_job(
     metric: str,
     goal: str,
     summary_out: Path,
+    runs_out: Path,
     best_out: Path,
     plot_out: Path,
+    curves_out: Path,
 ) -> None:
-    summary = aggregation.summarize(runs)
-    best = aggregation.best_run(summary, metric, goal)
+    """The grid's tables (per setting, per run), its best setting and run, and its two figures."""
+    table = aggregation.summarize(runs)
+    aggregation.check_metric(table, metric)
+    settings = aggregation.by_setting(table)
+    chosen = aggregation.best(table, settings, metric, goal)
+    ascending = goal == "min"
     with written_whole(summary_out) as partial:
-        summary.sort_values(metric, ascending=goal == "min").to_csv(partial, sep="\t", index=False)
-    write_json_atomically(best, best_out)
-    aggregation.plot_comparison(summary, metric, goal, plot_out)
-    log.info("best of %d runs by %s (%s): %s (%.4f)", len(summary), metric, goal, best["run_id"], best["value"])
+        settings.sort_values(f"{metric}_mean", ascending=ascending).to_csv(partial, sep="\t", index=False)
+    with written_whole(runs_out) as partial:
+        table.sort_values(metric, ascending=ascending).to_csv(partial, sep="\t", index=False)
+    write_json_atomically(chosen, best_out)
+    aggregation.plot_comparison(table, settings, metric, goal, plot_out)
+    drawn = list(table.sort_values(metric, ascending=ascending)["run_id"].head(tracking.MOST_RUNS_DRAWN))
+    tracking.plot_curves(
+        {run_id: tracking.read_curves(runs[run_id]["params"].parent / tracking.TENSORBOARD_FOLDER) for run_id in drawn},
+        curves_out,
+        (f"the best {len(drawn)} of {len(table)} runs" if len(drawn) < len(table) else f"{len(table)} runs")
+        + f" by test {metric}; the best run in orange",
+        highlight=chosen["run"]["run_id"],
+    )
+    setting = chosen["setting"]
+    log.info(
+        "%d runs in %d settings; best setting by mean %s (%s): %.4f ± %s over %d run(s): %s; best run %s (%.4f)",
+        *(len(table), len(settings), metric, goal, setting["mean"], setting["std"], setting["runs"]),
+        *(setting["parameters"], chosen["run"]["run_id"], chosen["run"]["value"]),
+    )

@@ -8,6 +8,8 @@ What makes it fit the lifecycle (README, "Your own training code"):
   the run (weights, optimizer, step), and writes the file COMPLETE into it last;
 - it resumes from $SCRATCHFLOW_RESUME_FROM, and because batches depend only on (seed, epoch), a
   resumed run ends with exactly the metrics of an uninterrupted one;
+- it logs its curves to TensorBoard in $SCRATCHFLOW_TRACKING_DIR, from the step it resumes at on
+  (purge_step drops what an interrupted piece logged after its last checkpoint);
 - it writes its model and metrics.json (name -> number) into $SCRATCHFLOW_OUTPUT_DIR.
 """
 
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.utils.tensorboard import SummaryWriter
 
 environment = os.environ
 params = json.loads(Path(environment["SCRATCHFLOW_PARAMS"]).read_text())
@@ -79,9 +82,11 @@ if environment["SCRATCHFLOW_RESUME_FROM"]:
     optimizer.load_state_dict(state["optimizer"])
     step = state["step"]
     print(f"resumed at step {step} of {total_steps}", flush=True)
+curves = SummaryWriter(environment["SCRATCHFLOW_TRACKING_DIR"], purge_step=step + 1)
 
 
 def save_checkpoint():
+    curves.flush()  # the curves up to this checkpoint are kept whatever happens next
     folder = checkpoints / f"checkpoint-{step}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, folder / "state.pt")
@@ -103,12 +108,14 @@ while step < total_steps:
     step += 1
     if step % 20 == 0:
         print(f"step {step}/{total_steps} loss {loss.item():.4f}", flush=True)
+        curves.add_scalar("train/loss", loss.item(), step)
     if step % save_every == 0 or step == total_steps or stop_requested:
         save_checkpoint()
     if stop_requested:
         print(f"stopping at step {step}: checkpoint saved", flush=True)
         sys.exit(0)
 
+curves.close()
 with torch.no_grad():
     logits = model(test_x)
 predicted = logits.argmax(dim=1)

@@ -57,6 +57,7 @@ class TrainContext:
     model: Path | None  # the base model's cache on shared storage
     work_dir: Path  # this job's private scratch directory
     checkpoints: RunCheckpoints  # the run's checkpoint state on shared storage
+    tracking_dir: Path  # the run's TensorBoard folder on shared storage (scratchflow.tracking)
     save_every_steps: int
     stop_grace_seconds: float
     threads: int  # CPU threads of this process

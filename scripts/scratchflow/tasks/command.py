@@ -12,6 +12,7 @@ directory. It learns where things are from environment variables (the README's c
     SCRATCHFLOW_PARAMS            a JSON file of the run's parameters (the training keys but `command`)
     SCRATCHFLOW_RUN_ID, SCRATCHFLOW_PIECE, SCRATCHFLOW_SAVE_EVERY_STEPS, SCRATCHFLOW_MODEL_DIR (if a model)
     SCRATCHFLOW_STOP_FILE         appears when the job is asked to stop (for code that cannot take signals)
+    SCRATCHFLOW_TRACKING_DIR      the run's TensorBoard folder on shared storage, kept across pieces
     SCRATCHFLOW_NODES, SCRATCHFLOW_PROCESSES_PER_NODE
                                   the train rule's shape, for a program that starts its own processes
 
@@ -166,6 +167,7 @@ def train(context: TrainContext) -> Trained:
         "SCRATCHFLOW_RUN_ID": context.run_id,
         "SCRATCHFLOW_PIECE": str(context.piece),
         "SCRATCHFLOW_SAVE_EVERY_STEPS": str(context.save_every_steps),
+        "SCRATCHFLOW_TRACKING_DIR": str(context.tracking_dir),
         "SCRATCHFLOW_STOP_FILE": str(stop_file),
         "SCRATCHFLOW_NODES": str(context.nodes),
         "SCRATCHFLOW_PROCESSES_PER_NODE": str(context.processes_per_node),
