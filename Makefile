@@ -4,13 +4,16 @@ PYTHON := $(VENV)/bin/python
 # Debian tools the lifecycle runs (tar and coreutils come with every Debian system).
 DEBIAN_TOOLS := rsync
 
-.PHONY: demo test setup setup-dev .debian-tools lint format clean example-image example-command
+.PHONY: demo test status setup setup-dev .debian-tools lint format clean example-image example-command
 
 demo: setup  ## Run the demo grid on this machine, then say where the comparison is.
 	scripts/run_local.sh
 
 example-%: setup  ## Run config/examples/<name>/ in example-runs/<name>/ (image, command).
 	scripts/run_example.sh $*
+
+status: setup  ## Where every run of the grid in DIR (default: here) stands; changes nothing.
+	$(PYTHON) scripts/status.py $(or $(DIR),.)
 
 test: setup-dev  ## Run the whole test suite (slow end-to-end tests included).
 	$(PYTHON) -m pytest

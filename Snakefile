@@ -26,6 +26,7 @@ rule all:
 
 onstart:
     check_rule_resources()
+    write_grid_file()
 
 
 onsuccess:

@@ -30,6 +30,7 @@ from scratchflow.dataset import (
 )
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
+from scratchflow.status import write_grid
 
 check_dataset_layout(config)
 try:
@@ -151,6 +152,17 @@ def describe_results():
         + "\n".join(f"  {path}" for path in found)
         + "\nEvery run's curves, also while a grid trains: tensorboard --logdir "
         + str(Path("results/runs").resolve())
+    )
+
+
+def write_grid_file():
+    """results/grid.json: every run of the grid, for scripts/status.py (runs not started included)."""
+    write_grid(
+        Path("."),
+        RUNS,
+        config["aggregate"]["metric"],
+        config["aggregate"]["goal"],
+        workflow.executor_plugin.name,
     )
 
 

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -38,6 +39,7 @@ from scratchflow.checkpoints import newest_complete_checkpoint
 pytestmark = pytest.mark.slow
 
 PROFILE = "edinburgh"
+STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
 SCRATCH = Path(f"/disk/scratch/{USER}")  # the profile's node-local scratch root
 
 
@@ -101,6 +103,11 @@ def active_jobs(slurm, rule: str) -> list[str]:
     return [line.split()[0] for line in listing.splitlines() if f"rule_{rule}" in line]
 
 
+def grid_status(slurm, workdir: Path) -> str:
+    """What `scripts/status.py` prints for the grid in `workdir`, asking the test cluster's squeue."""
+    return slurm.run(sys.executable, str(STATUS_SCRIPT), str(workdir)).stdout
+
+
 def pieces_of(workdir: Path) -> list[dict]:
     (run,) = (workdir / "results" / "runs").iterdir()
     return json.loads((run / "record.json").read_text())["pieces"]
@@ -125,10 +132,14 @@ def test_a_cancelled_train_job_is_retried_and_resumes_to_the_same_result(
     workflow = start(slurm, tmp_path)
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     (job,) = active_jobs(slurm, "train")
+    # The grid's status, while it trains: where, how far, how fast.
+    training = rf"trains +piece 1, step \d+ of 280 \(\d+%\), [\d.]+ samples/s, .* \(Slurm job {job} running on n1\)"
+    assert re.search(training, grid_status(slurm, tmp_path))
     slurm.run("scancel", job)  # SIGTERM to every process of the job, SIGKILL after KillWait
 
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
+    assert grid_status(slurm, tmp_path).endswith("1 run: 1 finished\n")
     first, second = pieces_of(tmp_path)
     step = stopped_at(first, "SIGTERM")
     assert second["resumed_from_step"] == step and second["outcome"] == "finished"
@@ -240,6 +251,9 @@ def test_a_failing_predict_job_keeps_the_trained_run_and_says_where_to_look(slur
     assert "Error in rule predict" in output and f"logs/predict/{run.name}.log" in output
     log = (tmp_path / "logs" / "predict" / f"{run.name}.log").read_text()
     assert "job failed" in log
+    status = grid_status(slurm, tmp_path)
+    assert f"{run.name}  failed       prediction failed: " in status
+    assert f"log: logs/predict/{run.name}.log" in status
     assert sorted(path.relative_to(run) for path in run.rglob("*")) == trained, "train results stay"
 
 

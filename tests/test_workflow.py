@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from scratchflow.dataset import load_examples
 from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
 
 pytestmark = pytest.mark.slow
+STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
 
 
 def jobs_run(stdout: str) -> dict[str, int]:
@@ -65,6 +67,8 @@ def test_a_grid_runs_through_the_whole_lifecycle(finished):
         assert (workdir / "results" / figure).read_bytes()[:4] == b"\x89PNG"
     assert str(workdir / "results" / "summary.tsv") in result.stdout
     assert f"tensorboard --logdir {workdir / 'results' / 'runs'}" in result.stdout
+    status = subprocess.run([sys.executable, STATUS_SCRIPT, workdir], capture_output=True, text=True, check=True)
+    assert status.stdout.endswith("2 runs: 2 finished\n")
     # The tiny model learns the topics far above chance (0.2) from 210 articles.
     assert runs["accuracy"].max() > 0.5
 

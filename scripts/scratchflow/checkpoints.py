@@ -10,7 +10,8 @@ and is assembled from every node's part under a hidden name before it gets its o
 trains the run, `running.json` names it: a second copy of the same run (a requeued job next to its
 resubmission, a rerun while an orphaned job still trains) waits instead of writing the same
 checkpoints at the same time. `pieces.json` lists the jobs that trained
-the run, in order, with how each ended.
+the run, in order, with how each ended; `progress.json` says where the training is (step, speed,
+time left), for `scripts/status.py`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 OWNER_FILE = "run.json"
 HOLDER_FILE = "running.json"
 PIECES_FILE = "pieces.json"
+PROGRESS_FILE = "progress.json"
 # In a checkpoint written by several processes: their number (absent: one process wrote it).
 WORLD_FILE = "world.json"
 # squeue states of a job that may still write (a pending one was requeued and will start again).
@@ -212,6 +214,10 @@ class RunCheckpoints:
             with contextlib.suppress(FileNotFoundError):
                 if read_json(holder_file) == me:
                     os.unlink(holder_file)
+
+    def report_progress(self, progress: dict[str, Any]) -> None:
+        """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at)."""
+        write_json_atomically(progress, self.folder / PROGRESS_FILE)
 
     def pieces(self) -> list[dict[str, Any]]:
         """The jobs that have trained this run so far, oldest first."""

@@ -125,9 +125,11 @@ class StopOnSignal(TrainerCallback):
 
 class ProgressLog(TrainerCallback):
     """Log lines (rank 0): the first step of a piece (how long the job took to start training), a
-    line every `logging_steps` with step/N, loss, speed and time left, and the piece's speed."""
+    line every `logging_steps` with step/N, loss, speed and time left (also reported to the run's
+    checkpoint folder, for the grid's status), and the piece's speed."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoints: RunCheckpoints) -> None:
+        self.checkpoints = checkpoints
         self.first: tuple[int, float] | None = None
         self.last: tuple[int, float] | None = None
 
@@ -146,15 +148,20 @@ class ProgressLog(TrainerCallback):
             return
         steps_per_second = (state.global_step - step) / (now - at)
         self.last = (state.global_step, now)
+        progress = {
+            "step": state.global_step,
+            "max_steps": state.max_steps,
+            "loss": logs["loss"],
+            "samples_per_second": round(steps_per_second * args.per_device_train_batch_size * args.world_size, 2),
+            "seconds_left": round((state.max_steps - state.global_step) / steps_per_second, 1),
+            "at": time.time(),
+        }
         log.info(
             progress_line(
-                state.global_step,
-                state.max_steps,
-                logs["loss"],
-                steps_per_second * args.per_device_train_batch_size * args.world_size,
-                (state.max_steps - state.global_step) / steps_per_second,
+                *(progress[key] for key in ("step", "max_steps", "loss", "samples_per_second", "seconds_left"))
             )
         )
+        self.checkpoints.report_progress(progress)
 
     def on_train_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.first is None or state.global_step <= self.first[0] or not state.is_world_process_zero:
@@ -234,7 +241,7 @@ def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dic
     trainer = ExactlyResumableTrainer(
         compute_metrics=accuracy,
         # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
-        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, me), ProgressLog()],
+        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, me), ProgressLog(context.checkpoints)],
         **trainer_arguments,
     )
     resume_from = context.checkpoints.seed(context.work_dir / "checkpoints", me.world_size)

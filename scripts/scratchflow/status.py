@@ -1,0 +1,230 @@
+"""Where every run of a grid stands, read from what the workflow writes and, where there is a Slurm,
+from one `squeue`; nothing is changed. `scripts/status.py` prints it.
+
+A run waits (nothing yet, or a job queued), trains (piece k, step s of N, speed, time left), is
+paused between pieces (a stop signal saved its progress; the next job resumes), was interrupted
+(its job was killed; the next resumes from its newest checkpoint), failed (with the log to read),
+is trained and waits for or runs its prediction, or is finished (its test metric)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scratchflow.checkpoints import (
+    ACTIVE_SLURM_STATES,
+    CHECKPOINT_NAME,
+    HOLDER_FILE,
+    PIECES_FILE,
+    PROGRESS_FILE,
+)
+from scratchflow.files import write_json_atomically
+from scratchflow.tracking import duration
+
+GRID_FILE = Path("results/grid.json")
+STATES = ("finished", "predicts", "trains", "paused", "interrupted", "waits", "failed")
+# The Slurm plugin's job comment: rule_<rule>_wildcards_<run_id>.
+COMMENT_PREFIX = "rule_"
+FAILED_MARK = "ERROR scratchflow: job failed: "
+
+
+class NoGrid(RuntimeError):
+    """The directory holds no grid the workflow has started."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    state: str
+    reason: str
+    nodes: str
+
+    def describe(self) -> str:
+        if self.state == "PENDING":
+            return f"Slurm job {self.job_id} pending ({self.reason})"
+        return f"Slurm job {self.job_id} {self.state.lower()}" + (f" on {self.nodes}" if self.nodes else "")
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run_id: str
+    state: str  # one of STATES
+    detail: str
+    log: str | None = None  # the log to read, for a failure
+
+
+def write_grid(workdir: Path, runs: dict[str, dict[str, Any]], metric: str, goal: str, executor: str) -> None:
+    """The grid's runs, written when the workflow starts, so that the status knows the runs that
+    have not started yet, and whether to ask Slurm about them (`executor`: Snakemake's)."""
+    grid = {"metric": metric, "goal": goal, "executor": executor, "runs": runs}
+    write_json_atomically(grid, workdir / GRID_FILE)
+
+
+def read_grid(workdir: Path) -> dict[str, Any]:
+    path = workdir / GRID_FILE
+    if not path.is_file():
+        raise NoGrid(
+            f"no grid in {workdir.resolve()}: {GRID_FILE} is missing. The workflow writes it when it starts; "
+            "run this in the directory you run snakemake in, or name that directory."
+        )
+    return json.loads(path.read_text())
+
+
+def slurm_jobs(squeue: str | None = None) -> dict[tuple[str, str], SlurmJob] | None:
+    """This user's queued and running jobs by (rule, run_id), from one squeue; None without Slurm."""
+    squeue = squeue or shutil.which("squeue")
+    if squeue is None:
+        return None
+    try:
+        listed = subprocess.run(
+            [squeue, "--me", "-h", "-o", "%i|%T|%r|%N|%k"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if listed.returncode != 0:
+        return None
+    jobs = {}
+    for line in listed.stdout.splitlines():
+        job_id, state, reason, nodes, comment = (line.split("|", 4) + [""] * 5)[:5]
+        rule, _, run_id = comment.removeprefix(COMMENT_PREFIX).partition("_wildcards_")
+        if comment.startswith(COMMENT_PREFIX) and run_id:
+            jobs[rule, run_id] = SlurmJob(job_id, state, reason, nodes)
+    return jobs
+
+
+def _read(path: Path) -> Any:
+    """A JSON file the workflow writes whole, or None if it is not there (yet, or any more)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _holder_alive(holder: dict[str, Any], jobs: dict[tuple[str, str], SlurmJob] | None) -> bool:
+    job_id = holder.get("slurm_job_id")
+    if job_id:
+        if jobs is None:
+            return True  # no Slurm to ask here: trust the holder file
+        return any(job.job_id == job_id and job.state in ACTIVE_SLURM_STATES for job in jobs.values())
+    if holder.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _newest_step(folder: Path) -> int | None:
+    steps = [int(match.group(1)) for entry in os.listdir(folder) if (match := CHECKPOINT_NAME.fullmatch(entry))]
+    return max(steps) if steps else None
+
+
+def _failure(log: Path) -> str | None:
+    """The failure message a job wrote last into its log, if its last attempt failed."""
+    try:
+        text = log.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    start = text.rfind(FAILED_MARK)
+    if start < 0 or text.rfind("INFO scratchflow: run ") > start:
+        return None
+    return text[start + len(FAILED_MARK) :].split("\n", 1)[0]
+
+
+def run_status(
+    workdir: Path, run_id: str, grid: dict[str, Any], jobs: dict[tuple[str, str], SlurmJob] | None, now: float
+) -> RunStatus:
+    results = workdir / "results" / "runs" / run_id
+    metrics = _read(results / "metrics.json")
+    if metrics is not None:
+        value = metrics.get(grid["metric"])
+        shown = f"{value:.4f}" if isinstance(value, int | float) else "not reported"
+        return RunStatus(run_id, "finished", f"test {grid['metric']} {shown}")
+    if (results / "record.json").is_file():
+        job = (jobs or {}).get(("predict", run_id))
+        if job is not None:
+            return RunStatus(run_id, "predicts", f"trained; prediction: {job.describe()}")
+        failure = _failure(workdir / "logs" / "predict" / f"{run_id}.log")
+        if failure:
+            return RunStatus(run_id, "failed", f"prediction failed: {failure}", f"logs/predict/{run_id}.log")
+        return RunStatus(run_id, "predicts", "trained; prediction waits")
+    return _training_status(workdir, run_id, (jobs or {}).get(("train", run_id)), jobs, now)
+
+
+def _training_status(
+    workdir: Path, run_id: str, job: SlurmJob | None, jobs: dict[tuple[str, str], SlurmJob] | None, now: float
+) -> RunStatus:
+    folder = workdir / "checkpoints" / run_id
+    queued = f" ({job.describe()})" if job else ""
+    pieces = _read(folder / PIECES_FILE) if folder.is_dir() else None
+    if not pieces:
+        return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
+    last = pieces[-1]
+    holder = _read(folder / HOLDER_FILE)
+    if last["outcome"] == "running" and holder is not None and _holder_alive(holder, jobs):
+        return RunStatus(run_id, "trains", _training_detail(folder, last, now) + queued)
+    newest = _newest_step(folder)
+    resumes = f"resumes from checkpoint-{newest}" if newest is not None else "starts again from step 0"
+    if last["outcome"].startswith("TrainingStopped"):
+        stopped = last["outcome"].split(": ", 1)[1].split(";", 1)[0]
+        return RunStatus(run_id, "paused", f"piece {last['piece']} {stopped}; the next piece {resumes}{queued}")
+    if last["outcome"] == "running":
+        return RunStatus(run_id, "interrupted", f"piece {last['piece']} was killed; the next piece {resumes}{queued}")
+    if job is not None:  # a retry of a failed piece is queued or starting
+        return RunStatus(run_id, "waits", f"piece {last['piece']} failed; a retry {resumes}{queued}")
+    return RunStatus(
+        run_id, "failed", f"piece {last['piece']}: {last['outcome'].splitlines()[0][:300]}", f"logs/train/{run_id}.log"
+    )
+
+
+def _training_detail(folder: Path, piece: dict[str, Any], now: float) -> str:
+    where = f"piece {piece['piece']}"
+    progress = _read(folder / PROGRESS_FILE)
+    started = time.mktime(time.strptime(piece["started_at"], "%Y-%m-%dT%H:%M:%S%z"))
+    if progress is None or progress["at"] < started:
+        newest = _newest_step(folder)
+        since = f" from checkpoint-{newest}" if newest is not None else ""
+        return f"{where}, starting{since} (staging the data, or before its first progress line)"
+    step, total = progress["step"], progress["max_steps"]
+    return (
+        f"{where}, step {step} of {total} ({100 * step / total:.0f}%), {progress['samples_per_second']:.1f} samples/s, "
+        f"{duration(progress['seconds_left'])} left at that speed (as of {duration(now - progress['at'])} ago)"
+    )
+
+
+def on_slurm(workdir: Path) -> bool:
+    """Whether the grid's jobs go to Slurm: then one squeue tells which wait and where they run.
+    (Not asked otherwise: a Slurm client with no controller to answer waits 9 s.)"""
+    return read_grid(workdir)["executor"] == "slurm"
+
+
+def grid_status(workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = None) -> list[RunStatus]:
+    grid = read_grid(workdir)
+    now = time.time()
+    return [run_status(workdir, run_id, grid, jobs, now) for run_id in grid["runs"]]
+
+
+def summary_line(statuses: list[RunStatus]) -> str:
+    counts = Counter(status.state for status in statuses)
+    return f"{len(statuses)} run{'s' * (len(statuses) != 1)}: " + ", ".join(
+        f"{counts[state]} {state}" for state in STATES if counts[state]
+    )
+
+
+def render(statuses: list[RunStatus]) -> str:
+    lines = []
+    for status in statuses:
+        line = f"{status.run_id}  {status.state:<11}  {status.detail}"
+        lines.append(line + (f"\n{'':12}  {'':<11}  log: {status.log}" if status.log else ""))
+    return "\n".join([*lines, summary_line(statuses)])

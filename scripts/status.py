@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+"""Where every run of a grid stands: python scripts/status.py [the directory you run snakemake in].
+
+Reads what the workflow writes (results/, checkpoints/, logs/) and, where there is a Slurm, one
+squeue; changes nothing. Exits 0, or 2 when the directory holds no grid."""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratchflow.status import NoGrid, grid_status, on_slurm, render, slurm_jobs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", nargs="?", default=".", type=Path, help="where the grid runs (default: here)")
+    workdir = parser.parse_args().directory
+    try:
+        statuses = grid_status(workdir, slurm_jobs() if on_slurm(workdir) else None)
+    except NoGrid as error:
+        print(f"scratchflow status: {error}", file=sys.stderr)
+        return 2
+    print(render(statuses))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The grid's status, read from what the workflow writes: every state a run can be in."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from scratchflow.status import NoGrid, SlurmJob, grid_status, render, slurm_jobs, summary_line, write_grid
+
+STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
+STAMP = "%Y-%m-%dT%H:%M:%S%z"
+
+
+def write(path: Path, content) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+
+
+def piece(number: int, outcome: str, started: float) -> dict:
+    return {"piece": number, "outcome": outcome, "started_at": time.strftime(STAMP, time.localtime(started))}
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def grid_in_every_state(workdir: Path) -> None:
+    now = time.time()
+    runs = [
+        "finished00",
+        "predicts00",
+        "predfail00",
+        "trains0000",
+        "starting00",
+        "paused0000",
+        "killed0000",
+        "failed0000",
+        "waits00000",
+    ]
+    write_grid(workdir, {run_id: {"seed": 0} for run_id in runs}, "accuracy", "max", "local")
+    results, checkpoints = workdir / "results" / "runs", workdir / "checkpoints"
+    write(results / "finished00" / "metrics.json", {"accuracy": 0.91234, "macro_f1": 0.9})
+    for run_id in ("finished00", "predicts00", "predfail00"):
+        write(results / run_id / "record.json", {})
+    write(
+        workdir / "logs" / "predict" / "predfail00.log",
+        "2026-11-22 10:00:00,000 ERROR scratchflow: job failed: OSError: No space left on device\n",
+    )
+    me = {"host": os.uname().nodename, "pid": os.getpid(), "slurm_job_id": None}
+    write(
+        checkpoints / "trains0000" / "pieces.json",
+        [piece(1, "TrainingStopped: x", now - 600), piece(2, "running", now - 60)],
+    )
+    write(checkpoints / "trains0000" / "running.json", me)
+    write(
+        checkpoints / "trains0000" / "progress.json",
+        {"step": 120, "max_steps": 280, "loss": 0.5, "samples_per_second": 152.34, "seconds_left": 75, "at": now - 3},
+    )
+    write(checkpoints / "starting00" / "pieces.json", [piece(1, "running", now - 5)])
+    write(checkpoints / "starting00" / "running.json", me)
+    stopped = "TrainingStopped: stopped on SIGUSR1 at step 40 of 280; checkpoint-40 is saved in checkpoints/x"
+    write(checkpoints / "paused0000" / "pieces.json", [piece(1, stopped, now - 900)])
+    (checkpoints / "paused0000" / "checkpoint-40").mkdir()
+    write(checkpoints / "killed0000" / "pieces.json", [piece(1, "running", now - 900)])
+    write(checkpoints / "killed0000" / "running.json", {**me, "pid": dead_pid()})
+    for step in (20, 60):
+        (checkpoints / "killed0000" / f"checkpoint-{step}").mkdir()
+    write(checkpoints / "failed0000" / "pieces.json", [piece(1, "ValueError: the loss is NaN\nmore", now - 900)])
+
+
+def by_id(statuses):
+    return {status.run_id: status for status in statuses}
+
+
+def test_every_state_a_run_can_be_in_is_told_with_what_to_do_next(tmp_path):
+    grid_in_every_state(tmp_path)
+    statuses = by_id(grid_status(tmp_path))
+
+    assert {run_id: status.state for run_id, status in statuses.items()} == {
+        "finished00": "finished",
+        "predicts00": "predicts",
+        "predfail00": "failed",
+        "trains0000": "trains",
+        "starting00": "trains",
+        "paused0000": "paused",
+        "killed0000": "interrupted",
+        "failed0000": "failed",
+        "waits00000": "waits",
+    }
+    assert statuses["finished00"].detail == "test accuracy 0.9123"
+    assert statuses["predfail00"].detail == "prediction failed: OSError: No space left on device"
+    assert statuses["predfail00"].log == "logs/predict/predfail00.log"
+    trains = statuses["trains0000"].detail
+    assert trains.startswith("piece 2, step 120 of 280 (43%), 152.3 samples/s, 1 min 15 s left at that speed")
+    assert statuses["starting00"].detail.startswith("piece 1, starting (staging the data")
+    assert statuses["paused0000"].detail == (
+        "piece 1 stopped on SIGUSR1 at step 40 of 280; the next piece resumes from checkpoint-40"
+    )
+    assert statuses["killed0000"].detail == "piece 1 was killed; the next piece resumes from checkpoint-60"
+    assert statuses["failed0000"].detail == "piece 1: ValueError: the loss is NaN"
+    assert statuses["failed0000"].log == "logs/train/failed0000.log"
+    assert summary_line(list(statuses.values())) == (
+        "9 runs: 1 finished, 1 predicts, 2 trains, 1 paused, 1 interrupted, 1 waits, 2 failed"
+    )
+
+
+def test_slurm_says_which_runs_are_queued_and_where_they_run(tmp_path):
+    grid_in_every_state(tmp_path)
+    jobs = {
+        ("train", "waits00000"): SlurmJob("101", "PENDING", "Resources", ""),
+        ("train", "paused0000"): SlurmJob("102", "PENDING", "BeginTime", ""),
+        ("predict", "predicts00"): SlurmJob("103", "RUNNING", "None", "n1"),
+        ("train", "failed0000"): SlurmJob("104", "PENDING", "Priority", ""),
+    }
+    statuses = by_id(grid_status(tmp_path, jobs))
+    assert statuses["waits00000"].detail == "not started yet (Slurm job 101 pending (Resources))"
+    assert statuses["paused0000"].detail.endswith("resumes from checkpoint-40 (Slurm job 102 pending (BeginTime))")
+    assert statuses["predicts00"].detail == "trained; prediction: Slurm job 103 running on n1"
+    assert (statuses["failed0000"].state, statuses["failed0000"].detail) == (
+        "waits",
+        "piece 1 failed; a retry starts again from step 0 (Slurm job 104 pending (Priority))",
+    )
+
+
+def test_a_holder_whose_slurm_job_is_gone_is_not_training(tmp_path):
+    write_grid(tmp_path, {"gone000000": {}}, "accuracy", "max", "local")
+    folder = tmp_path / "checkpoints" / "gone000000"
+    write(folder / "pieces.json", [piece(1, "running", time.time() - 60)])
+    write(folder / "running.json", {"host": "node7", "pid": 1, "slurm_job_id": "77"})
+    (status,) = grid_status(tmp_path, jobs={})
+    assert status.state == "interrupted"
+    (status,) = grid_status(tmp_path, jobs={("train", "gone000000"): SlurmJob("77", "RUNNING", "None", "n2")})
+    assert status.state == "trains"
+
+
+def test_the_squeue_listing_is_read_by_rule_and_run(tmp_path):
+    squeue = tmp_path / "squeue"
+    squeue.write_text(
+        "#!/bin/sh\n"
+        "echo '11|PENDING|Resources||rule_train_wildcards_aaaaaaaaaa'\n"
+        "echo '12|RUNNING|None|n2|rule_predict_wildcards_bbbbbbbbbb'\n"
+        "echo '13|RUNNING|None|n1|an interactive job'\n"
+    )
+    squeue.chmod(0o755)
+    assert slurm_jobs(str(squeue)) == {
+        ("train", "aaaaaaaaaa"): SlurmJob("11", "PENDING", "Resources", ""),
+        ("predict", "bbbbbbbbbb"): SlurmJob("12", "RUNNING", "None", "n2"),
+    }
+
+
+def test_the_status_changes_nothing(tmp_path):
+    grid_in_every_state(tmp_path)
+    before = sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*"))
+    render(grid_status(tmp_path))
+    assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before
+
+
+def test_the_command_prints_every_run_and_a_total_line(tmp_path):
+    grid_in_every_state(tmp_path)
+    shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True, check=True)
+    lines = shown.stdout.splitlines()
+    assert lines[-1].startswith("9 runs: 1 finished")
+    assert "log: logs/train/failed0000.log" in shown.stdout
+    assert sum(line.startswith(("finished00", "paused0000", "waits00000")) for line in lines) == 3
+
+
+def test_where_no_grid_exists_the_command_says_so_and_fails(tmp_path):
+    with pytest.raises(NoGrid, match=r"results/grid\.json is missing"):
+        grid_status(tmp_path)
+    shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True)
+    assert shown.returncode == 2
+    assert f"no grid in {tmp_path}" in shown.stderr
