@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import (
+    COMMAND_EXAMPLE_REL,
     USER,
     command_config,
     live_pieces,
@@ -275,7 +276,7 @@ def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_re
     first, second = pieces_of(tmp_path)
     assert "stopped on SIGTERM at step" in first["outcome"] and "paused" in first["outcome"]
     assert second["resumed_from_step"] == stopped_at(first, "SIGTERM") and second["outcome"] == "finished"
-    assert same_metrics(tmp_path, uninterrupted_command_run)
+    assert same_metrics(tmp_path, uninterrupted_command_run, rel=COMMAND_EXAMPLE_REL)
 
 
 def ended_at(piece: dict) -> float:
