@@ -3,11 +3,15 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 # Debian tools the lifecycle runs (tar and coreutils come with every Debian system).
 DEBIAN_TOOLS := rsync
+# What the tests add: a real browser for the report (tests/test_workflow.py), driven by selenium.
+DEBIAN_TEST_PACKAGES := chromium chromium-driver
 
 .PHONY: demo test status setup setup-dev .debian-tools lint format clean example-image example-command
 
-demo: setup  ## Run the demo grid on this machine, then say where the comparison is.
+demo: setup  ## Run the demo grid on this machine, then build its report and say where it is.
 	scripts/run_local.sh
+	scripts/run_local.sh --report results/report.html >logs/report.log 2>&1
+	@echo "The grid's report, one HTML file to open in a browser: $(CURDIR)/results/report.html"
 
 example-%: setup  ## Run config/examples/<name>/ in example-runs/<name>/ (image, command).
 	scripts/run_example.sh $*
@@ -30,6 +34,8 @@ format: setup-dev
 
 setup: $(VENV)/.installed-runtime .debian-tools
 setup-dev: $(VENV)/.installed-dev .debian-tools
+	@command -v chromedriver >/dev/null || { echo "installing Debian packages: $(DEBIAN_TEST_PACKAGES)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_TEST_PACKAGES) >/dev/null; }
 
 .debian-tools:
 	@for tool in $(DEBIAN_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \

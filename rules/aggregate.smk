@@ -13,8 +13,24 @@ rule aggregate:
         summary="results/summary.tsv",
         runs="results/runs.tsv",
         best="results/best_run.json",
-        plot="results/comparison.png",
-        curves="results/curves.png",
+        page=report(
+            "results/summary.html", caption="report/summary.rst", category="Comparison"
+        ),
+        plot=report(
+            "results/comparison.png",
+            caption="report/comparison.rst",
+            category="Comparison",
+        ),
+        confusion=report(
+            "results/best_confusion_matrix.png",
+            caption="report/confusion_matrix.rst",
+            category="Comparison",
+        ),
+        curves=report(
+            "results/curves.png",
+            caption="report/curves.rst",
+            category="Learning curves",
+        ),
     log:
         "logs/aggregate.log",
     benchmark:

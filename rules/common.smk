@@ -123,10 +123,11 @@ def run_identity_of(wildcards):
 
 
 def run_results(wildcards):
-    """The params and test metrics of every run of the grid, for the comparison."""
+    """The params, test metrics and records of every run of the grid, for the comparison."""
     return {
         "params": expand("results/runs/{run_id}/params.json", run_id=RUNS),
         "metrics": expand("results/runs/{run_id}/metrics.json", run_id=RUNS),
+        "records": expand("results/runs/{run_id}/record.json", run_id=RUNS),
     }
 
 
@@ -137,6 +138,8 @@ def final_outputs(wildcards):
         "results/best_run.json",
         "results/comparison.png",
         "results/curves.png",
+        "results/summary.html",
+        "results/best_confusion_matrix.png",
     ]
 
 
@@ -152,6 +155,7 @@ def describe_results():
         + "\n".join(f"  {path}" for path in found)
         + "\nEvery run's curves, also while a grid trains: tensorboard --logdir "
         + str(Path("results/runs").resolve())
+        + "\nIts report, one HTML file: the same command with --report results/report.html"
     )
 
 

@@ -6,9 +6,13 @@ from scratchflow.jobs import aggregate_job, job_context
 with job_context(snakemake.log[0]):
     aggregate_job(
         runs={
-            run_id: {"params": Path(params), "metrics": Path(metrics)}
-            for run_id, params, metrics in zip(
-                snakemake.params.run_ids, snakemake.input.params, snakemake.input.metrics, strict=True
+            run_id: {"params": Path(params), "metrics": Path(metrics), "record": Path(record)}
+            for run_id, params, metrics, record in zip(
+                snakemake.params.run_ids,
+                snakemake.input.params,
+                snakemake.input.metrics,
+                snakemake.input.records,
+                strict=True,
             )
         },
         metric=snakemake.params.metric,
@@ -18,4 +22,6 @@ with job_context(snakemake.log[0]):
         best_out=Path(snakemake.output.best),
         plot_out=Path(snakemake.output.plot),
         curves_out=Path(snakemake.output.curves),
+        page_out=Path(snakemake.output.page),
+        confusion_out=Path(snakemake.output.confusion),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -104,6 +105,62 @@ def test_each_run_logs_its_progress_and_keeps_its_curves_on_shared_storage(finis
         assert [step for step, _ in curves["train/loss"]] == list(range(10, 281, 10))
         assert [step for step, _ in curves["eval/accuracy"]] == list(range(14, 281, 14)), "one per epoch"
         assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@contextlib.contextmanager
+def headless_chromium():
+    """Debian's chromium (installed by `make setup-dev`), driven by selenium."""
+    from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(argument)
+    options.binary_location = shutil.which("chromium")
+    browser = webdriver.Chrome(service=webdriver.ChromeService(shutil.which("chromedriver")), options=options)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def test_the_report_opens_in_a_browser_with_every_run_in_a_table_that_sorts(finished):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    workdir, _, _ = finished
+    run_workflow(workdir, "--report", "results/report.html")
+    run_ids = sorted(run.name for run in run_dirs(workdir))
+    with headless_chromium() as browser:
+        browser.get((workdir / "results" / "report.html").as_uri())
+        find = WebDriverWait(browser, 30).until
+        find(lambda page: page.find_element(By.XPATH, "//span[text()='Comparison']")).click()
+        row = "//td[text()='results/summary.html']/.."
+        find(lambda page: page.find_element(By.XPATH, f"{row}//a[@iconname='eye']")).click()
+        browser.switch_to.frame(find(lambda page: page.find_element(By.TAG_NAME, "iframe")))
+
+        def column(name: str) -> list[str]:
+            heads = [head.text.strip(" ▲▼") for head in browser.find_elements(By.CSS_SELECTOR, "#runs th")]
+            index = heads.index(name)
+            return [
+                row.find_elements(By.TAG_NAME, "td")[index].text
+                for row in browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+            ]
+
+        def sort_by(name: str) -> None:
+            next(
+                head for head in browser.find_elements(By.CSS_SELECTOR, "#runs th") if head.text.strip(" ▲▼") == name
+            ).click()
+
+        find(lambda page: page.find_element(By.CSS_SELECTOR, "#runs tbody tr"))
+        assert sorted(column("run_id")) == run_ids, "every run, once"
+        sort_by("run_id")
+        assert column("run_id") == run_ids
+        sort_by("run_id")
+        assert column("run_id") == run_ids[::-1], "a second click sorts the other way"
+        sort_by("macro_f1")
+        values = [float(value) for value in column("macro_f1")]
+        assert values == sorted(values)
+        assert "Provenance" in browser.find_element(By.TAG_NAME, "body").text
 
 
 def test_scratch_and_checkpoints_are_gone_after_success(finished):

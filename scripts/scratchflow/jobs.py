@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation, distributed, tracking
+from scratchflow import aggregation, distributed, report, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.distributed import Shape
@@ -215,20 +215,25 @@ def aggregate_job(
     best_out: Path,
     plot_out: Path,
     curves_out: Path,
+    page_out: Path,
+    confusion_out: Path,
 ) -> None:
-    """The grid's tables (per setting, per run), its best setting and run, and its two figures."""
+    """The grid's tables (per setting, per run; as TSV, and as one sortable page with the runs'
+    provenance), its best setting and run, and its figures."""
     table = aggregation.summarize(runs)
     aggregation.check_metric(table, metric)
     settings = aggregation.by_setting(table)
     chosen = aggregation.best(table, settings, metric, goal)
-    ascending = goal == "min"
+    ascending = goal == "min"  # the tables list the best first
+    settings = settings.sort_values(f"{metric}_mean", ascending=ascending)
+    table = table.sort_values(metric, ascending=ascending)
     with written_whole(summary_out) as partial:
-        settings.sort_values(f"{metric}_mean", ascending=ascending).to_csv(partial, sep="\t", index=False)
+        settings.to_csv(partial, sep="\t", index=False)
     with written_whole(runs_out) as partial:
-        table.sort_values(metric, ascending=ascending).to_csv(partial, sep="\t", index=False)
+        table.to_csv(partial, sep="\t", index=False)
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
-    drawn = list(table.sort_values(metric, ascending=ascending)["run_id"].head(tracking.MOST_RUNS_DRAWN))
+    drawn = list(table["run_id"].head(tracking.MOST_RUNS_DRAWN))
     tracking.plot_curves(
         {run_id: tracking.read_curves(runs[run_id]["params"].parent / tracking.TENSORBOARD_FOLDER) for run_id in drawn},
         curves_out,
@@ -236,6 +241,10 @@ def aggregate_job(
         + f" by test {metric}; the best run in orange",
         highlight=chosen["run"]["run_id"],
     )
+    records = [read_json(files["record"]) for files in runs.values()]
+    report.write_summary_page(settings, table, chosen, records, page_out)
+    best_run_id = chosen["run"]["run_id"]
+    report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, confusion_out)
     setting = chosen["setting"]
     log.info(
         "%d runs in %d settings; best setting by mean %s (%s): %.4f ± %s over %d run(s): %s; best run %s (%.4f)",

@@ -1,0 +1,167 @@
+"""What Snakemake's report (`snakemake --report`) shows besides the figures: the grid's tables as one
+self-contained HTML page that sorts by any column in the browser, with the provenance of the runs,
+and the confusion matrix of the best run."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scratchflow.files import written_whole
+
+# Sorting on a click of a column's head (again: the other way); empty cells last.
+SORT_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach((table) => {
+  table.querySelectorAll("th").forEach((head, column) => head.addEventListener("click", () => {
+    const ascending = head.getAttribute("aria-sort") !== "ascending";
+    table.querySelectorAll("th").forEach((other) => other.removeAttribute("aria-sort"));
+    head.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+    const key = (row) => {
+      const cell = row.cells[column];
+      const text = cell.dataset.value ?? cell.textContent;
+      return text === "" ? null : (isNaN(Number(text)) ? text : Number(text));
+    };
+    const body = table.tBodies[0];
+    [...body.rows].sort((a, b) => {
+      const x = key(a), y = key(b);
+      if (x === null || y === null) return (x === null) - (y === null);
+      const order = typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y));
+      return ascending ? order : -order;
+    }).forEach((row) => body.appendChild(row));
+  }));
+});
+"""
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin-bottom: 2em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
+th { background: #f0f0f0; cursor: pointer; white-space: nowrap; }
+th[aria-sort="ascending"]::after { content: " \\25B2"; }
+th[aria-sort="descending"]::after { content: " \\25BC"; }
+td.text { text-align: left; font-family: monospace; }
+tr.best { background: #fff1e0; }
+"""
+
+
+def _cell(value: Any) -> str:
+    """A table cell: numbers keep their full value for sorting and show 4 significant decimals."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return '<td data-value=""></td>'
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f'<td class="text">{html.escape(str(value))}</td>'
+    shown = f"{value:.4g}" if isinstance(value, float) and not value.is_integer() else str(value)
+    return f'<td data-value="{value!r}">{html.escape(shown)}</td>'
+
+
+def _table(frame: pd.DataFrame, table_id: str, best: set[str], best_column: str) -> str:
+    head = "".join(f"<th>{html.escape(str(column))}</th>" for column in frame.columns)
+    rows = []
+    for record in frame.to_dict("records"):
+        marked = ' class="best"' if record.get(best_column) in best else ""
+        rows.append(f"<tr{marked}>" + "".join(_cell(record[column]) for column in frame.columns) + "</tr>")
+    body = "".join(rows)
+    return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def provenance(records: list[dict[str, Any]]) -> dict[str, str]:
+    """Where and with what the runs were trained, from their records: each value with its count."""
+
+    def counted(values: list[Any]) -> str:
+        counts = Counter(values)
+        return ", ".join(
+            f"{value} ({count} run{'s' * (count > 1)})" if len(counts) > 1 else str(value)
+            for value, count in counts.items()
+        )
+
+    def commit(git: dict[str, Any]) -> str:
+        return (git["commit"] or "not a git checkout") + (" (uncommitted changes)" if git["dirty"] else "")
+
+    environments = [record["environment"] for record in records]
+    facts = {
+        "workflow commit": counted([commit(env["git"]) for env in environments]),
+        "data sha256": counted([record["data"]["sha256"] for record in records]),
+        "task": counted([record["task"] for record in records]),
+        "cluster": counted([record["config"].get("cluster", {}).get("name", "local") for record in records]),
+        "hosts": counted([env["host"] for env in environments]),
+        "python": counted([env["python"] for env in environments]),
+    }
+    for package in environments[0]["packages"]:
+        facts[package] = counted([env["packages"].get(package) or "not installed" for env in environments])
+    return facts
+
+
+def write_summary_page(
+    settings: pd.DataFrame,
+    runs: pd.DataFrame,
+    chosen: dict[str, Any],
+    records: list[dict[str, Any]],
+    path: Path,
+) -> None:
+    """The settings and runs tables (best first, sortable by any column), the best setting and
+    run, and the runs' provenance, in one HTML file with no outside resources."""
+    metric, goal = chosen["metric"], chosen["goal"]
+    setting, run = chosen["setting"], chosen["run"]
+    facts = "".join(
+        f'<tr><th scope="row">{html.escape(name)}</th><td class="text">{html.escape(value)}</td></tr>'
+        for name, value in provenance(records).items()
+    )
+    parameters = ", ".join(f"{name}={value}" for name, value in setting["parameters"].items())
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>scratchflow: the grid</title><style>{STYLE}</style></head>
+<body>
+<h1>{len(runs)} runs in {len(settings)} settings</h1>
+<p>Best setting by its mean test {html.escape(metric)} ({"highest" if goal == "max" else "lowest"}):
+<b>{html.escape(parameters)}</b>, {setting["mean"]:.4f}
+{f"± {setting['std']:.4f} " if setting["std"] is not None else ""}over {setting["runs"]} run(s).
+Best single run: <b>{html.escape(run["run_id"])}</b> ({run["value"]:.4f}).
+The best is highlighted; click a column's head to sort by it.</p>
+<h2>Settings (seeds as replicates)</h2>
+{_table(settings, "settings", {" ".join(setting["run_ids"])}, "run_ids")}
+<h2>Runs</h2>
+{_table(runs, "runs", {run["run_id"]}, "run_id")}
+<h2>Provenance</h2>
+<table id="provenance">{facts}</table>
+<script>{SORT_SCRIPT}</script>
+</body></html>
+"""
+    with written_whole(path) as partial:
+        partial.write_text(page)
+
+
+def plot_confusion_matrix(metrics: dict[str, Any], run_id: str, path: Path) -> None:
+    """The best run's confusion matrix (rows: true label, columns: predicted), or a note that its
+    task reports none."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on cluster nodes
+    import matplotlib.pyplot as plt
+
+    matrix = metrics.get("confusion_matrix")
+    size = len(matrix["labels"]) if matrix else 0
+    figure, axes = plt.subplots(figsize=(2.5 + 0.6 * size, 2 + 0.6 * size) if size else (5, 2))
+    if matrix:
+        counts = matrix["rows_true_columns_predicted"]
+        axes.imshow(counts, cmap="Blues")
+        axes.set_xticks(range(size), matrix["labels"], rotation=45, ha="right")
+        axes.set_yticks(range(size), matrix["labels"])
+        top = max(max(row) for row in counts) or 1
+        for row_index, row in enumerate(counts):
+            for column_index, count in enumerate(row):
+                colour = "white" if count > top / 2 else "black"
+                axes.text(column_index, row_index, str(count), ha="center", va="center", color=colour)
+        axes.set_xlabel("predicted")
+        axes.set_ylabel("true")
+        axes.set_title(f"best run {run_id}: test confusion matrix")
+    else:
+        axes.text(0.5, 0.5, f"run {run_id}: its task reports no confusion matrix", ha="center", va="center")
+        axes.set_axis_off()
+    figure.tight_layout()
+    with written_whole(path) as partial:
+        figure.savefig(partial, dpi=100, format="png")
+    plt.close(figure)

@@ -1,0 +1,65 @@
+"""The report's own page: the grid's tables as self-contained HTML, the runs' provenance, the best
+run's confusion matrix. (tests/test_workflow.py opens the whole report in a browser.)"""
+
+import json
+
+from scratchflow.aggregation import best, by_setting, summarize
+from scratchflow.report import plot_confusion_matrix, provenance, write_summary_page
+
+
+def record(commit: str, host: str, dirty: bool = False) -> dict:
+    return {
+        "task": "text-classification",
+        "data": {"sha256": "abc"},
+        "config": {"cluster": {"name": "narval"}},
+        "environment": {
+            "git": {"commit": commit, "dirty": dirty},
+            "host": host,
+            "python": "3.11.7",
+            "packages": {"torch": "2.13.0", "wandb": None},
+        },
+    }
+
+
+def grid(tmp_path):
+    runs = {}
+    for run_id, lr, seed, f1 in (("aaa", 1e-4, 0, 0.8), ("bbb", 2e-4, 0, 0.84), ("ccc", 2e-4, 1, 0.69)):
+        folder = tmp_path / run_id
+        folder.mkdir()
+        (folder / "params.json").write_text(json.dumps({"learning_rate": lr, "seed": seed, "note": "<b>&"}))
+        (folder / "metrics.json").write_text(json.dumps({"macro_f1": f1}))
+        runs[run_id] = {"params": folder / "params.json", "metrics": folder / "metrics.json"}
+    table = summarize(runs)
+    settings = by_setting(table)
+    return table, settings, best(table, settings, "macro_f1")
+
+
+def test_the_page_holds_every_run_and_setting_escaped_sortable_and_self_contained(tmp_path):
+    table, settings, chosen = grid(tmp_path)
+    page = tmp_path / "summary.html"
+    write_summary_page(settings, table, chosen, [record("c0ffee", "n1")], page)
+    text = page.read_text()
+    for run_id in ("aaa", "bbb", "ccc"):
+        assert f'<td class="text">{run_id}</td>' in text
+    assert text.count("<tr") == 1 + 3 + 1 + 2 + len(provenance([record("c0ffee", "n1")]))
+    assert "&lt;b&gt;&amp;" in text and "<b>&" not in text, "parameter values are data, not markup"
+    assert 'data-value="0.84"' in text, "sorted by full value, whatever is shown"
+    assert 'class="sortable"' in text and "addEventListener" in text
+    assert "http" not in text, "no outside resources: it previews inside Snakemake's report"
+
+
+def test_provenance_names_what_differs_between_runs_with_counts():
+    facts = provenance([record("c0ffee", "n1"), record("c0ffee", "n2", dirty=True), record("c0ffee", "n2")])
+    assert facts["workflow commit"] == "c0ffee (2 runs), c0ffee (uncommitted changes) (1 run)"
+    assert facts["hosts"] == "n1 (1 run), n2 (2 runs)"
+    assert facts["torch"] == "2.13.0"
+    assert facts["wandb"] == "not installed"
+    assert facts["cluster"] == "narval"
+
+
+def test_the_confusion_matrix_is_drawn_and_a_task_without_one_says_so(tmp_path):
+    matrix = {"labels": ["a", "b"], "rows_true_columns_predicted": [[3, 1], [0, 4]]}
+    plot_confusion_matrix({"confusion_matrix": matrix}, "aaa", tmp_path / "matrix.png")
+    plot_confusion_matrix({"test_loss": 0.1}, "bbb", tmp_path / "none.png")
+    for name in ("matrix.png", "none.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
