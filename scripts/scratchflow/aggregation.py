@@ -10,7 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from scratchflow.files import read_json, written_whole
+from scratchflow.figures import pyplot, save_png
+from scratchflow.files import read_json
 
 # A plot stays readable up to about this many bars; larger grids show their best settings.
 MOST_SETTINGS_PLOTTED = 40
@@ -121,10 +122,7 @@ def varying_columns(table: pd.DataFrame, columns: list[str]) -> list[str]:
 def plot_comparison(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goal: str, path: Path) -> None:
     """A horizontal bar per setting at its mean, a line for its standard deviation and a dot per
     run, labelled with the parameters that vary; the best setting in orange."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on cluster nodes
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     winner = best(runs, settings, metric, goal)["setting"]["run_ids"]
     mean = f"{metric}_mean"
@@ -159,6 +157,4 @@ def plot_comparison(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goa
     shown = f"best {len(ordered)} of {len(settings)}" if len(ordered) < len(settings) else str(len(settings))
     axes.set_title(f"{shown} settings, {len(runs)} runs; best setting in orange")
     figure.tight_layout()
-    with written_whole(path) as partial:
-        figure.savefig(partial, dpi=110, format="png")
-    plt.close(figure)
+    save_png(figure, path, dpi=110)

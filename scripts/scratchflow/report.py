@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from scratchflow.figures import pyplot, save_png
 from scratchflow.files import written_whole
 
 # Sorting on a click of a column's head (again: the other way); empty cells last.
@@ -137,10 +138,7 @@ The best is highlighted; click a column's head to sort by it.</p>
 def plot_confusion_matrix(metrics: dict[str, Any], run_id: str, path: Path) -> None:
     """The best run's confusion matrix (rows: true label, columns: predicted), or a note that its
     task reports none."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on cluster nodes
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     matrix = metrics.get("confusion_matrix")
     size = len(matrix["labels"]) if matrix else 0
@@ -162,6 +160,4 @@ def plot_confusion_matrix(metrics: dict[str, Any], run_id: str, path: Path) -> N
         axes.text(0.5, 0.5, f"run {run_id}: its task reports no confusion matrix", ha="center", va="center")
         axes.set_axis_off()
     figure.tight_layout()
-    with written_whole(path) as partial:
-        figure.savefig(partial, dpi=100, format="png")
-    plt.close(figure)
+    save_png(figure, path, dpi=100)

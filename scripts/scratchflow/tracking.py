@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from scratchflow.files import written_whole
+from scratchflow.figures import pyplot, save_png
 
 # results/runs/<run_id>/tensorboard: `tensorboard --logdir results/runs` shows the whole grid.
 TENSORBOARD_FOLDER = "tensorboard"
@@ -76,10 +76,7 @@ def duration(seconds: float) -> str:
 
 def plot_curves(curves_by_run: dict[str, Curves], path: Path, title: str, highlight: str | None = None) -> None:
     """One panel per learning curve (losses first), one line per run; `highlight` drawn in orange."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on cluster nodes
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tags = learning_curves({tag: points for curves in curves_by_run.values() for tag, points in curves.items()})
     others = [f"C{index}" for index in range(10) if index != 1]  # C1 is orange, kept for `highlight`
@@ -110,6 +107,4 @@ def plot_curves(curves_by_run: dict[str, Curves], path: Path, title: str, highli
         panels[0][-1].legend(fontsize="small")
     figure.suptitle(title)
     figure.tight_layout()
-    with written_whole(path) as partial:
-        figure.savefig(partial, dpi=100, format="png")
-    plt.close(figure)
+    save_png(figure, path, dpi=100)
