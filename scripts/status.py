@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scratchflow.status import NoGrid, grid_status, on_slurm, render, slurm_jobs
+from scratchflow.status import NoGrid, current_status, render
 
 
 def main() -> int:
@@ -17,7 +17,7 @@ def main() -> int:
     parser.add_argument("directory", nargs="?", default=".", type=Path, help="where the grid runs (default: here)")
     workdir = parser.parse_args().directory
     try:
-        statuses = grid_status(workdir, slurm_jobs() if on_slurm(workdir) else None)
+        statuses = current_status(workdir)
     except NoGrid as error:
         print(f"scratchflow status: {error}", file=sys.stderr)
         return 2

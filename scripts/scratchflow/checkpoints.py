@@ -275,8 +275,14 @@ def holder_is_alive(holder: dict[str, Any]) -> bool:
         if result.returncode != 0 and "Invalid job id" not in result.stderr:
             return True  # Slurm did not answer (a controller restarting): ask again later
         return result.stdout.strip() in ACTIVE_SLURM_STATES
+    return process_may_live(holder)
+
+
+def process_may_live(holder: dict[str, Any]) -> bool:
+    """Whether the process a holder file names, outside Slurm, may still run: only one on this
+    machine can be asked; one on another machine is assumed alive (nothing here can tell)."""
     if holder.get("host") != socket.gethostname():
-        return True  # another machine, outside Slurm: nothing here can tell
+        return True
     try:
         os.kill(holder["pid"], 0)
     except ProcessLookupError:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ from scratchflow.checkpoints import (
     HOLDER_FILE,
     PIECES_FILE,
     PROGRESS_FILE,
+    process_may_live,
 )
 from scratchflow.files import write_json_atomically
 from scratchflow.tracking import duration
@@ -108,21 +108,13 @@ def _read(path: Path) -> Any:
         return None
 
 
-def _holder_alive(holder: dict[str, Any], jobs: dict[tuple[str, str], SlurmJob] | None) -> bool:
+def _holder_alive(holder: dict[str, Any], active_jobs: set[str] | None) -> bool:
+    """Like checkpoints.holder_is_alive, but from one squeue of all jobs (`active_jobs`: the ids
+    of those that may still write; None: no Slurm to ask, so the holder file is trusted)."""
     job_id = holder.get("slurm_job_id")
     if job_id:
-        if jobs is None:
-            return True  # no Slurm to ask here: trust the holder file
-        return any(job.job_id == job_id and job.state in ACTIVE_SLURM_STATES for job in jobs.values())
-    if holder.get("host") != socket.gethostname():
-        return True
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return active_jobs is None or job_id in active_jobs
+    return process_may_live(holder)
 
 
 def _newest_step(folder: Path) -> int | None:
@@ -143,7 +135,12 @@ def _failure(log: Path) -> str | None:
 
 
 def run_status(
-    workdir: Path, run_id: str, grid: dict[str, Any], jobs: dict[tuple[str, str], SlurmJob] | None, now: float
+    workdir: Path,
+    run_id: str,
+    grid: dict[str, Any],
+    jobs: dict[tuple[str, str], SlurmJob] | None,
+    active_jobs: set[str] | None,
+    now: float,
 ) -> RunStatus:
     results = workdir / "results" / "runs" / run_id
     metrics = _read(results / "metrics.json")
@@ -159,11 +156,11 @@ def run_status(
         if failure:
             return RunStatus(run_id, "failed", f"prediction failed: {failure}", f"logs/predict/{run_id}.log")
         return RunStatus(run_id, "predicts", "trained; prediction waits")
-    return _training_status(workdir, run_id, (jobs or {}).get(("train", run_id)), jobs, now)
+    return _training_status(workdir, run_id, (jobs or {}).get(("train", run_id)), active_jobs, now)
 
 
 def _training_status(
-    workdir: Path, run_id: str, job: SlurmJob | None, jobs: dict[tuple[str, str], SlurmJob] | None, now: float
+    workdir: Path, run_id: str, job: SlurmJob | None, active_jobs: set[str] | None, now: float
 ) -> RunStatus:
     folder = workdir / "checkpoints" / run_id
     queued = f" ({job.describe()})" if job else ""
@@ -172,7 +169,7 @@ def _training_status(
         return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
     last = pieces[-1]
     holder = _read(folder / HOLDER_FILE)
-    if last["outcome"] == "running" and holder is not None and _holder_alive(holder, jobs):
+    if last["outcome"] == "running" and holder is not None and _holder_alive(holder, active_jobs):
         return RunStatus(run_id, "trains", _training_detail(folder, last, now) + queued)
     newest = _newest_step(folder)
     resumes = f"resumes from checkpoint-{newest}" if newest is not None else "starts again from step 0"
@@ -203,16 +200,22 @@ def _training_detail(folder: Path, piece: dict[str, Any], now: float) -> str:
     )
 
 
-def on_slurm(workdir: Path) -> bool:
-    """Whether the grid's jobs go to Slurm: then one squeue tells which wait and where they run.
-    (Not asked otherwise: a Slurm client with no controller to answer waits 9 s.)"""
-    return read_grid(workdir)["executor"] == "slurm"
+def current_status(workdir: Path) -> list[RunStatus]:
+    """The status as scripts/status.py tells it: Slurm is asked (once) only when the grid's jobs go
+    there; a Slurm client with no controller to answer waits 9 s."""
+    grid = read_grid(workdir)
+    return _statuses(workdir, grid, slurm_jobs() if grid["executor"] == "slurm" else None)
 
 
 def grid_status(workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = None) -> list[RunStatus]:
-    grid = read_grid(workdir)
+    """Every run's status; `jobs`: Slurm's (slurm_jobs()), None where the grid has no Slurm."""
+    return _statuses(workdir, read_grid(workdir), jobs)
+
+
+def _statuses(workdir: Path, grid: dict[str, Any], jobs: dict[tuple[str, str], SlurmJob] | None) -> list[RunStatus]:
+    active = None if jobs is None else {job.job_id for job in jobs.values() if job.state in ACTIVE_SLURM_STATES}
     now = time.time()
-    return [run_status(workdir, run_id, grid, jobs, now) for run_id in grid["runs"]]
+    return [run_status(workdir, run_id, grid, jobs, active, now) for run_id in grid["runs"]]
 
 
 def summary_line(statuses: list[RunStatus]) -> str:
