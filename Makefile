@@ -56,7 +56,7 @@ $(VENV)/.installed-runtime: requirements.txt | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(VENV)/bin/python
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-wandb.txt | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
 	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@ $(VENV)/.installed-runtime

@@ -18,6 +18,7 @@ from scratchflow.config import (
     check_precision,
     check_resources,
     check_split_fractions,
+    check_tracking,
     cpu_flags,
     explain_schema_error,
     validate_task,
@@ -31,6 +32,7 @@ from scratchflow.dataset import (
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
 from scratchflow.status import write_grid
+from scratchflow.tracking import wandb_sync_command
 
 check_dataset_layout(config)
 try:
@@ -40,6 +42,7 @@ except WorkflowError as error:
 TASK = validate_task(config)
 check_paths(config, Path(workflow.basedir))
 check_split_fractions(config)
+check_tracking(config)
 # Names, sizes and times of every data file, listed once per start (the data check and the archive
 # rule's rebuild trigger both use it).
 DATA_SOURCES = data_sources(config["dataset"])
@@ -156,6 +159,12 @@ def describe_results():
         + "\nEvery run's curves, also while a grid trains: tensorboard --logdir "
         + str(Path("results/runs").resolve())
         + "\nIts report, one HTML file: the same command with --report results/report.html"
+        + (
+            "\nW&B (offline): upload the grid's runs from a login node with\n  "
+            + wandb_sync_command(Path("results/runs").resolve())
+            if config["tracking"] == "wandb"
+            else ""
+        )
     )
 
 

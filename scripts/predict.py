@@ -19,5 +19,6 @@ with job_context(snakemake.log[0], snakemake.threads):
             record_out=Path(snakemake.output.record),
             curves_out=Path(snakemake.output.curves),
             predictions_out=Path(snakemake.output.predictions) if hasattr(snakemake.output, "predictions") else None,
+            tracking=snakemake.config["tracking"],
         )
     )

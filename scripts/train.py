@@ -25,6 +25,8 @@ with job_context(snakemake.log[0], snakemake.threads):
             params_out=Path(snakemake.output.params),
             record_out=Path(snakemake.output.record),
             tracking_dir=Path(snakemake.output.record).parent / TENSORBOARD_FOLDER,
+            # From the config, not params: switching tracking on must not make finished runs rerun.
+            tracking=snakemake.config["tracking"],
             shape=shape_of(snakemake.resources),
         )
     )

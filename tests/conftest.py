@@ -140,11 +140,11 @@ def workflow_env() -> dict[str, str]:
     return env
 
 
-def long_run(workdir: Path, data: Path, model: Path) -> Path:
+def long_run(workdir: Path, data: Path, model: Path, **overrides) -> Path:
     """One run long enough to interrupt (280 steps, checkpoints every 20): config in `workdir`,
     returns its scratch root. The fault tests compare their results with an uninterrupted one."""
     scratch = workdir / "scratch"
-    config = workflow_config(data, model, scratch, grid={"seed": [7]})
+    config = workflow_config(data, model, scratch, grid={"seed": [7]}, **overrides)
     config["training"].update(epochs=20, max_length=128)
     config["checkpointing"] = {"every_steps": 20, "keep": 2}
     write_config(workdir, config)
@@ -375,3 +375,55 @@ def different_curves(workdir: Path, reference: Path, rel: float = 1e-6) -> list[
         if [step for step, _ in mine.get(tag, [])] != [step for step, _ in theirs[tag]]
         or [value for _, value in mine[tag]] != pytest.approx([value for _, value in theirs[tag]], rel=rel)
     ]
+
+
+def wandb_offline_runs(run_folder: Path) -> dict[str, dict]:
+    """The W&B offline runs in a run's folder, read from their .wandb files: W&B id -> its group,
+    job type, config, history (step -> values) and summary, as `wandb sync` would upload them. A file
+    that holds no run (its job was killed before wandb wrote any of it out) is left out."""
+    found = {}
+    for path in sorted(run_folder.glob("wandb/offline-run-*/run-*.wandb")):
+        run: dict = {"history": {}, "summary": {}, "config": {}}
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run.update(id=record.run.run_id, group=record.run.run_group, job_type=record.run.job_type)
+                run["config"].update(wandb_items(record.run.config.update))
+            elif kind == "config":
+                run["config"].update(wandb_items(record.config.update))
+            elif kind == "history":
+                row = wandb_items(record.history.item)
+                run["history"][row.pop("_step")] = {key: value for key, value in row.items() if not key.startswith("_")}
+            elif kind == "summary":
+                run["summary"].update(wandb_items(record.summary.update))
+        if "id" in run:
+            found[run["id"]] = run
+    return found
+
+
+def wandb_records(path: Path):
+    """The records of a .wandb file: a 7-byte header, then LevelDB's log format (32 KiB blocks of
+    chunks, each with a 7-byte header: CRC, length, type 1 whole / 2 first / 3 middle / 4 last)."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B data file"
+    position, pieces = 7, b""
+    while position + 7 <= len(data):
+        if 32768 - position % 32768 < 7:  # a block's tail too short for a header is padding
+            position += 32768 - position % 32768
+            continue
+        length, chunk_type = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
+        if chunk_type == 0 or position + 7 + length > len(data):  # the end, or a write cut by a kill
+            break
+        pieces += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if chunk_type in (1, 4):
+            record = Record()
+            record.ParseFromString(pieces)
+            pieces = b""
+            yield record
+
+
+def wandb_items(items) -> dict:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}

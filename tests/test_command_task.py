@@ -1,5 +1,6 @@
 """The command task's own mechanics, with real processes and signals: the grace period after a
-stop, metrics files that are not what the contract says, programs that cannot run."""
+stop, metrics files that are not what the contract says, programs that cannot run, the tracking
+environment a program gets."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import threading
 import time
 
 import pytest
+from conftest import wandb_offline_runs
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.processes import StopForwarder, run_program
-from scratchflow.tasks.command import CheckpointMirror, CommandFailed, check_settings, read_metrics
+from scratchflow.tasks import TrainContext
+from scratchflow.tasks.command import CheckpointMirror, CommandFailed, check_settings, read_metrics, train
+from scratchflow.tracking import TENSORBOARD_FOLDER
 
 IGNORES_STOPS = """
 import signal, time
@@ -60,3 +64,39 @@ def test_a_program_file_that_is_not_executable_is_refused(tmp_path):
         check_settings({"training": {"command": [str(script)]}})
     script.chmod(0o755)
     check_settings({"training": {"command": [str(script)]}})
+
+
+LOGS_TO_WANDB = """
+import json, os, wandb
+run = wandb.init()  # no arguments: the job's environment says offline, where, and which run
+for step in (10, 20):
+    run.log({"train/loss": 1 / step}, step=step)
+run.finish()
+with open(os.path.join(os.environ["SCRATCHFLOW_OUTPUT_DIR"], "metrics.json"), "w") as metrics:
+    json.dump({"accuracy": 0.5}, metrics)
+"""
+
+
+def test_with_tracking_wandb_a_bare_wandb_init_logs_the_piece_offline_beside_its_tensorboard(tmp_path):
+    run_folder = tmp_path / "results" / "runs" / "r1"
+    (tmp_path / "data").mkdir()
+    (tmp_path / "scratch").mkdir()
+    context = TrainContext(
+        run_id="r1",
+        piece=3,
+        data={"all": tmp_path / "data"},
+        dataset={},
+        params={"command": [sys.executable, "-c", LOGS_TO_WANDB]},
+        model=None,
+        work_dir=tmp_path / "scratch",
+        checkpoints=RunCheckpoints(tmp_path / "checkpoints", "COMPLETE"),
+        tracking_dir=run_folder / TENSORBOARD_FOLDER,
+        tracking="wandb",
+        save_every_steps=10,
+        stop_grace_seconds=1,
+        threads=1,
+    )
+    train(context)
+    (piece,) = wandb_offline_runs(run_folder).values()
+    assert (piece["id"], piece["group"], piece["job_type"]) == ("r1-piece3", "r1", "train-piece")
+    assert piece["history"] == {10: {"train/loss": 0.1}, 20: {"train/loss": 0.05}}

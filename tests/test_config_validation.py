@@ -64,6 +64,13 @@ def image_folder(files: dict[str, bytes]):
     return mutate
 
 
+def without_wandb(config, tmp_path):
+    """`tracking: wandb` where `import wandb` fails, as where the extra is not installed."""
+    config["tracking"] = "wandb"
+    (tmp_path / "no-wandb" / "wandb").mkdir(parents=True)
+    (tmp_path / "no-wandb" / "wandb" / "__init__.py").write_text("raise ImportError('No module named wandb')\n")
+
+
 def png() -> bytes:
     import io
 
@@ -185,6 +192,16 @@ CASES = {
     "split files with other columns": (
         split_files({"train": ("text", "label"), "test": ("body", "label")}),
         ["dataset.splits.test", "['body', 'label'] differ from those of dataset.splits.train"],
+    ),
+    # Tracking: a backend that does not exist; W&B asked for where it is not installed.
+    "an unknown tracking backend": (
+        lambda c, _t: c.update(tracking="mlflow"),
+        ["config key tracking", "'mlflow' is not one of ['tensorboard', 'wandb']"],
+    ),
+    "wandb asked for but not installed": (
+        without_wandb,
+        ["config key tracking: wandb needs the wandb package", "pip install -r requirements-wandb.txt"],
+        {"PYTHONPATH": "no-wandb"},  # relative to the workflow's directory, where the mutation writes it
     ),
     "text and label in the same column": (
         lambda c, t: (csv_dataset(GOOD_ROWS)(c, t), c["dataset"].update(label_column="text")),

@@ -17,10 +17,12 @@ import pandas as pd
 import pytest
 from conftest import (
     different_curves,
+    job_process,
     long_run,
     run_workflow,
     same_results,
     start_workflow,
+    wandb_offline_runs,
     workflow_config,
     write_config,
 )
@@ -253,8 +255,9 @@ def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen) -> Path
 
 def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset, tiny_model, uninterrupted_long_run):
     """SIGKILL snakemake and its jobs mid-training; the same command then resumes from the newest
-    checkpoint and ends with exactly the metrics of an uninterrupted run."""
-    scratch = long_run(tmp_path, bbc_subset, tiny_model)
+    checkpoint and ends with exactly the metrics of an uninterrupted run, and with curves that go on
+    where the checkpoint was, in TensorBoard and (tracking: wandb) in W&B's offline runs."""
+    scratch = long_run(tmp_path, bbc_subset, tiny_model, tracking="wandb")
     workflow = start_workflow(tmp_path)
     run_id = wait_for_first_checkpoint(tmp_path, workflow).name
     os.killpg(workflow.pid, signal.SIGKILL)
@@ -262,7 +265,7 @@ def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset
     assert not (tmp_path / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
     assert list(scratch.iterdir()), "the killed job's scratch is left behind, as SIGKILL allows"
 
-    run_workflow(tmp_path)  # the same command, again
+    finished = run_workflow(tmp_path)  # the same command, again
 
     record = json.loads((tmp_path / "results" / "runs" / run_id / "record.json").read_text())
     assert record["training"]["resumed_from_step"] >= 20
@@ -273,6 +276,61 @@ def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset
     # twice: what the killed piece logged after its checkpoint was replaced.
     assert different_curves(tmp_path, uninterrupted_long_run) == []
     assert (tmp_path / "results" / "runs" / run_id / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+    # W&B cannot resume an offline run: each piece is one, and the predict job writes the whole run.
+    # The killed piece's run holds at most what wandb had written out before SIGKILL (often nothing).
+    run_folder = tmp_path / "results" / "runs" / run_id
+    wandb_runs = wandb_offline_runs(run_folder)
+    assert set(wandb_runs) - {f"{run_id}-piece1"} == {f"{run_id}-piece2", run_id}
+    assert {run["group"] for run in wandb_runs.values()} == {run_id}
+    second_piece = [row["train/global_step"] for row in wandb_runs[f"{run_id}-piece2"]["history"].values()]
+    assert min(second_piece) > record["training"]["resumed_from_step"], "a piece logs from where it resumed"
+    whole = wandb_runs[run_id]
+    assert whole["config"]["seed"] == 7
+    for tag, points in read_curves(run_folder / TENSORBOARD_FOLDER).items():
+        assert [(step, whole["history"][step][tag]) for step, _ in points] == points, tag
+    assert list(whole["history"]) == sorted(whole["history"]), "steps ascending, each once"
+    metrics = json.loads((run_folder / "metrics.json").read_text())
+    assert whole["summary"]["test_macro_f1"] == pytest.approx(metrics["macro_f1"])
+    assert f"wandb sync {tmp_path.resolve() / 'results' / 'runs'}/*/wandb/offline-run-*" in finished.stdout
+    run_workflow(tmp_path, "--forcerun", "predict")
+    assert len(list(run_folder.glob(f"wandb/offline-run-*-{run_id}"))) == 1, "predict again: the whole run replaced"
+
+
+def test_with_tracking_wandb_sigterm_to_every_process_of_a_job_still_pauses_it(tmp_path, bbc_subset, tiny_model):
+    """scancel signals every process of a job, W&B's service process too, which dies of it; logging to
+    it then fails. The piece must still save its checkpoint and pause, as without W&B."""
+    long_run(tmp_path, bbc_subset, tiny_model, tracking="wandb")
+    workflow = start_workflow(tmp_path)
+    try:
+        checkpoints = wait_for_first_checkpoint(tmp_path, workflow)
+        job = job_process(tmp_path)
+        every_process = [
+            job,
+            *map(int, subprocess.run(["pgrep", "-P", str(job)], capture_output=True, text=True).stdout.split()),
+        ]
+        assert any("wandb" in Path(f"/proc/{pid}/cmdline").read_text() for pid in every_process), "W&B's service runs"
+        for pid in every_process:
+            os.kill(pid, signal.SIGTERM)
+        wait_until_gone(job, seconds=30)  # Slurm's KillWait: after it, SIGKILL
+    finally:
+        os.killpg(workflow.pid, signal.SIGKILL)
+        workflow.wait()
+    (piece,) = json.loads((checkpoints / "pieces.json").read_text())
+    assert piece["outcome"].startswith("TrainingStopped: stopped on SIGTERM"), piece["outcome"]
+    assert "next attempt resumes from it" in piece["outcome"]
+    assert "WandbCallback stopped logging" in (tmp_path / "logs" / "train" / f"{checkpoints.name}.log").read_text()
+
+
+def wait_until_gone(pid: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} still runs after {seconds} s")
 
 
 def test_scratch_too_small_stops_the_job_before_training_and_is_left_empty(

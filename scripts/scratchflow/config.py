@@ -13,6 +13,7 @@ from scratchflow.dataset import DatasetError, data_sources, resolve_location, ta
 from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.models import is_local_source
 from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
+from scratchflow.tracking import MissingPackage, require_wandb
 
 # Resources Snakemake defines, and those snakemake-executor-plugin-slurm 2.x turns into sbatch flags;
 # any other name in a profile is a typo that would be silently ignored.
@@ -117,6 +118,15 @@ def validate_task(config: dict[str, Any]) -> Any:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return task
+
+
+def check_tracking(config: dict[str, Any]) -> None:
+    """`tracking: wandb` needs its optional extra where the workflow starts (its jobs check again)."""
+    if config["tracking"] == "wandb":
+        try:
+            require_wandb()
+        except MissingPackage as error:
+            raise ConfigError(str(error)) from None
 
 
 def check_split_fractions(config: dict[str, Any]) -> None:

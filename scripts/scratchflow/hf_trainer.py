@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.integrations import TensorBoardCallback
+from transformers.integrations import TensorBoardCallback, WandbCallback
 from transformers.utils import is_torch_tf32_available
 
+from scratchflow import tracking
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
 from scratchflow.distributed import Rank
 from scratchflow.processes import STOP_FILE_NAME, STOP_SIGNALS
@@ -245,10 +246,7 @@ def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dic
         **trainer_arguments,
     )
     resume_from = context.checkpoints.seed(context.work_dir / "checkpoints", me.world_size)
-    if me.rank == 0:  # the curves on shared storage, continued from where this piece resumes
-        writer = open_writer(context.tracking_dir, step_of(resume_from) if resume_from else None)
-        trainer.add_callback(TensorBoardCallback(writer))
-    with stop.listening():
+    with stop.listening(), curves_logged(trainer, context, resume_from, me.rank == 0):
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if result.global_step < trainer.state.max_steps:
         raise TrainingStopped(
@@ -257,6 +255,62 @@ def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dic
             "resumes from it"
         )
     return trainer, training_figures(trainer, result, resume_from)
+
+
+@contextmanager
+def curves_logged(
+    trainer: Trainer, context: TrainContext, resume_from: Path | None, is_first_rank: bool
+) -> Iterator[None]:
+    """The first rank logs the curves to shared storage: to TensorBoard, continued from where this
+    piece resumes, and with `tracking: wandb` to a W&B offline run of this piece as well (a piece
+    stopped on request ends its training normally, so its W&B run ends as finished)."""
+    if not is_first_rank:
+        yield
+        return
+    writer = open_writer(context.tracking_dir, step_of(resume_from) if resume_from else None)
+    trainer.add_callback(TensorBoardCallback(writer))
+    if context.tracking != "wandb":
+        yield
+        return
+    environment = tracking.wandb_environment(context.tracking_dir.parent, context.run_id, context.piece)
+    with tracking.wandb_run(environment, {"run_id": context.run_id, **context.params}):
+        trainer.add_callback(NeverFails(WandbCallback()))
+        yield
+
+
+class NeverFails(TrainerCallback):
+    """Another callback, whose errors are logged once and then silence it: tracking must never stop
+    training. (wandb's service process dies of the SIGTERM that Slurm sends every process of a job it
+    cancels, and logging to it raises while the piece is saving its checkpoint to pause.)"""
+
+    def __init__(self, callback: TrainerCallback) -> None:
+        self.callback: TrainerCallback | None = callback
+
+    def _forward(self, event: str, *arguments: Any, **keywords: Any) -> None:
+        if self.callback is None:
+            return
+        try:
+            getattr(self.callback, event)(*arguments, **keywords)
+        except Exception as error:
+            log.warning(
+                "%s stopped logging (%s: %s); training goes on",
+                type(self.callback).__name__,
+                type(error).__name__,
+                error,
+            )
+            self.callback = None
+
+
+def _forwarding(event: str) -> Any:
+    def forward(self: NeverFails, *arguments: Any, **keywords: Any) -> None:
+        self._forward(event, *arguments, **keywords)
+
+    forward.__name__ = event
+    return forward
+
+
+for event in (name for name in vars(TrainerCallback) if name.startswith("on_")):
+    setattr(NeverFails, event, _forwarding(event))
 
 
 def training_figures(trainer: Trainer, result: Any, resume_from: Path | None) -> dict[str, Any]:

@@ -74,6 +74,7 @@ class TrainJob:
     params_out: Path
     record_out: Path
     tracking_dir: Path  # results/runs/<run_id>/tensorboard: kept across pieces, so not an output
+    tracking: str  # config key tracking
     shape: Shape = field(default_factory=Shape)
 
 
@@ -119,6 +120,7 @@ def train_job(job: TrainJob) -> None:
                     work_dir=scratch,
                     checkpoints=run,
                     tracking_dir=job.tracking_dir,
+                    tracking=job.tracking,
                     save_every_steps=job.checkpointing["every_steps"],
                     stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
                     threads=job.threads,
@@ -165,6 +167,7 @@ class PredictJob:
     record_out: Path
     curves_out: Path  # beside the run's tensorboard folder
     predictions_out: Path | None  # for tasks that write predictions
+    tracking: str  # config key tracking
 
 
 def predict_job(job: PredictJob) -> None:
@@ -196,13 +199,26 @@ def predict_job(job: PredictJob) -> None:
                 copy_whole(scratch / job.predictions_out.name, job.predictions_out)
             write_json_atomically(predicted.metrics, job.metrics_out)
         with timer.phase("curves"):
-            curves = tracking.read_curves(job.curves_out.parent / tracking.TENSORBOARD_FOLDER)
+            run_folder = job.curves_out.parent
+            curves = tracking.read_curves(run_folder / tracking.TENSORBOARD_FOLDER)
             tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id}")
+            if job.tracking == "wandb":
+                log_whole_run_to_wandb(job, run_folder, curves, predicted.metrics)
     write_json_atomically(
         {"run_id": job.run_id, "timings_seconds": timer.seconds, "environment": environment_record(job.workflow_dir)},
         job.record_out,
     )
     log.info("run %s: test metrics %s", job.run_id, aggregation.numbers(predicted.metrics))
+
+
+def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.Curves, metrics: dict) -> None:
+    """The W&B offline run `<run_id>`: the run's parameters, its curves as TensorBoard holds them
+    (joined across pieces, repeated steps dropped) and its test metrics as the run's summary."""
+    environment = tracking.wandb_environment(run_folder, job.run_id, piece=None)
+    tracking.remove_wandb_runs(run_folder, job.run_id)  # a rerun of predict replaces the whole run
+    with tracking.wandb_run(environment, {"run_id": job.run_id, **job.identity["training"]}) as run:
+        tracking.log_curves(run, curves)
+        run.summary.update({f"test_{name}": value for name, value in aggregation.numbers(metrics).items()})
 
 
 def aggregate_job(

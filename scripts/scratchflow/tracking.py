@@ -1,10 +1,16 @@
 """Training curves: one TensorBoard log directory per run on shared storage, continuous across the
-pieces of an interrupted run, the progress lines of a training log, and the figures of the curves."""
+pieces of an interrupted run; W&B offline runs beside it when asked for; the progress lines of a
+training log, and the figures of the curves."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+import shlex
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +18,9 @@ from scratchflow.figures import pyplot, save_png
 
 # results/runs/<run_id>/tensorboard: `tensorboard --logdir results/runs` shows the whole grid.
 TENSORBOARD_FOLDER = "tensorboard"
+# results/runs/<run_id>/wandb/offline-run-*: W&B's offline runs of `tracking: wandb`.
+WANDB_FOLDER = "wandb"
+WANDB_EXTRA = "requirements-wandb.txt"
 # Scalars logged once per piece or about speed, not about learning: left out of the figures.
 NOT_CURVES = ("runtime", "per_second", "epoch", "total_flos", "train_loss")
 MOST_PANELS = 4
@@ -40,6 +49,85 @@ def read_curves(directory: Path) -> Curves:
     events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
     events.Reload()
     return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+class MissingPackage(ImportError):
+    """A tracking backend's package is not installed."""
+
+
+def require_wandb() -> Any:
+    """The wandb module, or an error saying how to install it: wandb is an optional extra (about
+    100 MB with its dependencies), installed only for `tracking: wandb`."""
+    try:
+        import wandb
+    except ImportError:
+        raise MissingPackage(
+            f"config key tracking: wandb needs the wandb package, which is not installed here; install "
+            f"scratchflow's optional extra with `.venv/bin/pip install -r {WANDB_EXTRA}` (and the same "
+            "line in the jobs' environment, e.g. the pip list of envs/scratchflow.yaml), or set "
+            "tracking: tensorboard"
+        ) from None
+    return wandb
+
+
+def wandb_environment(run_folder: Path, run_id: str, piece: int | None) -> dict[str, str]:
+    """The variables `wandb.init()` reads, for one job of a run: offline (the cluster profiles unset
+    WANDB_API_KEY in every job), its files in the run's folder on shared storage, grouped by the run
+    id. W&B cannot resume an offline run, so each training piece is a W&B run of its own,
+    `<run_id>-piece<k>`; the predict job (`piece` None) writes `<run_id>`: the whole run, its curves
+    read from TensorBoard's files (joined across pieces, nothing lost to a kill)."""
+    wandb_id = run_id if piece is None else f"{run_id}-piece{piece}"
+    return {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(run_folder),  # wandb adds the wandb/ folder itself
+        "WANDB_PROJECT": os.environ.get("WANDB_PROJECT", "scratchflow"),
+        "WANDB_RUN_ID": wandb_id,
+        "WANDB_NAME": wandb_id,
+        "WANDB_RUN_GROUP": run_id,
+        "WANDB_JOB_TYPE": "run" if piece is None else "train-piece",
+        "WANDB_CONSOLE": "off",  # the job's log already holds its output; wrapping stdout would copy it
+    }
+
+
+@contextlib.contextmanager
+def wandb_run(environment: dict[str, str], config: dict[str, Any]) -> Iterator[Any]:
+    """A W&B offline run for this job (environment: `wandb_environment`), finished when the block
+    ends, as failed if it raises."""
+    wandb = require_wandb()
+    os.environ.update(environment)
+    run = wandb.init(config=config)
+    exit_code = 0
+    try:
+        yield run
+    except BaseException:
+        exit_code = 1
+        raise
+    finally:
+        try:
+            run.finish(exit_code=exit_code)
+        except Exception as error:  # tracking must never fail a job whose training went well
+            logging.getLogger(__name__).warning("W&B run %s not finished cleanly: %s", run.id, error)
+
+
+def remove_wandb_runs(run_folder: Path, wandb_id: str) -> None:
+    """Delete the local offline runs of this W&B id (the `wandb sync` command would upload each)."""
+    for earlier in (run_folder / WANDB_FOLDER).glob(f"offline-run-*-{wandb_id}"):
+        shutil.rmtree(earlier)
+
+
+def log_curves(run: Any, curves: Curves) -> None:
+    """Every scalar of `curves` into a W&B run, one row per step, steps ascending."""
+    by_step: dict[int, dict[str, float]] = {}
+    for tag, points in curves.items():
+        for step, value in points:
+            by_step.setdefault(step, {})[tag] = value
+    for step in sorted(by_step):
+        run.log(by_step[step], step=step)
+
+
+def wandb_sync_command(runs_folder: Path) -> str:
+    """The one command that uploads every W&B offline run of the grid, from a login node."""
+    return f"wandb sync {shlex.quote(str(runs_folder))}/*/{WANDB_FOLDER}/offline-run-*"
 
 
 def learning_curves(curves: Curves) -> list[str]:

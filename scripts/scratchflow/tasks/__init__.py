@@ -58,6 +58,7 @@ class TrainContext:
     work_dir: Path  # this job's private scratch directory
     checkpoints: RunCheckpoints  # the run's checkpoint state on shared storage
     tracking_dir: Path  # the run's TensorBoard folder on shared storage (scratchflow.tracking)
+    tracking: str  # config key tracking: "tensorboard", or "wandb" (W&B offline as well)
     save_every_steps: int
     stop_grace_seconds: float
     threads: int  # CPU threads of this process

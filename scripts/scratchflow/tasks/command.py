@@ -13,6 +13,9 @@ directory. It learns where things are from environment variables (the README's c
     SCRATCHFLOW_RUN_ID, SCRATCHFLOW_PIECE, SCRATCHFLOW_SAVE_EVERY_STEPS, SCRATCHFLOW_MODEL_DIR (if a model)
     SCRATCHFLOW_STOP_FILE         appears when the job is asked to stop (for code that cannot take signals)
     SCRATCHFLOW_TRACKING_DIR      the run's TensorBoard folder on shared storage, kept across pieces
+    WANDB_MODE, WANDB_DIR, WANDB_RUN_ID, ...
+                                  with tracking: wandb, W&B's own variables (tracking.wandb_environment):
+                                  a bare wandb.init() logs this piece offline beside the TensorBoard folder
     SCRATCHFLOW_NODES, SCRATCHFLOW_PROCESSES_PER_NODE
                                   the train rule's shape, for a program that starts its own processes
 
@@ -33,6 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from scratchflow import tracking
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
 from scratchflow.files import read_json
 from scratchflow.processes import STOP_FILE_NAME, StopForwarder, run_program
@@ -173,6 +177,8 @@ def train(context: TrainContext) -> Trained:
         "SCRATCHFLOW_PROCESSES_PER_NODE": str(context.processes_per_node),
         **({"SCRATCHFLOW_MODEL_DIR": str(context.model)} if context.model else {}),
     }
+    if context.tracking == "wandb":  # a bare wandb.init() in the program logs this piece offline
+        env.update(tracking.wandb_environment(context.tracking_dir.parent, context.run_id, context.piece))
     argv = context.params["command"]
     log.info("running %s", argv)
     resumed_step = step_of(resume_from) if resume_from else None
