@@ -11,7 +11,8 @@ Two figures each:
 - end to end: the whole call, model loading, tokenizing, the per-epoch evaluation and (ours only)
   the checkpoint saved after the last step and copied to shared storage, included.
 A third variant, the bare script with one dataloader worker process, shows why scratchflow uses
-none on CPU (scratchflow.training.dataloader_workers).
+none on CPU (scratchflow.training.dataloader_workers). The image task runs once more with
+`tracking: wandb` (W&B offline beside TensorBoard; needs requirements-wandb.txt).
 
     .venv/bin/python benchmarks/throughput.py [--examples 640] [--batch-size 32] [--images 4000] [--repeats 3]
 """
@@ -64,9 +65,11 @@ def loop_rate(clock: StepClock, batch_size: int) -> float:
     return (len(clock.times) - 1) * batch_size / (clock.times[-1] - clock.times[0])
 
 
-def scratchflow_train(task: Any, data: dict[str, Path], dataset: dict[str, Any], model_dir: Path, params, work: Path):
+def scratchflow_train(
+    task: Any, data: dict[str, Path], dataset: dict[str, Any], model_dir: Path, params, work: Path, tracking: str
+):
     """A task's train as the train job calls it (checkpoint interval longer than the run, as with
-    hourly checkpoints); its StopOnSignal callback also keeps the step clock."""
+    hourly checkpoints), with `tracking`; its StopOnSignal callback also keeps the step clock."""
     clock = StepClock()
 
     class ClockedStopOnSignal(hf_trainer.StopOnSignal):
@@ -85,7 +88,7 @@ def scratchflow_train(task: Any, data: dict[str, Path], dataset: dict[str, Any],
         work_dir=work / "scratch",
         checkpoints=RunCheckpoints(work / "shared", hf_trainer.CHECKPOINT_MARKER),
         tracking_dir=work / "tensorboard",
-        tracking="tensorboard",
+        tracking=tracking,
         save_every_steps=10**6,
         stop_grace_seconds=60,
         threads=torch.get_num_threads(),
@@ -107,7 +110,7 @@ def scratchflow_text(splits, labels, model_dir: Path, params: dict[str, Any], wo
         rows = {"text": [e.text for e in splits[name]], "label": [e.label for e in splits[name]]}
         pd.DataFrame(rows).to_csv(data[name], index=False)
     dataset = {"format": "csv", "text_column": "text", "label_column": "label"}
-    return scratchflow_train(text_classification, data, dataset, model_dir, params, work)
+    return scratchflow_train(text_classification, data, dataset, model_dir, params, work, "tensorboard")
 
 
 def bare_arguments(params: dict[str, Any], work: Path, workers: int, **task_specific: Any) -> TrainingArguments:
@@ -202,8 +205,10 @@ class BareImages(torch.utils.data.Dataset):
         return {"pixel_values": pixels, "labels": label}
 
 
-def scratchflow_image(folders: dict[str, Path], labels, model_dir: Path, params, work: Path) -> tuple[float, float]:
-    return scratchflow_train(image_classification, folders, {"format": "folder"}, model_dir, params, work)
+def scratchflow_image(
+    folders: dict[str, Path], labels, model_dir: Path, params, work: Path, tracking: str = "tensorboard"
+) -> tuple[float, float]:
+    return scratchflow_train(image_classification, folders, {"format": "folder"}, model_dir, params, work, tracking)
 
 
 def bare_image_trainer(folders: dict[str, Path], labels, model_dir: Path, params, work: Path) -> tuple[float, float]:
@@ -321,6 +326,8 @@ def main() -> None:
             f"{threads} threads",
             {
                 "scratchflow image task": scratchflow_image,
+                # W&B offline on top (the optional extra): its service process, a log row every 10 steps.
+                "scratchflow image task, tracking: wandb": lambda *a: scratchflow_image(*a, tracking="wandb"),
                 "bare HF Trainer": bare_image_trainer,
                 "bare PyTorch loop": bare_image_loop,
             },
