@@ -164,6 +164,39 @@ def test_a_sync_killed_midway_never_looks_finished(tmp_path):
     assert len(os.listdir(destination)) == 200
 
 
+@pytest.mark.parametrize("stop", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_sync_that_the_stop_signal_reaches_still_finishes(stop, tmp_path):
+    """Slurm signals every process of a job: its wall-time warning or scancel's TERM reaches the rsync
+    of a checkpoint being mirrored, which ends itself on either. The job (here ignoring the signal,
+    as a job step does until its trainer listens) is saving its progress then: the copy must finish."""
+    source = tmp_path / "big"
+    source.mkdir()
+    for i in range(200):
+        (source / f"{i}.bin").write_bytes(os.urandom(256 * 1024))
+    destination = tmp_path / "shared" / "big"
+    code = (
+        "import logging, signal\n"
+        "from pathlib import Path\n"
+        "from scratchflow.staging import copy_whole\n"
+        f"signal.signal({int(stop)}, signal.SIG_IGN)\n"
+        "logging.basicConfig()\n"
+        f"copy_whole(Path({str(source)!r}), Path({str(destination)!r}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "scripts")}
+    syncing = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 30
+    while not list(destination.parent.glob(".big.partial*")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(syncing.pid, stop)
+    _, errors = syncing.communicate(timeout=60)
+    assert syncing.returncode == 0, errors
+    assert "rsync was stopped by a signal" in errors, "the signal should have hit mid-copy"
+    assert sorted(os.listdir(destination.parent)) == ["big"]
+    assert tree(destination) == tree(source)
+
+
 def test_scratch_is_removed_when_the_job_fails(tmp_path):
     with pytest.raises(RuntimeError), scratch_directory(str(tmp_path), "train-abc") as scratch:
         (scratch / "data").write_text("x")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import queue
 import shutil
@@ -24,6 +25,13 @@ from typing import Any, BinaryIO
 from scratchflow.dataset import WHOLE, data_sources, list_files
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically, written_whole
 from scratchflow.record import PhaseTimer
+
+log = logging.getLogger(__name__)
+# Slurm sends its wall-time warning (SIGUSR1) and scancel's SIGTERM to every process of a job. rsync
+# ends itself on both (exit 19 on SIGUSR1, 20 on SIGTERM/SIGINT/SIGHUP), where the job, which is then
+# saving its progress, needs the copy it was making: an rsync so stopped runs again and goes on.
+RSYNC_STOPPED_BY_SIGNAL = (19, 20)
+STOPPED_TOOL_RETRIES = 3
 
 COPY_BLOCK_BYTES = 1024 * 1024
 
@@ -43,9 +51,14 @@ class StagingError(RuntimeError):
     """Data could not be moved safely; the message says what to do."""
 
 
-def _run(command: list[str]) -> None:
-    """Run a tool with arguments as data (no shell); fail with its own error message."""
-    result = subprocess.run(command, capture_output=True, text=True)
+def _run(command: list[str], stopped_by_signal: tuple[int, ...] = ()) -> None:
+    """Run a tool with arguments as data (no shell); fail with its own error message. A run that
+    ends with one of the `stopped_by_signal` codes is started again, up to STOPPED_TOOL_RETRIES times."""
+    for _attempt in range(STOPPED_TOOL_RETRIES + 1):
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode not in stopped_by_signal:
+            break
+        log.warning("%s was stopped by a signal (%s); running it again", command[0], result.stderr.strip())
     if result.returncode != 0:
         raise StagingError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()}")
 
@@ -253,7 +266,7 @@ def copy_whole(source: Path, destination: Path) -> None:
     remove_leftovers(destination.parent, f".{destination.name}.")
     partial = destination.with_name(f".{destination.name}.partial{OWNER_TAG}")
     trailing = "/" if source.is_dir() else ""
-    _run(["rsync", "--archive", "--delete", f"{source}{trailing}", f"{partial}{trailing}"])
+    _run(["rsync", "--archive", "--delete", f"{source}{trailing}", f"{partial}{trailing}"], RSYNC_STOPPED_BY_SIGNAL)
     if destination.is_dir() and not destination.is_symlink():
         # Renaming over a non-empty directory is not possible: move the old one aside first.
         superseded = destination.with_name(f".{destination.name}.superseded{OWNER_TAG}")
