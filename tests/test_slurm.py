@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -256,6 +258,37 @@ def test_tokens_and_shell_characters_in_data_stay_data(slurm, tmp_path, bbc_subs
     for path in written:
         text = path.read_bytes().decode(errors="replace")
         assert not [secret for secret in secrets if secret in text], f"a token was written to {path}"
+
+
+def test_a_grid_larger_than_jobs_never_has_more_jobs_than_that_in_the_queue(slurm, tmp_path, bbc_subset, tiny_model):
+    """Queue limits (the Alliance: 1,000 queued jobs per user): `jobs:` bounds this workflow's jobs
+    in Slurm's queue, pending and running together; the rest of the grid follows as jobs end. Here
+    `--jobs 2` on the command line, over the profile's `jobs:` as any command-line option is."""
+    Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0, 1, 2]})
+    config["training"]["epochs"] = 1
+    del config["cluster"]
+    write_config(tmp_path, config)
+    queued: list[int] = []
+    finished = threading.Event()
+
+    def count_queued_jobs() -> None:
+        while not finished.is_set():
+            listing = slurm.run("squeue", "-h", "-o", "%k").stdout  # the plugin's comment names the rule
+            queued.append(sum("rule_" in line for line in listing.splitlines()))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=count_queued_jobs)
+    watcher.start()
+    try:
+        result = run_on_slurm(slurm, tmp_path, "edinburgh", {}, "--jobs", "2")
+    finally:
+        finished.set()
+        watcher.join()
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert len(list((tmp_path / "results" / "runs").glob("*/metrics.json"))) == 3
+    assert len(sbatch_lines(result.stdout, "train")) == 3
+    assert max(queued) == 2, f"the queue filled up to jobs: and never past it ({sorted(set(queued))})"
 
 
 def test_an_image_task_runs_on_slurm_with_the_oscer_profile(slurm, tmp_path, animal_images, tiny_resnet):
