@@ -137,26 +137,36 @@ def test_a_failed_sync_leaves_no_result(tmp_path):
     assert not destination.exists()
 
 
-def test_a_sync_killed_midway_never_looks_finished(tmp_path):
-    """SIGKILL a process in the middle of copy_whole: the destination is absent, and the partial
-    copy it left is removed by the next sync of the same destination."""
+def copy_whole_in_a_process(tmp_path: Path, before: str = "") -> tuple[subprocess.Popen, Path, Path]:
+    """copy_whole of 50 MB (200 random files) in a process group of its own, running `before` first;
+    returned once its rsync is writing the partial copy: (the process, the source, the destination)."""
     source = tmp_path / "big"
     source.mkdir()
     for i in range(200):
         (source / f"{i}.bin").write_bytes(os.urandom(256 * 1024))
     destination = tmp_path / "shared" / "big"
     code = (
+        f"{before}\n"
         "from pathlib import Path\n"
         "from scratchflow.staging import copy_whole\n"
         f"copy_whole(Path({str(source)!r}), Path({str(destination)!r}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "scripts")}
-    syncing = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+    syncing = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 30
     while not list(destination.parent.glob(".big.partial*")) and time.monotonic() < deadline:
         time.sleep(0.005)
+    return syncing, source, destination
+
+
+def test_a_sync_killed_midway_never_looks_finished(tmp_path):
+    """SIGKILL a process in the middle of copy_whole: the destination is absent, and the partial
+    copy it left is removed by the next sync of the same destination."""
+    syncing, source, destination = copy_whole_in_a_process(tmp_path)
     os.killpg(syncing.pid, signal.SIGKILL)
-    syncing.wait()
+    syncing.communicate()
     assert list(destination.parent.glob(".big.partial*")), "the kill should have hit mid-copy"
     assert not destination.exists()
     copy_whole(source, destination)
@@ -169,26 +179,8 @@ def test_a_sync_that_the_stop_signal_reaches_still_finishes(stop, tmp_path):
     """Slurm signals every process of a job: its wall-time warning or scancel's TERM reaches the rsync
     of a checkpoint being mirrored, which ends itself on either. The job (here ignoring the signal,
     as a job step does until its trainer listens) is saving its progress then: the copy must finish."""
-    source = tmp_path / "big"
-    source.mkdir()
-    for i in range(200):
-        (source / f"{i}.bin").write_bytes(os.urandom(256 * 1024))
-    destination = tmp_path / "shared" / "big"
-    code = (
-        "import logging, signal\n"
-        "from pathlib import Path\n"
-        "from scratchflow.staging import copy_whole\n"
-        f"signal.signal({int(stop)}, signal.SIG_IGN)\n"
-        "logging.basicConfig()\n"
-        f"copy_whole(Path({str(source)!r}), Path({str(destination)!r}))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "scripts")}
-    syncing = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    deadline = time.monotonic() + 30
-    while not list(destination.parent.glob(".big.partial*")) and time.monotonic() < deadline:
-        time.sleep(0.005)
+    before = f"import logging, signal\nsignal.signal({int(stop)}, signal.SIG_IGN)\nlogging.basicConfig()"
+    syncing, source, destination = copy_whole_in_a_process(tmp_path, before)
     os.killpg(syncing.pid, stop)
     _, errors = syncing.communicate(timeout=60)
     assert syncing.returncode == 0, errors

@@ -19,12 +19,11 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.integrations import TensorBoardCallback, WandbCallback
 from transformers.utils import is_torch_tf32_available
 
-from scratchflow import tracking
 from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
 from scratchflow.distributed import Rank
 from scratchflow.processes import STOP_FILE_NAME, STOP_SIGNALS
 from scratchflow.tasks import TrainContext, TrainingStopped
-from scratchflow.tracking import open_writer, progress_line
+from scratchflow.tracking import open_writer, progress_line, wandb_environment, wandb_run
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +271,8 @@ def curves_logged(
     if context.tracking != "wandb":
         yield
         return
-    environment = tracking.wandb_environment(context.tracking_dir.parent, context.run_id, context.piece)
-    with tracking.wandb_run(environment, {"run_id": context.run_id, **context.params}):
+    environment = wandb_environment(context.tracking_dir.parent, context.run_id, context.piece)
+    with wandb_run(environment, {"run_id": context.run_id, **context.params}):
         trainer.add_callback(NeverFails(WandbCallback()))
         yield
 

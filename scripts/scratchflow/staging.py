@@ -54,11 +54,12 @@ class StagingError(RuntimeError):
 def _run(command: list[str], stopped_by_signal: tuple[int, ...] = ()) -> None:
     """Run a tool with arguments as data (no shell); fail with its own error message. A run that
     ends with one of the `stopped_by_signal` codes is started again, up to STOPPED_TOOL_RETRIES times."""
-    for _attempt in range(STOPPED_TOOL_RETRIES + 1):
-        result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True)
+    for _retry in range(STOPPED_TOOL_RETRIES):
         if result.returncode not in stopped_by_signal:
             break
         log.warning("%s was stopped by a signal (%s); running it again", command[0], result.stderr.strip())
+        result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise StagingError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()}")
 
