@@ -115,8 +115,10 @@ class StopOnSignal(TrainerCallback):
             # process learns at the end of each step whether any got one, so all stop at that step.
             anyone = torch.tensor([int(stopping)], device=args.device)
             torch.distributed.all_reduce(anyone, op=torch.distributed.ReduceOp.MAX)
-            if anyone.item() and not stopping:
-                self.received, stopping = "a stop signal to another process", True
+            if anyone.item():
+                # This process's own signal may have come while it waited here: its name wins.
+                self.received = self.received or "a stop signal to another process"
+                stopping = True
         if stopping or state.global_step >= state.max_steps:
             control.should_save = True
         if stopping:
