@@ -1,17 +1,20 @@
 """Stage-in: how fast scratchflow moves a dataset from shared storage onto node-local scratch
 (read the archive, verify its sha256, extract it), next to the physical floor and the naive ways.
 
-Datasets: many small files (50,000 text files of about 3 KB) and a few large ones (1 GB in 16 MB
+Datasets: many small files (100,000 text files of about 3 KB) and a few large ones (1 GB in 16 MB
 binary files). Variants, each from a cold page cache when this runs as root (else warm, and said):
-- floor: `cat archive > /dev/null`, then a bare `tar -x` of it: reading it once plus extracting;
-- scratchflow: `scratchflow.staging.stage_in` (the archive streams into tar, hashed on the way);
-- copy, then extract: what stage_in did before this benchmark (hashing copy to scratch, tar -x);
+- floor: `cat archive > /dev/null`, then a bare `tar -x` of it: reading one archive plus extracting;
+- scratchflow: `scratchflow.staging.stage_in` of one archive, of the archive in parts (as
+  `archive_parts: auto` or --parts splits it), and of the same parts compressed with zstd;
+- the parallel variants: a bare `tar -x` of each of the same parts, all at once (no checksum), and
+  the same with a `sha256sum` of each part beside it (what verifying costs, done by hand);
+- copy, then extract: what stage_in did at first (hashing copy to scratch, tar -x);
 - cp -r / rsync -a of the dataset folder: the naive ways;
-- zstd / pigz compressed archives, decompressed into tar (tools not installed are skipped);
-- two half archives extracted at once (parallel extraction).
-"speed vs floor" is floor time / variant time: 1.0 is the floor, the goal is >= 0.8.
+- zstd / pigz compressed single archives, decompressed into tar (tools not installed are skipped).
+"speed vs floor" is floor time / variant time: 1.0 is the floor. Goals: one archive >= 0.8 of the
+floor; parts >= 0.9 of the bare parallel extraction of the same parts.
 
-    .venv/bin/python benchmarks/stage_in.py [--small-files 50000] [--large-mb 1024] [--repeats 3]
+    .venv/bin/python benchmarks/stage_in.py [--small-files 100000] [--large-mb 1024] [--parts auto] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from measure import Timing, arguments, print_table, save, time_call
-from scratchflow.staging import COPY_BLOCK_BYTES, REPRODUCIBLE_TAR_OPTIONS, archive_dataset, stage_in
+from scratchflow.staging import COPY_BLOCK_BYTES, archive_dataset, archive_suffix, stage_in
 
 SMALL_FILE_BYTES = 3000
 LARGE_FILE_BYTES = 16 * 2**20
@@ -58,14 +61,31 @@ def make_large_files(root: Path, megabytes: int) -> Path:
 
 
 class Bench:
-    """One dataset on 'shared storage', its archives, and a scratch folder emptied between runs."""
+    """One dataset on 'shared storage', its archives (one, in parts, in compressed parts), and a
+    scratch folder emptied between runs."""
 
-    def __init__(self, work: Path, data: Path):
+    def __init__(self, work: Path, data: Path, parts: int | str):
         self.work, self.data = work, data
-        self.archive, self.manifest = work / "data.tar", work / "data.manifest.json"
-        self.record = archive_dataset({**DATASET, "path": str(data)}, self.archive, self.manifest)
+        self.layouts = {
+            "one": {"archive_parts": 1},
+            "parts": {"archive_parts": parts},
+            "zstd parts": {"archive_parts": parts, "compression": "zstd"},
+        }
+        self.archives = {}
+        for layout, keys in self.layouts.items():
+            if keys.get("compression") and not shutil.which("zstd"):
+                continue
+            folder = work / layout.replace(" ", "-")
+            first = folder / f"data{archive_suffix(keys)}"
+            record = archive_dataset({**DATASET, **keys, "path": str(data)}, first, folder / "data.manifest.json")
+            self.archives[layout] = (first, folder / "data.manifest.json", record)
+        self.archive, _, self.record = self.archives["one"]
         self.scratch = work / "scratch"
         self.cold = _can_drop_caches()
+
+    def parts(self, layout: str = "parts") -> list[Path]:
+        first, _, record = self.archives[layout]
+        return [first.with_name(part["file"]) for part in record["parts"]]
 
     def compressed(self, tool: list[str], suffix: str) -> Path:
         path = self.work / f"data.tar.{suffix}"
@@ -73,23 +93,6 @@ class Bench:
             with open(self.archive, "rb") as source, open(path, "wb") as target:
                 subprocess.run([*tool, "-c"], stdin=source, stdout=target, check=True)
         return path
-
-    def halves(self) -> list[Path]:
-        """The dataset's files as two archives of about equal size."""
-        files = sorted(path.relative_to(self.data.parent) for path in self.data.rglob("*") if path.is_file())
-        archives = []
-        for index, part in enumerate((files[0::2], files[1::2])):
-            path = self.work / f"half{index}.tar"
-            if not path.exists():
-                listing = self.work / f"half{index}.list"
-                listing.write_text("\n".join(map(str, part)) + "\n")
-                subprocess.run(
-                    ["tar", "--create", f"--file={path}", *REPRODUCIBLE_TAR_OPTIONS, f"--files-from={listing}"],
-                    cwd=self.data.parent,
-                    check=True,
-                )
-            archives.append(path)
-        return archives
 
     def measure(self, variant: Callable[[Path], object]) -> Timing:
         """Time `variant(scratch)` from an empty scratch folder and, where allowed, a cold cache."""
@@ -131,26 +134,38 @@ def variants(bench: Bench) -> dict[str, Callable[[Path], object]]:
             f'{tool} -dc "{archive}" | tar --extract --file=- --directory="{scratch}"', shell=True, check=True
         )
 
-    halves = bench.halves()
-    folders = sorted({path.parent.relative_to(bench.data.parent) for path in bench.data.rglob("*") if path.is_file()})
+    parts = bench.parts()
 
     def parallel(scratch: Path) -> None:
-        # Two tars creating the same folders at once race: the folders come first.
-        for folder in folders:
-            (scratch / folder).mkdir(parents=True, exist_ok=True)
         extracting = [
-            subprocess.Popen(["tar", "--extract", f"--file={half}", f"--directory={scratch}"]) for half in halves
+            subprocess.Popen(["tar", "--extract", f"--file={part}", f"--directory={scratch}"]) for part in parts
         ]
         assert all(process.wait() == 0 for process in extracting)
 
+    def parallel_verified(scratch: Path) -> None:
+        running = [
+            subprocess.Popen(command, stdout=subprocess.DEVNULL)
+            for part in parts
+            for command in (["tar", "--extract", f"--file={part}", f"--directory={scratch}"], ["sha256sum", str(part)])
+        ]
+        assert all(process.wait() == 0 for process in running)
+
+    def scratchflow(layout: str) -> Callable[[Path], object]:
+        first, manifest, _ = bench.archives[layout]
+        return lambda scratch: stage_in(first, manifest, scratch)
+
     found = {
         "floor (cat + tar -x)": floor,
-        "scratchflow stage_in": lambda scratch: stage_in(bench.archive, bench.manifest, scratch),
+        "scratchflow stage_in, one archive": scratchflow("one"),
+        f"scratchflow stage_in, {len(parts)} parts": scratchflow("parts"),
+        f"{len(parts)} parts, tar -x at once (no sha256)": parallel,
+        f"{len(parts)} parts, tar -x and sha256sum at once": parallel_verified,
         "copy+sha256, then tar -x": copy_then_extract,
         "cp -r": lambda scratch: subprocess.run(["cp", "-r", str(bench.data), str(scratch)], check=True),
         "rsync -a": lambda scratch: subprocess.run(["rsync", "-a", f"{bench.data}/", f"{scratch}/"], check=True),
-        "2 archives, tar -x at once": parallel,
     }
+    if "zstd parts" in bench.archives:
+        found[f"scratchflow stage_in, {len(parts)} parts, zstd"] = scratchflow("zstd parts")
     for tool, suffix in (("zstd", "zst"), ("pigz", "gz")):
         if shutil.which(tool):
             found[f"{tool} -d | tar -x (no sha256)"] = decompressing(tool, suffix)
@@ -169,10 +184,15 @@ def run(bench: Bench, repeats: int) -> dict[str, dict[str, float]]:
     return {name: {"seconds": seconds, "speed_vs_floor": floor / seconds} for name, seconds in best.items()}
 
 
+def _parts(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
 def main() -> None:
     parser = arguments(__doc__)
-    parser.add_argument("--small-files", type=int, default=50_000, help="0 to skip the small-file set")
+    parser.add_argument("--small-files", type=int, default=100_000, help="0 to skip the small-file set")
     parser.add_argument("--large-mb", type=int, default=1024, help="0 to skip the large-file set")
+    parser.add_argument("--parts", default="auto", help="how many parts the split archive has (default: auto)")
     parser.add_argument("--dir", type=Path, help="where to work (default: a temporary folder)")
     options = parser.parse_args()
     figures = {}
@@ -186,13 +206,14 @@ def main() -> None:
             if size <= 0:
                 continue
             work = root / name.replace(" ", "-")
-            bench = Bench(work, make(work / "dataset", size))
+            bench = Bench(work, make(work / "dataset", size), _parts(options.parts))
             results = run(bench, options.repeats)
-            sizes = {path.name: path.stat().st_size / 1e6 for path in sorted(work.glob("data.tar*"))}
+            sizes = {layout: record["archive_bytes"] / 1e6 for layout, (_, _, record) in bench.archives.items()}
             figures[name] = {
                 "files": bench.record["files"],
                 "mb": bench.record["bytes"] / 1e6,
                 "archive_mb": sizes,
+                "parts": len(bench.parts()),
                 "cache": "cold" if bench.cold else "warm",
                 "variants": results,
             }

@@ -5,7 +5,7 @@ rule archive_dataset:
     input:
         dataset_locations,
     output:
-        archive="archives/{dataset}.tar",
+        archive=ARCHIVE_OF_DATASET,
         manifest="archives/{dataset}.manifest.json",
     log:
         "logs/archive_dataset/{dataset}.log",

@@ -1,3 +1,4 @@
+import hashlib
 import json
 import os
 import signal
@@ -105,6 +106,98 @@ def test_an_archive_that_does_not_match_its_manifest_stops_and_leaves_nothing_ex
     with pytest.raises(StagingError, match="checksum mismatch"):
         stage_in(tmp_path / "toy.tar", tmp_path / "toy.json", scratch)
     assert not (scratch / "data").exists()
+
+
+@pytest.fixture
+def uneven(tmp_path) -> Path:
+    """A dataset of files from 100 bytes to 30 KB, in three label folders."""
+    root = tmp_path / "raw" / "toy"
+    for index in range(30):
+        folder = root / f"label{index % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index:02d}.txt").write_text(f"words of example {index} " * (4 + index * 60))
+    return root
+
+
+def decompressed_sha256(part: Path) -> str:
+    if part.suffix != ".zst":
+        return sha256_of(part)
+    stream = subprocess.run(["zstd", "-dc", str(part)], capture_output=True, check=True).stdout
+    return hashlib.sha256(stream).hexdigest()
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_dataset_in_parts_is_balanced_by_bytes_verified_per_part_and_staged_whole(compression, uneven, tmp_path):
+    dataset = {**DATASET, "path": str(uneven), "archive_parts": 3, "compression": compression}
+    suffix = {"none": ".tar", "zstd": ".tar.zst"}[compression]
+    first = tmp_path / "archives" / f"toy{suffix}"
+    record = archive_dataset(dataset, first, tmp_path / "archives" / "toy.manifest.json")
+    assert sorted(os.listdir(first.parent)) == sorted(
+        ["toy.manifest.json", f"toy{suffix}", f"toy.2{suffix}", f"toy.3{suffix}"]
+    )
+    parts = record["parts"]
+    assert sum(part["files"] for part in parts) == 30 and sum(part["bytes"] for part in parts) == record["bytes"]
+    largest_file = max(len(content) for content in tree(uneven).values())
+    assert all(abs(part["bytes"] - record["bytes"] / 3) <= largest_file for part in parts)
+    assert [decompressed_sha256(first.with_name(part["file"])) for part in parts] == [part["sha256"] for part in parts]
+    if compression == "zstd":
+        assert record["archive_bytes"] < record["bytes"] / 3
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert tree(stage_in(first, first.with_name("toy.manifest.json"), scratch)) == tree(uneven)
+
+
+def test_a_small_dataset_keeps_one_archive(raw, tmp_path):
+    record = archive_dataset(
+        {**DATASET, "path": str(raw), "archive_parts": "auto"}, tmp_path / "toy.tar", tmp_path / "toy.json"
+    )
+    assert [part["file"] for part in record["parts"]] == ["toy.tar"]
+    assert record["sha256"] == record["parts"][0]["sha256"] == sha256_of(tmp_path / "toy.tar")
+
+
+def test_archiving_again_in_fewer_parts_leaves_no_old_part(uneven, tmp_path):
+    for parts in (4, 2):
+        archive_dataset(
+            {**DATASET, "path": str(uneven), "archive_parts": parts}, tmp_path / "toy.tar", tmp_path / "toy.json"
+        )
+    assert sorted(os.listdir(tmp_path)) == ["raw", "toy.2.tar", "toy.json", "toy.tar"]
+
+
+def missing(part: Path, manifest: Path) -> None:
+    part.unlink()
+
+
+@pytest.mark.parametrize("damage", [corrupt, missing])
+def test_a_damaged_part_stops_stage_in_naming_it_and_leaves_nothing_extracted(damage, uneven, tmp_path):
+    archive_dataset({**DATASET, "path": str(uneven), "archive_parts": 3}, tmp_path / "toy.tar", tmp_path / "toy.json")
+    damage(tmp_path / "toy.2.tar", tmp_path / "toy.json")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(StagingError, match=rf"{tmp_path / 'toy.2.tar'}.*delete {tmp_path / 'toy.json'}"):
+        stage_in(tmp_path / "toy.tar", tmp_path / "toy.json", scratch)
+    assert not (scratch / "data").exists()
+
+
+def test_parts_are_extracted_at_once_as_many_as_the_job_has_cpus(uneven, tmp_path, monkeypatch):
+    archive_dataset({**DATASET, "path": str(uneven), "archive_parts": 5}, tmp_path / "toy.tar", tmp_path / "toy.json")
+    running, most = [], []
+    extract_part = staging._extract_part
+
+    def watched(*args):
+        running.append(args[0])
+        most.append(len(running))
+        time.sleep(0.3)
+        try:
+            return extract_part(*args)
+        finally:
+            running.remove(args[0])
+
+    monkeypatch.setattr(staging, "_extract_part", watched)
+    monkeypatch.setattr(staging, "available_cpus", lambda: 3)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert tree(stage_in(tmp_path / "toy.tar", tmp_path / "toy.json", scratch)) == tree(uneven)
+    assert max(most) == 3
 
 
 def test_scratch_too_small_for_the_data_fails_before_copying_with_the_figures(tmp_path, small_disk):
@@ -244,7 +337,8 @@ def test_scratch_root_expands_job_variables(monkeypatch, tmp_path):
         resolve_scratch_root("$SLURM_TMPDIR/x")
 
 
-def test_split_files_travel_in_one_archive_whatever_their_names(tmp_path):
+@pytest.mark.parametrize("parts", [1, 3])
+def test_split_files_travel_in_one_archive_whatever_their_names(parts, tmp_path):
     """Splits from different folders, with the same base name and characters tar's renaming treats
     specially, arrive as <name>/train, <name>/validation, <name>/test."""
     sources = {
@@ -259,9 +353,10 @@ def test_split_files_travel_in_one_archive_whatever_their_names(tmp_path):
         else:
             (path / "cat").mkdir(parents=True)
             (path / "cat" / "1.txt").write_text(f"{name}\n")
-    dataset = {"name": "bench", "format": "folder", "splits": {name: str(path) for name, path in sources.items()}}
+    splits = {name: str(path) for name, path in sources.items()}
+    dataset = {"name": "bench", "format": "folder", "splits": splits, "archive_parts": parts}
     record = archive_dataset(dataset, tmp_path / "bench.tar", tmp_path / "bench.json")
-    assert record["files"] == 3 and record["root"] == "bench"
+    assert record["files"] == 3 and record["root"] == "bench" and len(record["parts"]) == parts
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     staged = stage_in(tmp_path / "bench.tar", tmp_path / "bench.json", scratch)
@@ -269,3 +364,4 @@ def test_split_files_travel_in_one_archive_whatever_their_names(tmp_path):
     assert (staged / "validation").read_text() == "validation\n"
     assert (staged / "test" / "cat" / "1.txt").read_text() == "test\n"
     assert sorted(path.name for path in staged.iterdir()) == ["test", "train", "validation"]
+    assert [path.name for path in (scratch / "data").iterdir()] == ["bench"]

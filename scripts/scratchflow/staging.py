@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
+import itertools
 import logging
 import os
 import queue
@@ -19,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -80,52 +83,180 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def archive_dataset(dataset: dict[str, Any], archive: Path, manifest: Path) -> dict[str, Any]:
-    """Pack a dataset (a file or folder tree, or one per split) into ONE tar on shared storage, plus
-    its manifest.
+# How an archive travels (dataset keys `compression` and `archive_parts`). Neither key has a schema
+# default: an unset key leaves the archive rule's params, and so the archives of existing grids, as
+# they were before the keys existed.
+COMPRESSIONS = {"none": ".tar", "zstd": ".tar.zst"}
+# `archive_parts: auto` splits a dataset into parts of about this many bytes; smaller datasets keep
+# one archive. Parts pay where a job has CPUs to spare beside the checksum: on 2 cores one archive of
+# 100,000 small files stages faster than the same files in parts (benchmarks/README.md).
+PART_BYTES = 512 * 2**20
+MAX_AUTO_PARTS = 64
 
-    Shared filesystems are slow at many small files and fast at one big one: this is why data
-    travels as an archive. The manifest's sha256 is what every stage-in verifies. A dataset with
-    splits is packed as `<name>/train`, `<name>/validation`, `<name>/test`, wherever its files lie.
+
+def archive_layout(dataset: dict[str, Any]) -> tuple[str, int | str]:
+    """The dataset's (compression, archive_parts), defaults filled in."""
+    return dataset.get("compression", "none"), dataset.get("archive_parts", "auto")
+
+
+def archive_suffix(dataset: dict[str, Any]) -> str:
+    """`.tar`, or `.tar.zst` for a compressed archive."""
+    return COMPRESSIONS[archive_layout(dataset)[0]]
+
+
+def part_count(requested: int | str, sizes: list[int]) -> int:
+    """How many parts the archive of files of these sizes has: as requested, or by size ('auto'),
+    never more than there are files."""
+    if requested == "auto":
+        requested = min(MAX_AUTO_PARTS, -(-sum(sizes) // PART_BYTES))
+    return max(1, min(int(requested), len(sizes)))
+
+
+def balanced_parts(sizes: list[int], count: int) -> list[range]:
+    """Cut a list of files (in name order) into `count` runs of consecutive files with about the
+    same number of bytes each. Consecutive, so that a folder's files mostly share a part."""
+    total, bounds, running = sum(sizes), [0], 0
+    for index, size in enumerate(sizes[:-1]):
+        running += size
+        parts_to_start, files_left = count - len(bounds), len(sizes) - index - 1
+        # Cut after this file once the parts so far have their share, or when every part still to
+        # come needs one of the files left.
+        if parts_to_start and (running >= total * len(bounds) / count or files_left == parts_to_start):
+            bounds.append(index + 1)
+    bounds.append(len(sizes))
+    return [range(start, stop) for start, stop in itertools.pairwise(bounds)]
+
+
+def part_paths(first: Path, compression: str, count: int) -> list[Path]:
+    """`<name>.tar`, `<name>.2.tar`, ... (`.tar.zst` when compressed), beside the first part."""
+    suffix = COMPRESSIONS[compression]
+    stem = first.name.removesuffix(suffix)
+    return [first, *(first.with_name(f"{stem}.{index}{suffix}") for index in range(2, count + 1))]
+
+
+def data_sha256(part_sha256s: list[str]) -> str:
+    """What identifies the data a run trained on: the archive's sha256 when it is one part (as it
+    always was), else the sha256 of its parts' checksums, one a line."""
+    if len(part_sha256s) == 1:
+        return part_sha256s[0]
+    return hashlib.sha256("".join(f"{sha256}\n" for sha256 in part_sha256s).encode()).hexdigest()
+
+
+def archive_dataset(dataset: dict[str, Any], archive: Path, manifest: Path) -> dict[str, Any]:
+    """Pack a dataset (a file or folder tree, or one per split) into a tar on shared storage, split
+    into parts when it is large, plus its manifest; `archive` is the first (or only) part.
+
+    Shared filesystems are slow at many small files and fast at a few big ones: this is why data
+    travels as an archive. Parts, balanced by bytes, are written and later staged in parallel; each
+    part's sha256 (of its tar stream, before any compression) is what every stage-in verifies. A
+    dataset with splits is packed as `<name>/train`, `<name>/validation`, `<name>/test`, wherever
+    its files lie.
     """
-    require_tools("tar")
+    compression, requested_parts = archive_layout(dataset)
+    require_tools("tar", *(["zstd"] if compression == "zstd" else []))
     sources = data_sources(dataset)
-    files = [file for source in sources.values() for file in list_files(source)]
-    if not files:
-        raise StagingError(f"{', '.join(map(str, sources.values()))}: the dataset has no files")
     if WHOLE in sources:
         root = sources[WHOLE].name
-        operands = [f"--directory={sources[WHOLE].parent}", "--", root]
+        base, options = sources[WHOLE].parent, []
+        prefixes = {WHOLE: root}
     else:
         root = dataset["name"]
         located = {name: path.resolve() for name, path in sources.items()}
         base = Path(os.path.commonpath([path.parent for path in located.values()]))
-        named = {name: path.relative_to(base).as_posix() for name, path in located.items()}
-        operands = [
-            *(f"--transform={_renaming(member, f'{root}/{name}')}" for name, member in named.items()),
-            f"--directory={base}",
-            "--",
-            *named.values(),
-        ]
-    tar = ["tar", "--create", "--file=-", *REPRODUCIBLE_TAR_OPTIONS, *operands]
-    # tar's output is hashed as it is written: the archive is never read back.
-    with written_whole(archive) as partial, tempfile.TemporaryFile() as errors, open(partial, "wb") as writer:
-        packing = subprocess.Popen(tar, stdout=subprocess.PIPE, stderr=errors)
-        sha256 = _copy_hashing(packing.stdout, writer)
-        if packing.wait() != 0:
-            errors.seek(0)
-            raise StagingError(f"tar failed (exit {packing.returncode}): {errors.read().decode().strip()}")
+        prefixes = {name: path.relative_to(base).as_posix() for name, path in located.items()}
+        options = [f"--transform={_renaming(prefix, f'{root}/{name}')}" for name, prefix in prefixes.items()]
+    # (member name, bytes, its folders in the archive), in name order.
+    members = sorted(
+        _member(file, source, prefixes[name]) for name, source in sources.items() for file in list_files(source)
+    )
+    if not members:
+        raise StagingError(f"{', '.join(map(str, sources.values()))}: the dataset has no files")
+    sizes = [size for _, size, _ in members]
+    ranges = balanced_parts(sizes, part_count(requested_parts, sizes))
+    paths = part_paths(archive, compression, len(ranges))
+    _remove_other_parts(archive, compression, keep=paths)
+    tar = ["tar", "--create", "--file=-", "--no-recursion", *REPRODUCIBLE_TAR_OPTIONS, *options, f"--directory={base}"]
+
+    def part_members(part: range) -> list[str]:
+        """The part's files, each after its folders: tars extracting parts at once into the same
+        folders then never create one implicitly (GNU tar fails when another does it first)."""
+        folders = {folder for index in part for folder in members[index][2]}
+        return sorted(folders | {members[index][0] for index in part})
+
+    with ThreadPoolExecutor(available_cpus()) as pool:
+        part_sha256s = list(
+            pool.map(lambda path, part: _write_part(tar, part_members(part), path, compression), paths, ranges)
+        )
     record = {
         "dataset": dataset["name"],
         "format": dataset["format"],
         "root": root,
-        "files": len(files),
-        "bytes": sum(file.stat().st_size for file in files),
-        "archive_bytes": archive.stat().st_size,
-        "sha256": sha256,
+        "files": len(members),
+        "bytes": sum(sizes),
+        "archive_bytes": sum(path.stat().st_size for path in paths),
+        "compression": compression,
+        "parts": [
+            {"file": path.name, "files": len(part), "bytes": sum(sizes[index] for index in part), "sha256": sha256}
+            for path, part, sha256 in zip(paths, ranges, part_sha256s, strict=True)
+        ],
+        "sha256": data_sha256(part_sha256s),
     }
     write_json_atomically(record, manifest)
     return record
+
+
+def _member(file: Path, source: Path, prefix: str) -> tuple[str, int, tuple[str, ...]]:
+    """A file's name in the archive (`source` is archived as `prefix`), its size and its folders."""
+    if file == source:
+        return prefix, file.stat().st_size, ()
+    inner = file.relative_to(source).parts
+    folders = tuple("/".join((prefix, *inner[:depth])) for depth in range(len(inner)))
+    return "/".join((prefix, *inner)), file.stat().st_size, folders
+
+
+def _write_part(tar: list[str], members: list[str], path: Path, compression: str) -> str:
+    """tar `members` into `path` (compressed on the way if asked), whole or not at all; return the
+    sha256 of the tar stream, hashed as it is written: the part is never read back."""
+    with (
+        written_whole(path) as partial,
+        tempfile.NamedTemporaryFile("w") as listing,
+        tempfile.TemporaryFile() as errors,
+        open(partial, "wb") as writer,
+    ):
+        listing.write("".join(f"{member}\0" for member in members))
+        listing.flush()
+        packing = subprocess.Popen(
+            [*tar, "--null", "--verbatim-files-from", f"--files-from={listing.name}"],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+        )
+        compressing = None
+        if compression == "zstd":
+            compressing = subprocess.Popen(["zstd", "--quiet", "-c"], stdin=subprocess.PIPE, stdout=writer)
+            writer = compressing.stdin
+        sha256 = _copy_hashing(packing.stdout, writer)
+        if compressing:
+            compressing.stdin.close()
+            if compressing.wait() != 0:
+                raise StagingError(f"zstd failed (exit {compressing.returncode}) compressing {path}")
+        if packing.wait() != 0:
+            errors.seek(0)
+            raise StagingError(f"tar failed (exit {packing.returncode}): {errors.read().decode().strip()}")
+    return sha256
+
+
+def _remove_other_parts(first: Path, compression: str, keep: list[Path]) -> None:
+    """Parts of an earlier, differently split archive of the same dataset."""
+    stem = first.name.removesuffix(COMPRESSIONS[compression])
+    for suffix in COMPRESSIONS.values():
+        for path in first.parent.glob(f"{glob.escape(stem)}.*{suffix}"):
+            if path not in keep and path.name.removesuffix(suffix)[len(stem) + 1 :].isdigit():
+                path.unlink()
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (in a Slurm job, those of its allocation)."""
+    return len(os.sched_getaffinity(0))
 
 
 def _renaming(member: str, new_name: str) -> str:
@@ -173,40 +304,109 @@ def _hash_blocks(digest: Any, blocks: queue.Queue[bytes | None]) -> None:
 def stage_in(archive: Path, manifest: Path, scratch: Path) -> Path:
     """Extract the archive into scratch, verifying it against its manifest; return the data's path.
 
-    The archive streams from shared storage straight into `tar --extract`, hashed on the way: it is
-    read once and never written to scratch (benchmarks/stage_in.py measures why). Data that does
-    not match its manifest is deleted and stops the job here, before any training; so does too
-    little space on scratch, before anything is written.
+    Each part goes from shared storage straight into `tar --extract` (through `zstd -d` when
+    compressed), hashed while tar reads it: it is never copied to scratch first. Parts are
+    extracted at once, as many as this process has CPUs (benchmarks/stage_in.py measures why). Data
+    that does not match its manifest is deleted and stops the job here, before any training; so
+    does too little space on scratch, before anything is written.
     """
-    require_tools("tar")
     expected = read_json(manifest)
+    compression = expected.get("compression", "none")
+    require_tools("tar", *(["zstd"] if compression == "zstd" else []))
+    # Manifests written before archives had parts describe one.
+    parts = expected.get("parts") or [{"file": archive.name, "sha256": expected["sha256"]}]
+    parts_sha256 = data_sha256([part["sha256"] for part in parts])
+    if parts_sha256 != expected["sha256"]:
+        raise StagingError(
+            f"checksum mismatch in {manifest}: its parts' checksums give {parts_sha256}, but it records "
+            f"{expected['sha256']}. The manifest was changed after it was made; delete it so that the "
+            "workflow rebuilds the archive."
+        )
     _check_space(scratch, expected)
     extracted = scratch / "data"
     extracted.mkdir()
-    tar = ["tar", "--extract", "--file=-", f"--directory={extracted}"]
-    with open(archive, "rb") as reader, tempfile.TemporaryFile() as errors:
-        extracting = subprocess.Popen(tar, stdin=subprocess.PIPE, stderr=errors)
-        with contextlib.suppress(OSError):  # a larger pipe lets reading run ahead of tar
-            fcntl.fcntl(extracting.stdin.fileno(), fcntl.F_SETPIPE_SZ, COPY_BLOCK_BYTES)
-        try:
-            actual_sha256 = _copy_hashing(reader, extracting.stdin)
-        finally:
-            with contextlib.suppress(BrokenPipeError):
-                extracting.stdin.close()
-            extracting.wait()
-        errors.seek(0)
-        tar_errors = errors.read().decode(errors="replace").strip()
-    if actual_sha256 != expected["sha256"]:
+    if len(parts) > 1:  # a dataset of several files has a folder at its root: made here, before the tars
+        (extracted / expected["root"]).mkdir()
+    failed = threading.Event()
+
+    def extract(part: dict[str, Any]) -> str | None:
+        if failed.is_set():  # another part failed: the data is deleted anyway
+            return None
+        problem = _extract_part(archive.with_name(part["file"]), part["sha256"], compression, extracted, manifest)
+        if problem:
+            failed.set()
+        return problem
+
+    at_once = min(len(parts), available_cpus())
+    with ThreadPoolExecutor(at_once) as pool:
+        problems = [problem for problem in pool.map(extract, parts) if problem]
+    if problems:
         shutil.rmtree(extracted, ignore_errors=True)
-        raise StagingError(
-            f"checksum mismatch for {archive}: its sha256 is {actual_sha256}, but {manifest} records "
-            f"{expected['sha256']}. The archive is corrupt or was changed after it was made; "
-            f"delete {archive} and its manifest so that the workflow rebuilds them."
+        raise StagingError(problems[0])
+    log.info(
+        "staged %d files from %d part(s) of %s (%d at a time, compression: %s), sha256 verified",
+        *(expected["files"], len(parts), archive.name, at_once, compression),
+    )
+    return extracted / expected["root"]
+
+
+def _extract_part(part: Path, expected_sha256: str, compression: str, extracted: Path, manifest: Path) -> str | None:
+    """Extract one part, hashing its tar stream on the way; what went wrong, or None.
+
+    An uncompressed part is tar's own input, read from the open file, while this thread hashes the
+    same open file (pread: the two never share an offset), so no byte passes through Python; a
+    compressed one streams from `zstd -d` through this process, hashed, into tar.
+    """
+    tar = ["tar", "--extract", "--file=-", f"--directory={extracted}"]
+    with contextlib.ExitStack() as stack:
+        try:
+            source = stack.enter_context(open(part, "rb", buffering=0))
+        except FileNotFoundError:
+            return (
+                f"{part}, a part of the archive that {manifest} lists, is missing; "
+                f"delete {manifest} so that the workflow rebuilds the archive."
+            )
+        errors = stack.enter_context(tempfile.TemporaryFile())
+        if compression == "zstd":
+            decompressing = subprocess.Popen(
+                ["zstd", "-d", "-c", "--quiet"], stdin=source, stdout=subprocess.PIPE, stderr=errors
+            )
+            extracting = subprocess.Popen(tar, stdin=subprocess.PIPE, stderr=errors)
+            with contextlib.suppress(OSError):  # a larger pipe lets reading run ahead of tar
+                fcntl.fcntl(extracting.stdin.fileno(), fcntl.F_SETPIPE_SZ, COPY_BLOCK_BYTES)
+            try:
+                actual_sha256 = _copy_hashing(decompressing.stdout, extracting.stdin)
+            finally:
+                with contextlib.suppress(BrokenPipeError):
+                    extracting.stdin.close()
+                extracting.wait()
+                decompressing.wait()
+        else:
+            extracting = subprocess.Popen(tar, stdin=source, stderr=errors)
+            try:
+                actual_sha256 = _sha256_of_open_file(source.fileno())
+            finally:
+                extracting.wait()
+        errors.seek(0)
+        tool_errors = errors.read().decode(errors="replace").strip()
+    if actual_sha256 != expected_sha256:
+        return (
+            f"checksum mismatch for {part}: its sha256 is {actual_sha256}, but {manifest} records "
+            f"{expected_sha256}. The archive is corrupt or was changed after it was made; "
+            f"delete {manifest} so that the workflow rebuilds the archive."
         )
     if extracting.returncode != 0:
-        shutil.rmtree(extracted, ignore_errors=True)
-        raise StagingError(f"tar failed (exit {extracting.returncode}): {tar_errors}")
-    return extracted / expected["root"]
+        return f"tar failed (exit {extracting.returncode}): {tool_errors}"
+    return None
+
+
+def _sha256_of_open_file(descriptor: int) -> str:
+    """The sha256 of a whole open file, read with pread (the descriptor's offset is left alone)."""
+    digest, offset = hashlib.sha256(), 0
+    while block := os.pread(descriptor, COPY_BLOCK_BYTES, offset):
+        digest.update(block)
+        offset += len(block)
+    return digest.hexdigest()
 
 
 # What a file takes on disk beyond its bytes, at most (one filesystem block), for the space check.
