@@ -15,6 +15,7 @@ include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/predict.smk"
+include: "rules/pack.smk"
 include: "rules/aggregate.smk"
 
 
@@ -29,6 +30,7 @@ rule all:
 
 onstart:
     check_rule_resources()
+    check_packing_on_start()
     write_grid_file()
 
 

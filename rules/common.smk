@@ -14,10 +14,12 @@ from scratchflow.config import (
     ConfigError,
     check_dataset,
     check_dataset_layout,
+    check_packing,
     check_paths,
     check_precision,
     check_resources,
     check_split_fractions,
+    check_compression,
     check_tracking,
     cpu_flags,
     explain_schema_error,
@@ -31,6 +33,7 @@ from scratchflow.dataset import (
 )
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
+from scratchflow.staging import archive_suffix
 from scratchflow.status import write_grid
 from scratchflow.tracking import wandb_sync_command
 
@@ -43,6 +46,7 @@ TASK = validate_task(config)
 check_paths(config, Path(workflow.basedir))
 check_split_fractions(config)
 check_tracking(config)
+check_compression(config)
 # Names, sizes and times of every data file, listed once per start (the data check and the archive
 # rule's rebuild trigger both use it).
 DATA_SOURCES = data_sources(config["dataset"])
@@ -59,12 +63,24 @@ if workflow.remote_exec:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 DATASET = config["dataset"]
+# cluster.pack_runs > 1: train jobs, and predict jobs, go to Slurm that many to a job (Snakemake's
+# groups). A pack is the runs one `pack` job gathers: that job joins them into one group job. A
+# group asks Slurm for the sum of what its jobs could run side by side; every train and predict job
+# takes the one `pack_slot` a packed job has (a "local" resource: each job gets its own), so the
+# runs go one after another and the job asks for one run's resources and the sum of their runtimes.
+PACK_RUNS = config["cluster"]["pack_runs"]
+PACKED_TRAIN = "packed_train" if PACK_RUNS > 1 else None
+PACKED_PREDICT = "packed_predict" if PACK_RUNS > 1 else None
+
+
 MODEL = config.get("model")
 # run_id -> that run's training parameters; run_id is the only wildcard of train and predict.
 RUNS = build_run_table(config)
 # Paths that depend on config alone are constants, not input functions: Snakemake calls an input
 # function once per job, through inspect.signature, which costs seconds on a grid of 10,000 runs.
-DATASET_ARCHIVE = f"archives/{DATASET['name']}.tar"
+# The archive (its first part, when it has several) is .tar, or .tar.zst when compressed.
+ARCHIVE_OF_DATASET = f"archives/{{dataset}}{archive_suffix(DATASET)}"
+DATASET_ARCHIVE = ARCHIVE_OF_DATASET.format(dataset=DATASET["name"])
 DATASET_MANIFEST = f"archives/{DATASET['name']}.manifest.json"
 MODEL_CACHE = f"models/{MODEL['name']}" if MODEL else None
 CHECKPOINTS = "checkpoints/{run_id}"
@@ -91,6 +107,7 @@ wildcard_constraints:
     run_id="[0-9a-f]{10}",
     dataset=DATASET["name"],
     model=MODEL["name"] if MODEL else "(?!)",
+    pack="[0-9]+",
 
 
 def dataset_locations(wildcards):
@@ -134,8 +151,58 @@ def run_results(wildcards):
     }
 
 
+def runs_of_pack(pack):
+    first = int(pack) * PACK_RUNS
+    return list(RUNS)[first : first + PACK_RUNS]
+
+
+def records_in_pack(wildcards):
+    """What a pack's train jobs write last."""
+    return expand(
+        "results/runs/{run_id}/record.json", run_id=runs_of_pack(wildcards.pack)
+    )
+
+
+def metrics_in_pack(wildcards):
+    """What a pack's predict jobs write last."""
+    return expand(
+        "results/runs/{run_id}/metrics.json", run_id=runs_of_pack(wildcards.pack)
+    )
+
+
+def pack_outputs():
+    """The packs of the grid, when its runs are packed (cluster.pack_runs > 1)."""
+    if PACK_RUNS == 1:
+        return []
+    return expand(
+        "results/packs/{stage}-{pack}.json",
+        stage=("train", "predict"),
+        pack=range(-(-len(RUNS) // PACK_RUNS)),
+    )
+
+
+def string_resources_of(rule_name):
+    """The strings a profile gives the Slurm jobs of `rule_name` (partition, account, ...); its
+    pack job asks for the same, since Snakemake joins a group's differing strings by taking the
+    largest."""
+    resources = next(
+        defined.resources for defined in workflow.rules if defined.name == rule_name
+    )
+    evaluated = {
+        name: evaluated_resource(resources.get(name), rule_name, 1)
+        for name in (
+            "slurm_partition",
+            "slurm_account",
+            "qos",
+            "constraint",
+            "clusters",
+        )
+    }
+    return {name: value for name, value in evaluated.items() if isinstance(value, str)}
+
+
 def final_outputs(wildcards):
-    return [
+    return pack_outputs() + [
         "results/summary.tsv",
         "results/runs.tsv",
         "results/best_run.json",
@@ -166,6 +233,18 @@ def describe_results():
             else ""
         )
     )
+
+
+def check_packing_on_start():
+    """cluster.pack_runs, once the executor is known (it is not while the workflow is read)."""
+    runtimes = {
+        defined.name: [
+            evaluated_resource(defined.resources.get("runtime"), defined.name, 1)
+        ]
+        for defined in workflow.rules
+        if defined.name in ("train", "predict")
+    }
+    check_packing(PACK_RUNS, workflow.executor_plugin.name, runtimes, config["cluster"])
 
 
 def write_grid_file():

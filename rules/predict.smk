@@ -12,9 +12,13 @@ rule predict:
         "logs/predict/{run_id}.log",
     benchmark:
         "results/benchmarks/predict/{run_id}.tsv"
+    group:
+        PACKED_PREDICT
     conda:
         "../envs/scratchflow.yaml"
     threads: 4
+    resources:
+        pack_slot=1,
     params:
         identity=run_identity_of,
     script:

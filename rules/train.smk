@@ -12,9 +12,13 @@ rule train:
         "logs/train/{run_id}.log",
     benchmark:
         "results/benchmarks/train/{run_id}.tsv"
+    group:
+        PACKED_TRAIN
     conda:
         "../envs/scratchflow.yaml"
     threads: 4
+    resources:
+        pack_slot=1,
     params:
         identity=run_identity_of,
         checkpoints=CHECKPOINTS,

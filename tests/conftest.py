@@ -214,6 +214,11 @@ def run_on_slurm(
     )
 
 
+def sbatch_lines(output: str, rule: str) -> list[str]:
+    """The plugin's sbatch calls (--verbose) for a rule's jobs, or a group's (it names both rule_<name>)."""
+    return [line for line in output.splitlines() if line.startswith("sbatch call:") and f"rule_{rule}" in line]
+
+
 def live_pieces(workdir: Path) -> list[dict]:
     """The pieces of the (only) run while it trains (checkpoints/<run>/pieces.json): one more as
     each job starts; none before the first."""
@@ -255,6 +260,7 @@ def two_node_config(workdir: Path, data: Path, model: Path) -> None:
     """One grid point for the OSCER profile's 2 nodes x 2 processes, with its cluster facts: 120
     steps, a checkpoint every 10, long enough to interrupt three times."""
     config = workflow_config(data, model, scratch=None, grid={"seed": [3]})
+    config["dataset"]["archive_parts"] = 2  # each node stages both parts at once
     config["training"]["epochs"] = 30
     config["checkpointing"] = {"every_steps": 10, "keep": 2}
     del config["cluster"]

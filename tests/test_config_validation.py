@@ -4,6 +4,8 @@ expected. Each case runs the README's local command; profile resources are check
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,17 @@ def without_wandb(config, tmp_path):
     config["tracking"] = "wandb"
     (tmp_path / "no-wandb" / "wandb").mkdir(parents=True)
     (tmp_path / "no-wandb" / "wandb" / "__init__.py").write_text("raise ImportError('No module named wandb')\n")
+
+
+def without_zstd(config, tmp_path):
+    """`compression: zstd` where the zstd program is not on PATH: every other tool is."""
+    config["dataset"]["compression"] = "zstd"
+    tools = tmp_path / "no-zstd"
+    tools.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for tool in Path(folder).glob("*") if Path(folder).is_dir() else []:
+            if tool.name != "zstd" and not (tools / tool.name).exists():
+                (tools / tool.name).symlink_to(tool)
 
 
 def png() -> bytes:
@@ -202,6 +215,29 @@ CASES = {
         without_wandb,
         ["config key tracking: wandb needs the wandb package", "pip install -r requirements-wandb.txt"],
         {"PYTHONPATH": "no-wandb"},  # relative to the workflow's directory, where the mutation writes it
+    ),
+    # How the archive travels: a compression that does not exist, or that the machine lacks; no parts.
+    "an unknown compression": (
+        set_key("dataset", compression="gzip"),
+        ["config key dataset.compression", "'gzip' is not one of ['none', 'zstd']"],
+    ),
+    "zstd asked for but not installed": (
+        without_zstd,
+        ["config key dataset.compression: zstd needs the zstd program", "apt-get install zstd"],
+        {"PATH": f"{Path(sys.executable).parent}{os.pathsep}no-zstd"},  # relative to the workflow's directory
+    ),
+    "an archive in no parts": (
+        set_key("dataset", archive_parts=0),
+        ["config key dataset.archive_parts", "0 is less than the minimum of 1"],
+    ),
+    # Packing runs into cluster jobs: no runs to a job; packing where jobs run on this machine.
+    "a pack of no runs": (
+        set_key("cluster", pack_runs=0),
+        ["config key cluster.pack_runs", "0 is less than the minimum of 1"],
+    ),
+    "packing with the local profile": (
+        set_key("cluster", pack_runs=4),
+        ["config key cluster.pack_runs: 4 packs runs into cluster jobs", "with the 'local' executor"],
     ),
     "text and label in the same column": (
         lambda c, t: (csv_dataset(GOOD_ROWS)(c, t), c["dataset"].update(label_column="text")),

@@ -25,6 +25,7 @@ from conftest import (
     USER,
     image_config,
     run_on_slurm,
+    sbatch_lines,
     workflow_config,
     workflow_env,
     write_config,
@@ -60,10 +61,6 @@ def alliance_software(tmp_path_factory):
         "PIP_FIND_LINKS": str(wheelhouse),
         "SCRATCHFLOW_REQUIREMENTS": str(REPO / "requirements.txt"),
     }
-
-
-def sbatch_lines(output: str, rule: str) -> list[str]:
-    return [line for line in output.splitlines() if line.startswith("sbatch call:") and f"rule_{rule}" in line]
 
 
 def scratch_used(workdir: Path, run_id: str) -> Path:
@@ -334,8 +331,9 @@ def test_a_train_job_given_two_gpus_of_one_node_trains_with_two_processes_on_slu
 
 def test_the_oscer_profile_trains_on_two_nodes_of_two_gpus_with_four_processes(slurm, two_node_run):
     """OSCER's shape from the DINOv2 guide, 2 nodes x 2 GPUs, on the test cluster's two nodes: one
-    launcher per node stages the data into its own scratch, torchrun puts rank 0 on the batch host,
-    every scratch is gone afterwards, and Slurm accounts every job as completed."""
+    launcher per node stages the data (an archive in two parts) into its own scratch, torchrun puts
+    rank 0 on the batch host, every scratch is gone afterwards, and Slurm accounts every job as
+    completed."""
     workdir, output = two_node_run
     (train_line,) = sbatch_lines(output, "train")
     for flag in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--gres=gpu:2", "-p gpu", "--mem 32000"):
@@ -348,6 +346,7 @@ def test_the_oscer_profile_trains_on_two_nodes_of_two_gpus_with_four_processes(s
     assert (piece["world_size"], piece["nodes"], piece["outcome"]) == (4, 2, "finished")
     log = (workdir / "logs" / "train" / f"{run.name}.log").read_text()
     assert "rank 0 of 4 done" in log and "node n2" in log and "staging into" in log, log[-3000:]
+    assert log.count("from 2 part(s) of bbc-subset.tar (2 at a time") == 2, "each node stages both parts at once"
     assert piece["ranks"] == {"n1": [0, 1], "n2": [2, 3]}, "rank 0 on the batch host, the first node"
     second_node_scratch = Path(re.search(r"staging into (\S+)", log).group(1))
     assert "-n2@" in second_node_scratch.name

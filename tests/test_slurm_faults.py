@@ -29,6 +29,7 @@ from conftest import (
     processes_in,
     same_metrics,
     same_results,
+    sbatch_lines,
     slurm_workflow_command,
     slurm_workflow_env,
     two_node_config,
@@ -145,6 +146,56 @@ def test_a_cancelled_train_job_is_retried_and_resumes_to_the_same_result(
     step = stopped_at(first, "SIGTERM")
     assert second["resumed_from_step"] == step and second["outcome"] == "finished"
     assert states(slurm, [first["slurm_job_id"], second["slurm_job_id"]]) == ["CANCELLED", "COMPLETED"]
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+
+
+def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_each_run(
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    """cluster.pack_runs: 2 packs the grid's two runs into one Slurm job that asks for one run's GPU
+    and both runs' wall time, and trains them one after the other. Cancelled while the second run
+    trains, the pack is submitted again: the first run resumes from its final checkpoint (no step
+    trained twice), the second from its last checkpoint, and each ends as if never interrupted."""
+    config = configure_long_run(tmp_path, bbc_subset, tiny_model)
+    config["grid"]["seed"] = [7, 8]
+    config["cluster"] = {"pack_runs": 2}
+    write_config(tmp_path, config)
+    workflow = start(slurm, tmp_path)
+
+    def second_run_checkpointed() -> bool:
+        trained = list((tmp_path / "results" / "runs").glob("*/record.json"))
+        training = [path for path in (tmp_path / "checkpoints").glob("*") if path.is_dir()]
+        return len(trained) == 1 and any(
+            folder.name != trained[0].parent.name and newest_complete_checkpoint(folder, "trainer_state.json")
+            for folder in training
+        )
+
+    wait_until(second_run_checkpointed, workflow, tmp_path, "the second run's first checkpoint", timeout=400)
+    (pack,) = active_jobs(slurm, "packed_train")
+    slurm.run("scancel", pack)
+
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+    packs = sbatch_lines(output, "packed_train")
+    assert len(packs) == 2 and not sbatch_lines(output, "train"), "the pack, and the pack again"
+    # One run's GPU, CPUs and memory (the profile's); the runtimes of the two, and the pack job's minute.
+    for line, minutes in zip(packs, (2 * 720 + 1, 2 * 1440 + 1), strict=True):
+        for flag in ("--gres=gpu:1", "--cpus-per-task=4", "--mem 32000", f"-t {minutes} "):
+            assert flag in line, f"{flag!r} missing from {line[:1500]}"
+    assert len(sbatch_lines(output, "packed_predict")) == 1
+    pieces = {
+        run.name: json.loads((run / "record.json").read_text())["pieces"]
+        for run in (tmp_path / "results" / "runs").iterdir()
+    }
+    (finished_first,) = [run for run, (first, _) in pieces.items() if first["outcome"] == "finished"]
+    (stopped,) = [run for run in pieces if run != finished_first]
+    first, again = pieces[finished_first]
+    assert first["slurm_job_id"] == pieces[stopped][0]["slurm_job_id"] == pack
+    assert again["resumed_from_step"] == first["reached_step"] == 280 and again["outcome"] == "finished"
+    cancelled, resumed = pieces[stopped]
+    assert resumed["resumed_from_step"] == stopped_at(cancelled, "SIGTERM") and resumed["outcome"] == "finished"
+    assert resumed["slurm_job_id"] == again["slurm_job_id"] != pack
+    assert json.loads((tmp_path / "results" / "packs" / "train-0.json").read_text())["runs"] == sorted(pieces)
     assert same_results(tmp_path, uninterrupted_long_run) == []
 
 

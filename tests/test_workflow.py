@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import (
     different_curves,
     job_process,
@@ -48,7 +49,10 @@ def run_dirs(workdir: Path) -> list[Path]:
 def finished(tmp_path_factory, bbc_subset, tiny_model):
     workdir = tmp_path_factory.mktemp("workflow")
     scratch = workdir / "scratch"
-    write_config(workdir, workflow_config(bbc_subset, tiny_model, scratch))
+    config = workflow_config(bbc_subset, tiny_model, scratch)
+    # The archive in two compressed parts: every job stages both at once (one archive elsewhere).
+    config["dataset"].update(compression="zstd", archive_parts=2)
+    write_config(workdir, config)
     # No network namespace: proves that no step needs the internet (compute nodes may have none).
     result = run_workflow(workdir, offline=True)
     return workdir, scratch, result
@@ -72,6 +76,13 @@ def test_a_grid_runs_through_the_whole_lifecycle(finished):
     assert f"tensorboard --logdir {workdir / 'results' / 'runs'}" in result.stdout
     status = subprocess.run([sys.executable, STATUS_SCRIPT, workdir], capture_output=True, text=True, check=True)
     assert status.stdout.endswith("2 runs: 2 finished\n")
+    assert sorted(path.name for path in (workdir / "archives").iterdir()) == [
+        "bbc-subset.2.tar.zst",
+        "bbc-subset.manifest.json",
+        "bbc-subset.tar.zst",
+    ]
+    for log in (workdir / "logs" / "train").iterdir():
+        assert "from 2 part(s) of bbc-subset.tar.zst" in log.read_text()
     # The tiny model learns the topics far above chance (0.2) from 210 articles.
     assert runs["accuracy"].max() > 0.5
 
@@ -185,10 +196,10 @@ def test_predict_reruns_without_retraining(finished):
     assert {run.name: (run / "record.json").stat().st_mtime_ns for run in run_dirs(workdir)} == trained
 
 
-def test_a_new_grid_value_runs_only_the_new_runs(finished, bbc_subset, tiny_model):
-    workdir, scratch, _ = finished
+def test_a_new_grid_value_runs_only_the_new_runs(finished):
+    workdir, _, _ = finished
     before = {run.name: (run / "record.json").stat().st_mtime_ns for run in run_dirs(workdir)}
-    config = workflow_config(bbc_subset, tiny_model, scratch)
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
     config["grid"]["learning_rate"].append(5.0e-4)
     write_config(workdir, config)
     result = run_workflow(workdir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,14 @@ KNOWN_RESOURCES = frozenset(
         *("constraint", "qos", "nodes", "tasks", "tasks_per_node", "tasks_per_gpu", "mpi"),
         *("cpus_per_task", "cpus_per_gpu", "gpu", "gpu_model", "gres"),
         "processes_per_node",  # scratchflow's own: training processes per node (rule train)
+        "pack_slot",  # scratchflow's own: one per run, for cluster.pack_runs (rules train and predict)
     }
 )
+
+
+# Executors that submit jobs to a cluster, where cluster.pack_runs means something ("dryrun" is how
+# Snakemake names any executor under --dry-run).
+PACKING_EXECUTORS = frozenset({"slurm", "dryrun"})
 
 
 class ConfigError(ValueError):
@@ -127,6 +134,38 @@ def check_tracking(config: dict[str, Any]) -> None:
             require_wandb()
         except MissingPackage as error:
             raise ConfigError(str(error)) from None
+
+
+def check_compression(config: dict[str, Any]) -> None:
+    """A compressed archive needs its tool where the workflow starts (the jobs check again)."""
+    if config["dataset"].get("compression") == "zstd" and shutil.which("zstd") is None:
+        raise ConfigError(
+            "config key dataset.compression: zstd needs the zstd program, which is not on PATH here "
+            "(Debian: apt-get install zstd; or module load zstd); or remove the key for an uncompressed archive"
+        )
+
+
+def check_packing(pack_runs: int, executor: str, runtimes: Mapping[str, list[int]], cluster: dict[str, Any]) -> None:
+    """`cluster.pack_runs` needs jobs submitted to a cluster, and a packed job's wall time (its runs'
+    runtimes, one after another) must fit the cluster's maximum."""
+    if pack_runs == 1:
+        return
+    if executor not in PACKING_EXECUTORS:
+        raise ConfigError(
+            f"config key cluster.pack_runs: {pack_runs} packs runs into cluster jobs, but this workflow runs "
+            f"with the {executor!r} executor, which runs each job on this machine anyway; set it to 1 here, "
+            "or run with a cluster profile (--profile profiles/<cluster>)"
+        )
+    limit = cluster.get("max_runtime_minutes")
+    for rule in ("train", "predict"):
+        runtime = runtimes.get(rule, [None])[0]
+        if limit is not None and runtime is not None and pack_runs * runtime > limit:
+            raise ConfigError(
+                f"config key cluster.pack_runs: {pack_runs} {rule} jobs of {runtime} min each, one after "
+                f"another, need {pack_runs * runtime} min, above the maximum of cluster {cluster['name']!r}, "
+                f"{limit} min (cluster.max_runtime_minutes). Pack at most {limit // runtime} runs, or lower "
+                f"the runtime of rule {rule} to what one run needs"
+            )
 
 
 def check_split_fractions(config: dict[str, Any]) -> None:

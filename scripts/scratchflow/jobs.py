@@ -46,7 +46,18 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
 
 def archive_job(*, dataset: dict[str, Any], archive: Path, manifest: Path) -> None:
     record = archive_dataset(dataset, archive, manifest)
-    log.info("archived %(files)d files (%(bytes)d bytes) into one tar, sha256 %(sha256)s", record)
+    log.info(
+        "archived %(files)d files (%(bytes)d bytes) into %(part_count)d part(s), %(archive_bytes)d bytes in all "
+        "(compression: %(compression)s), sha256 %(sha256)s",
+        {**record, "part_count": len(record["parts"])},
+    )
+
+
+def pack_job(*, written: list[Path], output: Path) -> None:
+    """Say which runs a packed Slurm job held (cluster.pack_runs), from what its jobs wrote."""
+    runs = sorted(path.parent.name for path in written)
+    write_json_atomically({"runs": runs, "slurm_job_id": os.environ.get("SLURM_JOB_ID")}, output)
+    log.info("pack of %d runs done: %s", len(runs), ", ".join(runs))
 
 
 def prefetch_job(*, task: str, source: str, destination: Path, token_file: str | None) -> None:
