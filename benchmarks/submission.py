@@ -7,7 +7,10 @@ Each job is a one-line shell rule: what is measured is the cost of getting it ru
 scheduling, Snakemake's start inside the job, status checks), not work. The default variant is the
 plugin's own (40 s before the first status check); the others use scratchflow profiles' 10 s.
 
-    .venv/bin/python benchmarks/submission.py [--jobs 200] [--pack 20]
+    .venv/bin/python benchmarks/submission.py [--jobs 200] [--pack 20] [--gpu]
+
+With --gpu, every job asks for one GPU, and the variants are one Slurm job per run against runs
+packed the way `cluster.pack_runs` packs them (each Slurm job still asks for one GPU).
 """
 
 from __future__ import annotations
@@ -41,6 +44,64 @@ rule tiny:
         cpus_per_task=1,
     shell:
         "echo {{wildcards.i}} > {{output}}"
+"""
+
+# --gpu: each job asks for one GPU; packed the way cluster.pack_runs packs scratchflow's runs (a
+# pack job per pack joins them into one group job; a local pack_slot makes them run one after
+# another), so that a Slurm job asks for one GPU, not one per packed job.
+GPU_WORKFLOW = """\
+PACK = {pack}
+
+
+def tiny_jobs_of(wildcards):
+    first = int(wildcards.p) * PACK
+    return expand("out/{{i}}.txt", i=range(first, min(first + PACK, {jobs})))
+
+
+resource_scopes:
+    pack_slot="local",
+
+
+if PACK > 1:
+    workflow.register_resource("pack_slot", 1)
+
+
+rule all:
+    input:
+        expand("out/{{i}}.txt", i=range({jobs})),
+        expand("packs/{{p}}.done", p=range(-(-{jobs} // PACK)) if PACK > 1 else []),
+
+
+rule tiny:
+    output:
+        "out/{{i}}.txt",
+    group:
+        "packed" if PACK > 1 else None
+    resources:
+        slurm_partition="batch",
+        runtime=5,
+        mem_mb=200,
+        cpus_per_task=1,
+        gres="gpu:1",
+        pack_slot=1,
+    shell:
+        "echo {{wildcards.i}} > {{output}}"
+
+
+rule pack:
+    input:
+        tiny_jobs_of,
+    output:
+        "packs/{{p}}.done",
+    group:
+        "packed"
+    resources:
+        slurm_partition="batch",
+        runtime=1,
+        mem_mb=200,
+        cpus_per_task=1,
+    shell:
+        "touch {{output}}"
 """
 
 # Plugin 2.8 puts every task's command into one sbatch argument; past Linux's 128 KB limit for one
@@ -81,11 +142,22 @@ def variants(pack: int) -> dict[str, list[str]]:
     }
 
 
-def run_variant(slurm: LocalSlurm, work: Path, jobs: int, options: list[str]) -> dict[str, object]:
+def gpu_variants(pack: int) -> dict[str, tuple[int, list[str]]]:
+    """name -> (runs per Slurm job, options): one GPU a job."""
+    quick = ["--slurm-init-seconds-before-status-checks", "10"]
+    return {
+        "one GPU job per run, first check after 10 s": (1, quick),
+        f"{pack} runs per GPU job (as cluster.pack_runs: {pack})": (pack, quick),
+    }
+
+
+def run_variant(
+    slurm: LocalSlurm, work: Path, jobs: int, options: list[str], workflow: str = WORKFLOW
+) -> dict[str, object]:
     """One run of the workflow; stopped and reported as stalled when no job has finished for
     STALL_SECONDS while none is queued or running (Snakemake would wait forever)."""
     work.mkdir()
-    (work / "Snakefile").write_text(WORKFLOW.format(jobs=jobs))
+    (work / "Snakefile").write_text(workflow)
     counter = work / "bin"
     counter.mkdir()
     (counter / "sbatch").write_text(COUNTING_SBATCH)
@@ -134,6 +206,7 @@ def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--pack", type=int, default=20)
+    parser.add_argument("--gpu", action="store_true", help="jobs of one GPU: one per run, and packed")
     options = parser.parse_args()
     results = {}
     # A benchmark stopped with SIGTERM still stops its cluster (the finally below).
@@ -142,8 +215,14 @@ def main() -> None:
         root = Path(temporary)
         slurm = LocalSlurm(root / "slurm").start()
         try:
-            for index, (name, extra) in enumerate(variants(options.pack).items()):
-                results[name] = run_variant(slurm, root / f"variant{index}", options.jobs, extra)
+            if options.gpu:
+                for index, (name, (pack, extra)) in enumerate(gpu_variants(options.pack).items()):
+                    workflow = GPU_WORKFLOW.format(jobs=options.jobs, pack=pack)
+                    results[name] = run_variant(slurm, root / f"variant{index}", options.jobs, extra, workflow)
+                    print(f"  {name}: {results[name]}", flush=True)
+            for index, (name, extra) in enumerate(variants(options.pack).items() if not options.gpu else ()):
+                workflow = WORKFLOW.format(jobs=options.jobs)
+                results[name] = run_variant(slurm, root / f"variant{index}", options.jobs, extra, workflow)
                 print(f"  {name}: {results[name]}", flush=True)
         finally:
             slurm.stop()
