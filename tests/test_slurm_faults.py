@@ -127,35 +127,14 @@ def stopped_at(piece: dict, signal_name: str) -> int:
     return int(match.group(1))
 
 
-def test_a_cancelled_train_job_is_retried_and_resumes_to_the_same_result(
-    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
-):
-    configure_long_run(tmp_path, bbc_subset, tiny_model)
-    workflow = start(slurm, tmp_path)
-    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
-    (job,) = active_jobs(slurm, "train")
-    # The grid's status, while it trains: where, how far, how fast.
-    training = rf"trains +piece 1, step \d+ of 280 \(\d+%\), [\d.]+ samples/s, .* \(Slurm job {job} running on n1\)"
-    assert re.search(training, grid_status(slurm, tmp_path))
-    slurm.run("scancel", job)  # SIGTERM to every process of the job, SIGKILL after KillWait
-
-    returncode, output = finish(workflow, tmp_path)
-    assert returncode == 0, output[-6000:]
-    assert grid_status(slurm, tmp_path).endswith("1 run: 1 finished\n")
-    first, second = pieces_of(tmp_path)
-    step = stopped_at(first, "SIGTERM")
-    assert second["resumed_from_step"] == step and second["outcome"] == "finished"
-    assert states(slurm, [first["slurm_job_id"], second["slurm_job_id"]]) == ["CANCELLED", "COMPLETED"]
-    assert same_results(tmp_path, uninterrupted_long_run) == []
-
-
 def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_each_run(
     slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
     """cluster.pack_runs: 2 packs the grid's two runs into one Slurm job that asks for one run's GPU
-    and both runs' wall time, and trains them one after the other. Cancelled while the second run
-    trains, the pack is submitted again: the first run resumes from its final checkpoint (no step
-    trained twice), the second from its last checkpoint, and each ends as if never interrupted."""
+    and both runs' wall time, and trains them one after the other. Cancelled (SIGTERM, as any train
+    job) while the second run trains, the pack is retried: the first run resumes from its final
+    checkpoint (no step trained twice), the second from the checkpoint it saved on SIGTERM, and each
+    ends as if never interrupted."""
     config = configure_long_run(tmp_path, bbc_subset, tiny_model)
     config["grid"]["seed"] = [7, 8]
     config["cluster"] = {"pack_runs": 2}
@@ -172,7 +151,10 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
 
     wait_until(second_run_checkpointed, workflow, tmp_path, "the second run's first checkpoint", timeout=400)
     (pack,) = active_jobs(slurm, "packed_train")
-    slurm.run("scancel", pack)
+    # The grid's status, while it trains: where, how far, how fast.
+    training = rf"trains +piece 1, step \d+ of 280 \(\d+%\), [\d.]+ samples/s, .* \(Slurm job {pack} running on n1\)"
+    assert re.search(training, grid_status(slurm, tmp_path))
+    slurm.run("scancel", pack)  # SIGTERM to every process of the job, SIGKILL after KillWait
 
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
@@ -195,6 +177,8 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
     cancelled, resumed = pieces[stopped]
     assert resumed["resumed_from_step"] == stopped_at(cancelled, "SIGTERM") and resumed["outcome"] == "finished"
     assert resumed["slurm_job_id"] == again["slurm_job_id"] != pack
+    assert states(slurm, [pack, resumed["slurm_job_id"]]) == ["CANCELLED", "COMPLETED"]
+    assert grid_status(slurm, tmp_path).endswith("2 runs: 2 finished\n")
     assert json.loads((tmp_path / "results" / "packs" / "train-0.json").read_text())["runs"] == sorted(pieces)
     assert same_results(tmp_path, uninterrupted_long_run) == []
 

@@ -138,6 +138,22 @@ def test_a_holder_whose_slurm_job_is_gone_is_not_training(tmp_path):
     assert status.state == "trains"
 
 
+def test_a_packed_run_trains_in_the_job_of_its_pack(tmp_path):
+    """cluster.pack_runs: the Slurm job is the pack's (no run in its comment); the run's checkpoints
+    name it, so the run trains there, and is interrupted once that job is gone."""
+    write_grid(tmp_path, {"packed0000": {}}, "accuracy", "max", "slurm")
+    folder = tmp_path / "checkpoints" / "packed0000"
+    write(folder / "pieces.json", [piece(1, "running", time.time() - 60)])
+    write(folder / "running.json", {"host": "n1", "pid": 1, "slurm_job_id": "88"})
+    (status,) = grid_status(tmp_path, jobs={("packed_train", "88"): SlurmJob("88", "RUNNING", "None", "n1")})
+    assert (status.state, status.detail) == (
+        "trains",
+        "piece 1, starting (staging the data, or before its first progress line) (Slurm job 88 running on n1)",
+    )
+    (status,) = grid_status(tmp_path, jobs={("packed_train", "89"): SlurmJob("89", "PENDING", "Resources", "")})
+    assert status.state == "interrupted"
+
+
 def test_the_squeue_listing_is_read_by_rule_and_run(tmp_path):
     squeue = tmp_path / "squeue"
     squeue.write_text(
@@ -145,11 +161,13 @@ def test_the_squeue_listing_is_read_by_rule_and_run(tmp_path):
         "echo '11|PENDING|Resources||rule_train_wildcards_aaaaaaaaaa'\n"
         "echo '12|RUNNING|None|n2|rule_predict_wildcards_bbbbbbbbbb'\n"
         "echo '13|RUNNING|None|n1|an interactive job'\n"
+        "echo '14|RUNNING|None|n1|rule_packed_train'\n"
     )
     squeue.chmod(0o755)
     assert slurm_jobs(str(squeue)) == {
         ("train", "aaaaaaaaaa"): SlurmJob("11", "PENDING", "Resources", ""),
         ("predict", "bbbbbbbbbb"): SlurmJob("12", "RUNNING", "None", "n2"),
+        ("packed_train", "14"): SlurmJob("14", "RUNNING", "None", "n1"),
     }
 
 

@@ -31,7 +31,8 @@ from scratchflow.tracking import duration
 
 GRID_FILE = Path("results/grid.json")
 STATES = ("finished", "predicts", "trains", "paused", "interrupted", "waits", "failed")
-# The Slurm plugin's job comment: rule_<rule>_wildcards_<run_id>.
+# The Slurm plugin's job comment: rule_<rule>_wildcards_<run_id>, or rule_<group> for a group job
+# (cluster.pack_runs: the runs of a pack are found through the job id their checkpoints name).
 COMMENT_PREFIX = "rule_"
 FAILED_MARK = "ERROR scratchflow: job failed: "
 
@@ -79,7 +80,8 @@ def read_grid(workdir: Path) -> dict[str, Any]:
 
 
 def slurm_jobs(squeue: str | None = None) -> dict[tuple[str, str], SlurmJob] | None:
-    """This user's queued and running jobs by (rule, run_id), from one squeue; None without Slurm."""
+    """This user's queued and running jobs of the workflow by (rule, run_id), a group job's by (group,
+    job id), from one squeue; None without Slurm."""
     squeue = squeue or shutil.which("squeue")
     if squeue is None:
         return None
@@ -95,8 +97,8 @@ def slurm_jobs(squeue: str | None = None) -> dict[tuple[str, str], SlurmJob] | N
     for line in listed.stdout.splitlines():
         job_id, state, reason, nodes, comment = (line.split("|", 4) + [""] * 5)[:5]
         rule, _, run_id = comment.removeprefix(COMMENT_PREFIX).partition("_wildcards_")
-        if comment.startswith(COMMENT_PREFIX) and run_id:
-            jobs[rule, run_id] = SlurmJob(job_id, state, reason, nodes)
+        if comment.startswith(COMMENT_PREFIX):
+            jobs[rule, run_id or job_id] = SlurmJob(job_id, state, reason, nodes)
     return jobs
 
 
@@ -108,9 +110,9 @@ def _read(path: Path) -> Any:
         return None
 
 
-def _holder_alive(holder: dict[str, Any], active_jobs: set[str] | None) -> bool:
-    """Like checkpoints.holder_is_alive, but from one squeue of all jobs (`active_jobs`: the ids
-    of those that may still write; None: no Slurm to ask, so the holder file is trusted)."""
+def _holder_alive(holder: dict[str, Any], active_jobs: dict[str, SlurmJob] | None) -> bool:
+    """Like checkpoints.holder_is_alive, but from one squeue of all jobs (`active_jobs`: those that
+    may still write, by id; None: no Slurm to ask, so the holder file is trusted)."""
     job_id = holder.get("slurm_job_id")
     if job_id:
         return active_jobs is None or job_id in active_jobs
@@ -139,7 +141,7 @@ def run_status(
     run_id: str,
     grid: dict[str, Any],
     jobs: dict[tuple[str, str], SlurmJob] | None,
-    active_jobs: set[str] | None,
+    active_jobs: dict[str, SlurmJob] | None,
     now: float,
 ) -> RunStatus:
     results = workdir / "results" / "runs" / run_id
@@ -160,7 +162,7 @@ def run_status(
 
 
 def _training_status(
-    workdir: Path, run_id: str, job: SlurmJob | None, active_jobs: set[str] | None, now: float
+    workdir: Path, run_id: str, job: SlurmJob | None, active_jobs: dict[str, SlurmJob] | None, now: float
 ) -> RunStatus:
     folder = workdir / "checkpoints" / run_id
     queued = f" ({job.describe()})" if job else ""
@@ -170,6 +172,9 @@ def _training_status(
     last = pieces[-1]
     holder = _read(folder / HOLDER_FILE)
     if last["outcome"] == "running" and holder is not None and _holder_alive(holder, active_jobs):
+        if job is None and active_jobs:  # a packed run: its pack's job
+            packed = active_jobs.get(holder.get("slurm_job_id"))
+            queued = f" ({packed.describe()})" if packed else ""
         return RunStatus(run_id, "trains", _training_detail(folder, last, now) + queued)
     newest = _newest_step(folder)
     resumes = f"resumes from checkpoint-{newest}" if newest is not None else "starts again from step 0"
@@ -213,7 +218,7 @@ def grid_status(workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = No
 
 
 def _statuses(workdir: Path, grid: dict[str, Any], jobs: dict[tuple[str, str], SlurmJob] | None) -> list[RunStatus]:
-    active = None if jobs is None else {job.job_id for job in jobs.values() if job.state in ACTIVE_SLURM_STATES}
+    active = None if jobs is None else {job.job_id: job for job in jobs.values() if job.state in ACTIVE_SLURM_STATES}
     now = time.time()
     return [run_status(workdir, run_id, grid, jobs, active, now) for run_id in grid["runs"]]
 
