@@ -359,8 +359,12 @@ def same_metrics(workdir: Path, reference: Path, rel: float = 0) -> bool:
 # The command example in the whole suite: once in several runs of the suite, a run of it inside the
 # workflow, uninterrupted, ends 3e-5 (relative) off the value every other run of it gives, its loss
 # off from the first logged step on, so not where it resumed; run alone, a dozen times, under load,
-# by hand or by the workflow, it always gives the same value (the cause is not found).
+# by hand or by the workflow, it always gives the same value (the cause is not found). Its logged
+# minibatch loss then differs now and then by up to 4e-7 (absolute) at values down to 1e-4, a
+# relative 2e-3 there (seen in CI, 2026-11-23), while most logged steps stay equal to the last bit.
+# A resume from the wrong state is off by orders of magnitude more; the steps are compared exactly.
 COMMAND_EXAMPLE_REL = 1e-4
+COMMAND_EXAMPLE_ABS = 1e-6
 
 
 def metrics_of(workdir: Path, reference: Path) -> str:
@@ -369,9 +373,9 @@ def metrics_of(workdir: Path, reference: Path) -> str:
     return (workdir / "results" / "runs" / run.name / "metrics.json").read_text()
 
 
-def different_curves(workdir: Path, reference: Path, rel: float = 1e-6) -> list[str]:
+def different_curves(workdir: Path, reference: Path, rel: float = 1e-6, absolute: float = 0) -> list[str]:
     """The learning curves of `reference`'s one run that `workdir`'s same run does not have point for
-    point: the same steps, once each, with values equal to `rel`."""
+    point: the same steps, once each, with values equal to `rel` (or within `absolute`)."""
     (run,) = (reference / "results" / "runs").iterdir()
     theirs = read_curves(run / TENSORBOARD_FOLDER)
     mine = read_curves(workdir / "results" / "runs" / run.name / TENSORBOARD_FOLDER)
@@ -379,7 +383,8 @@ def different_curves(workdir: Path, reference: Path, rel: float = 1e-6) -> list[
         tag
         for tag in learning_curves(theirs)
         if [step for step, _ in mine.get(tag, [])] != [step for step, _ in theirs[tag]]
-        or [value for _, value in mine[tag]] != pytest.approx([value for _, value in theirs[tag]], rel=rel)
+        or [value for _, value in mine[tag]]
+        != pytest.approx([value for _, value in theirs[tag]], rel=rel, abs=absolute)
     ]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import (
+    COMMAND_EXAMPLE_ABS,
     COMMAND_EXAMPLE_REL,
     command_config,
     different_curves,
@@ -98,7 +99,9 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     )
     (run,) = (tmp_path / "results" / "runs").iterdir()
     assert "resumed at step" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
-    curves = different_curves(tmp_path, uninterrupted_command_run, rel=COMMAND_EXAMPLE_REL)
+    curves = different_curves(
+        tmp_path, uninterrupted_command_run, rel=COMMAND_EXAMPLE_REL, absolute=COMMAND_EXAMPLE_ABS
+    )
     assert curves == [], "the program's own curves"
     assert (run / "model" / "model.pt").is_file()
     runs = pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")
