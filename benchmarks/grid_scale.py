@@ -13,6 +13,7 @@ Baselines, run in the same process in alternation:
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -35,7 +36,19 @@ rule make:
         "touch {{output}}"
 """
 
-SAME_SHAPE = """\
+
+def same_shape(points: int, *, benchmark: bool = True, script: bool = True, inputs_per_job: int = 3) -> str:
+    """scratchflow's rules' shape without its logic. The keywords take one element of a job's shape
+    away at a time, to show what each costs (`--shape-costs`)."""
+    run = '    script:\n        "noop.py"\n' if script else '    shell:\n        "python noop.py {output}"\n'
+
+    def benchmark_of(rule: str) -> str:
+        return f'    benchmark:\n        "results/benchmarks/{rule}/{{run_id}}.tsv"\n' if benchmark else ""
+
+    data = '        archive="archives/data.tar",\n        manifest="archives/data.manifest.json",\n'
+    if inputs_per_job == 1:
+        data = ""
+    return f"""\
 POINTS = [f"{{i:010x}}" for i in range({points})]
 
 
@@ -50,54 +63,38 @@ rule archive:
         manifest="archives/data.manifest.json",
     log:
         "logs/archive.log",
-    script:
-        "noop.py"
-
+{run}
 
 rule model:
     output:
         directory("models/model"),
     log:
         "logs/model.log",
-    script:
-        "noop.py"
-
+{run}
 
 rule train:
     input:
-        archive="archives/data.tar",
-        manifest="archives/data.manifest.json",
-        base_model="models/model",
+{data}        base_model="models/model",
     output:
         model=directory("results/runs/{{run_id}}/model"),
         params="results/runs/{{run_id}}/params.json",
         record="results/runs/{{run_id}}/record.json",
     log:
         "logs/train/{{run_id}}.log",
-    benchmark:
-        "results/benchmarks/train/{{run_id}}.tsv"
-    params:
+{benchmark_of("train")}    params:
         checkpoints="checkpoints/{{run_id}}",
-    script:
-        "noop.py"
-
+{run}
 
 rule predict:
     input:
-        archive="archives/data.tar",
-        manifest="archives/data.manifest.json",
-        model=rules.train.output.model,
+{data}        model=rules.train.output.model,
     output:
         predictions="results/runs/{{run_id}}/predictions.csv",
         metrics="results/runs/{{run_id}}/metrics.json",
         record="results/runs/{{run_id}}/predict_record.json",
     log:
         "logs/predict/{{run_id}}.log",
-    benchmark:
-        "results/benchmarks/predict/{{run_id}}.tsv"
-    script:
-        "noop.py"
-
+{benchmark_of("predict")}{run}
 
 rule aggregate:
     input:
@@ -107,9 +104,17 @@ rule aggregate:
         "results/summary.tsv",
     log:
         "logs/aggregate.log",
-    script:
-        "noop.py"
-"""
+{run}"""
+
+
+# What each element of a job's shape costs: the same shape with one element taken away at a time.
+SHAPE_VARIANTS = {
+    "same shape": {},
+    "no benchmark:": {"benchmark": False},
+    "shell: for script:": {"script": False},
+    "1 input, not 3": {"inputs_per_job": 1},
+    "all three": {"benchmark": False, "script": False, "inputs_per_job": 1},
+}
 
 
 def scratchflow_workdir(workdir: Path, points: int) -> Path:
@@ -133,10 +138,44 @@ def plan(workdir: Path, *workflow: str) -> Timing:
     return run_timed([snakemake(), *workflow, "--cores", "1", "-n"], cwd=workdir, env=snakemake_env())
 
 
+def shape_costs(root: Path, points: int, repeats: int) -> dict[str, Timing]:
+    """Each of SHAPE_VARIANTS and the minimal workflow of the same job count, run in turn, fastest kept."""
+    workdirs = {
+        name: baseline_workdir(root, f"variant-{index}-{points}", same_shape(points, **shape))
+        for index, (name, shape) in enumerate(SHAPE_VARIANTS.items())
+    }
+    workdirs["minimal"] = baseline_workdir(root, f"minimal-{points}", MINIMAL.format(jobs=2 * points + FIXED_JOBS))
+    timings: dict[str, list[Timing]] = {name: [] for name in workdirs}
+    for _ in range(repeats):
+        for name, workdir in workdirs.items():
+            timings[name].append(plan(workdir))
+    return {name: min(runs, key=lambda t: t.seconds) for name, runs in timings.items()}
+
+
+def report_shape_costs(options: argparse.Namespace) -> None:
+    rows, figures = [], {}
+    with tempfile.TemporaryDirectory(prefix="scratchflow-shape-costs-") as temporary:
+        for points in options.points:
+            timings = shape_costs(Path(temporary), points, options.repeats)
+            shape, minimal = timings["same shape"].seconds, timings["minimal"].seconds
+            figures[str(points)] = {name: timing.seconds for name, timing in timings.items()}
+            rows += [[points, name, t.seconds, t.seconds / shape, t.seconds / minimal] for name, t in timings.items()]
+    print_table(
+        f"snakemake -n of the same shape, one element taken away at a time, fastest of {options.repeats} (s)",
+        ["points", "variant", "seconds", "x same shape", "x minimal"],
+        rows,
+    )
+    save(options.json, "grid_shape_costs", {"repeats": options.repeats, "points": figures})
+
+
 def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--points", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--shape-costs", action="store_true", help="what each element of a job's shape costs, instead")
     options = parser.parse_args()
+    if options.shape_costs:
+        report_shape_costs(options)
+        return
     scratchflow = ["--snakefile", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles" / "local")]
     rows, figures = [], {}
     with tempfile.TemporaryDirectory(prefix="scratchflow-grid-scale-") as temporary:
@@ -149,7 +188,7 @@ def main() -> None:
             jobs = 2 * points + FIXED_JOBS
             scratchflow_workdir(ours_dir, points)
             minimal_dir = baseline_workdir(root, f"minimal-{points}", MINIMAL.format(jobs=jobs))
-            shape_dir = baseline_workdir(root, f"shape-{points}", SAME_SHAPE.format(points=points))
+            shape_dir = baseline_workdir(root, f"shape-{points}", same_shape(points))
             ours, minimal = fastest(
                 lambda: plan(ours_dir, *scratchflow),
                 lambda minimal_dir=minimal_dir: plan(minimal_dir),
