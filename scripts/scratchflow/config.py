@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from scratchflow.dataset import DatasetError, data_sources, resolve_location, table_columns
 from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.models import is_local_source
+from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
 from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
 from scratchflow.tracking import MissingPackage, require_wandb
 
@@ -138,16 +138,20 @@ def check_tracking(config: dict[str, Any]) -> None:
 
 def check_compression(config: dict[str, Any]) -> None:
     """A compressed archive needs its tool where the workflow starts (the jobs check again)."""
-    if config["dataset"].get("compression") == "zstd" and shutil.which("zstd") is None:
+    compression = archive_layout(config["dataset"])[0]
+    missing = missing_tools(*COMPRESSION_TOOLS[compression])
+    if missing:
         raise ConfigError(
-            "config key dataset.compression: zstd needs the zstd program, which is not on PATH here "
-            "(Debian: apt-get install zstd; or module load zstd); or remove the key for an uncompressed archive"
+            f"config key dataset.compression: {compression} needs the {' and '.join(missing)} program, which is not "
+            f"on PATH here (Debian: apt-get install {' '.join(missing)}; or module load {' '.join(missing)}); or "
+            "remove the key for an uncompressed archive"
         )
 
 
-def check_packing(pack_runs: int, executor: str, runtimes: Mapping[str, list[int]], cluster: dict[str, Any]) -> None:
+def check_packing(pack_runs: int, executor: str, runtimes: Mapping[str, int | None], cluster: dict[str, Any]) -> None:
     """`cluster.pack_runs` needs jobs submitted to a cluster, and a packed job's wall time (its runs'
-    runtimes, one after another) must fit the cluster's maximum."""
+    runtimes, one after another) must fit the cluster's maximum. `runtimes`: the packed rules' first
+    attempt's, in minutes (None where it depends on the job)."""
     if pack_runs == 1:
         return
     if executor not in PACKING_EXECUTORS:
@@ -157,8 +161,7 @@ def check_packing(pack_runs: int, executor: str, runtimes: Mapping[str, list[int
             "or run with a cluster profile (--profile profiles/<cluster>)"
         )
     limit = cluster.get("max_runtime_minutes")
-    for rule in ("train", "predict"):
-        runtime = runtimes.get(rule, [None])[0]
+    for rule, runtime in runtimes.items():
         if limit is not None and runtime is not None and pack_runs * runtime > limit:
             raise ConfigError(
                 f"config key cluster.pack_runs: {pack_runs} {rule} jobs of {runtime} min each, one after "

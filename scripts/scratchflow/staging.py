@@ -67,8 +67,12 @@ def _run(command: list[str], stopped_by_signal: tuple[int, ...] = ()) -> None:
         raise StagingError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()}")
 
 
+def missing_tools(*names: str) -> list[str]:
+    return [name for name in names if shutil.which(name) is None]
+
+
 def require_tools(*names: str) -> None:
-    missing = [name for name in names if shutil.which(name) is None]
+    missing = missing_tools(*names)
     if missing:
         raise StagingError(
             f"{', '.join(missing)} not found on PATH; install it (Debian: apt-get install {' '.join(missing)})"
@@ -76,17 +80,16 @@ def require_tools(*names: str) -> None:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as source:
-        while block := source.read(COPY_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
+    with open(path, "rb", buffering=0) as source:
+        return _sha256_of_open_file(source.fileno())
 
 
 # How an archive travels (dataset keys `compression` and `archive_parts`). Neither key has a schema
 # default: an unset key leaves the archive rule's params, and so the archives of existing grids, as
 # they were before the keys existed.
 COMPRESSIONS = {"none": ".tar", "zstd": ".tar.zst"}
+# The program that compresses and decompresses an archive, besides tar.
+COMPRESSION_TOOLS = {"none": (), "zstd": ("zstd",)}
 # `archive_parts: auto` splits a dataset into parts of about this many bytes; smaller datasets keep
 # one archive. Parts pay where a job has CPUs to spare beside the checksum: on 2 cores one archive of
 # 100,000 small files stages faster than the same files in parts (benchmarks/README.md).
@@ -153,7 +156,7 @@ def archive_dataset(dataset: dict[str, Any], archive: Path, manifest: Path) -> d
     its files lie.
     """
     compression, requested_parts = archive_layout(dataset)
-    require_tools("tar", *(["zstd"] if compression == "zstd" else []))
+    require_tools("tar", *COMPRESSION_TOOLS[compression])
     sources = data_sources(dataset)
     if WHOLE in sources:
         root = sources[WHOLE].name
@@ -312,7 +315,7 @@ def stage_in(archive: Path, manifest: Path, scratch: Path) -> Path:
     """
     expected = read_json(manifest)
     compression = expected.get("compression", "none")
-    require_tools("tar", *(["zstd"] if compression == "zstd" else []))
+    require_tools("tar", *COMPRESSION_TOOLS[compression])
     # Manifests written before archives had parts describe one.
     parts = expected.get("parts") or [{"file": archive.name, "sha256": expected["sha256"]}]
     parts_sha256 = data_sha256([part["sha256"] for part in parts])
