@@ -151,9 +151,7 @@ def gpu_variants(pack: int) -> dict[str, tuple[int, list[str]]]:
     }
 
 
-def run_variant(
-    slurm: LocalSlurm, work: Path, jobs: int, options: list[str], workflow: str = WORKFLOW
-) -> dict[str, object]:
+def run_variant(slurm: LocalSlurm, work: Path, jobs: int, options: list[str], workflow: str) -> dict[str, object]:
     """One run of the workflow; stopped and reported as stalled when no job has finished for
     STALL_SECONDS while none is queued or running (Snakemake would wait forever)."""
     work.mkdir()
@@ -208,6 +206,14 @@ def main() -> None:
     parser.add_argument("--pack", type=int, default=20)
     parser.add_argument("--gpu", action="store_true", help="jobs of one GPU: one per run, and packed")
     options = parser.parse_args()
+    # name -> (the workflow, its options)
+    if options.gpu:
+        chosen = {
+            name: (GPU_WORKFLOW.format(jobs=options.jobs, pack=pack), extra)
+            for name, (pack, extra) in gpu_variants(options.pack).items()
+        }
+    else:
+        chosen = {name: (WORKFLOW.format(jobs=options.jobs), extra) for name, extra in variants(options.pack).items()}
     results = {}
     # A benchmark stopped with SIGTERM still stops its cluster (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -215,13 +221,7 @@ def main() -> None:
         root = Path(temporary)
         slurm = LocalSlurm(root / "slurm").start()
         try:
-            if options.gpu:
-                for index, (name, (pack, extra)) in enumerate(gpu_variants(options.pack).items()):
-                    workflow = GPU_WORKFLOW.format(jobs=options.jobs, pack=pack)
-                    results[name] = run_variant(slurm, root / f"variant{index}", options.jobs, extra, workflow)
-                    print(f"  {name}: {results[name]}", flush=True)
-            for index, (name, extra) in enumerate(variants(options.pack).items() if not options.gpu else ()):
-                workflow = WORKFLOW.format(jobs=options.jobs)
+            for index, (name, (workflow, extra)) in enumerate(chosen.items()):
                 results[name] = run_variant(slurm, root / f"variant{index}", options.jobs, extra, workflow)
                 print(f"  {name}: {results[name]}", flush=True)
         finally:

@@ -38,7 +38,7 @@ rule aggregate:
     conda:
         "../envs/scratchflow.yaml"
     params:
-        run_ids=list(RUNS),
+        run_ids=RUN_IDS,
         metric=config["aggregate"]["metric"],
         goal=config["aggregate"]["goal"],
     script:

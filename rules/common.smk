@@ -76,6 +76,11 @@ PACKED_PREDICT = "packed_predict" if PACK_RUNS > 1 else None
 MODEL = config.get("model")
 # run_id -> that run's training parameters; run_id is the only wildcard of train and predict.
 RUNS = build_run_table(config)
+# The run ids in grid order, and the runs of each pack (one run each when runs are not packed).
+RUN_IDS = list(RUNS)
+PACKS = [
+    RUN_IDS[first : first + PACK_RUNS] for first in range(0, len(RUN_IDS), PACK_RUNS)
+]
 # Paths that depend on config alone are constants, not input functions: Snakemake calls an input
 # function once per job, through inspect.signature, which costs seconds on a grid of 10,000 runs.
 # The archive (its first part, when it has several) is .tar, or .tar.zst when compressed.
@@ -151,22 +156,17 @@ def run_results(wildcards):
     }
 
 
-def runs_of_pack(pack):
-    first = int(pack) * PACK_RUNS
-    return list(RUNS)[first : first + PACK_RUNS]
-
-
 def records_in_pack(wildcards):
     """What a pack's train jobs write last."""
     return expand(
-        "results/runs/{run_id}/record.json", run_id=runs_of_pack(wildcards.pack)
+        "results/runs/{run_id}/record.json", run_id=PACKS[int(wildcards.pack)]
     )
 
 
 def metrics_in_pack(wildcards):
     """What a pack's predict jobs write last."""
     return expand(
-        "results/runs/{run_id}/metrics.json", run_id=runs_of_pack(wildcards.pack)
+        "results/runs/{run_id}/metrics.json", run_id=PACKS[int(wildcards.pack)]
     )
 
 
@@ -177,7 +177,7 @@ def pack_outputs():
     return expand(
         "results/packs/{stage}-{pack}.json",
         stage=("train", "predict"),
-        pack=range(-(-len(RUNS) // PACK_RUNS)),
+        pack=range(len(PACKS)),
     )
 
 
@@ -185,9 +185,7 @@ def string_resources_of(rule_name):
     """The strings a profile gives the Slurm jobs of `rule_name` (partition, account, ...); its
     pack job asks for the same, since Snakemake joins a group's differing strings by taking the
     largest."""
-    resources = next(
-        defined.resources for defined in workflow.rules if defined.name == rule_name
-    )
+    resources = workflow.get_rule(rule_name).resources
     evaluated = {
         name: evaluated_resource(resources.get(name), rule_name, 1)
         for name in (
@@ -238,11 +236,10 @@ def describe_results():
 def check_packing_on_start():
     """cluster.pack_runs, once the executor is known (it is not while the workflow is read)."""
     runtimes = {
-        defined.name: [
-            evaluated_resource(defined.resources.get("runtime"), defined.name, 1)
-        ]
-        for defined in workflow.rules
-        if defined.name in ("train", "predict")
+        name: evaluated_resource(
+            workflow.get_rule(name).resources.get("runtime"), name, 1
+        )
+        for name in ("train", "predict")
     }
     check_packing(PACK_RUNS, workflow.executor_plugin.name, runtimes, config["cluster"])
 
