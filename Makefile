@@ -1,10 +1,20 @@
 # The two commands of the README: `make demo` and `make test`. Each sets up what it needs first.
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-# Debian tools the lifecycle runs (tar and coreutils come with every Debian system).
-DEBIAN_TOOLS := rsync
-# What the tests add: a real browser for the report (tests/test_workflow.py), driven by selenium.
-DEBIAN_TEST_PACKAGES := chromium chromium-driver
+# Debian tools, as command:package. The lifecycle runs rsync (tar and coreutils come with every
+# Debian system). The tests add a real browser for the report (tests/test_workflow.py), driven by
+# selenium, and zstd for compressed archives (dataset.compression: zstd).
+DEBIAN_TOOLS := rsync:rsync
+DEBIAN_TEST_TOOLS := chromium:chromium chromedriver:chromium-driver zstd:zstd
+
+# Install the Debian package of each command:package in $(1) whose command is missing.
+define install_missing
+	@for pair in $(1); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+endef
 
 .PHONY: demo test status setup setup-dev .debian-tools lint format clean example-image example-command
 
@@ -34,15 +44,10 @@ format: setup-dev
 
 setup: $(VENV)/.installed-runtime .debian-tools
 setup-dev: $(VENV)/.installed-dev .debian-tools
-	@command -v chromedriver >/dev/null || { echo "installing Debian packages: $(DEBIAN_TEST_PACKAGES)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_TEST_PACKAGES) >/dev/null; }
+	$(call install_missing,$(DEBIAN_TEST_TOOLS))
 
 .debian-tools:
-	@for tool in $(DEBIAN_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
-	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages:$$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	fi
+	$(call install_missing,$(DEBIAN_TOOLS))
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
