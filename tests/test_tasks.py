@@ -154,3 +154,47 @@ def test_a_dataset_with_its_own_parquet_split_files_trains_and_tests_on_them(tmp
     assert record["training"]["train_examples"] == len(splits["train"])
     assert record["data"]["files"] == 3
     assert record["run"]["dataset"]["splits"] == ["test", "train", "validation"]
+
+
+def test_a_text_dataset_of_train_and_test_files_only_trains_without_validation(tmp_path, bbc_subset, tiny_model):
+    """dataset.splits with no validation file (it is optional): nothing is evaluated during training."""
+    splits = split_examples(load_examples(bbc_subset, "folder", "text", "label"), 0.2, 0.0, 4)
+    paths = {}
+    for name in ("train", "test"):
+        paths[name] = tmp_path / "data" / f"{name}.csv"
+        paths[name].parent.mkdir(exist_ok=True)
+        pd.DataFrame({"text": [e.text for e in splits[name]], "label": [e.label for e in splits[name]]}).to_csv(
+            paths[name], index=False
+        )
+    dataset = {"name": "bbc-no-validation", "format": "csv", "splits": {k: str(v) for k, v in paths.items()}}
+    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", dataset=dataset, grid={"seed": [0]})
+    config["training"]["epochs"] = 1
+    write_config(tmp_path, config)
+    run_workflow(tmp_path)
+    record = record_of(tmp_path)
+    assert record["training"]["validation_examples"] == 0
+    assert record["training"]["train_examples"] == len(splits["train"])
+    assert "validation_accuracy" not in record["training"]
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert len(pd.read_csv(run / "predictions.csv")) == len(splits["test"])
+
+
+def test_an_image_dataset_of_train_and_test_folders_only_trains_without_validation(
+    tmp_path, animal_images, tiny_resnet
+):
+    folders = {name: tmp_path / "data" / name for name in ("train", "test")}
+    for label_folder in sorted(animal_images.iterdir()):
+        for index, image in enumerate(sorted(label_folder.iterdir())):
+            target = folders["test" if index % 4 == 0 else "train"] / label_folder.name
+            target.mkdir(parents=True, exist_ok=True)
+            (target / image.name).write_bytes(image.read_bytes())
+    config = image_config(animal_images, tiny_resnet, tmp_path / "scratch", epochs=1)
+    del config["dataset"]["path"], config["dataset"]["split_seed"]
+    config["dataset"]["splits"] = {name: str(folder) for name, folder in folders.items()}
+    write_config(tmp_path, config)
+    run_workflow(tmp_path)
+    record = record_of(tmp_path)
+    assert record["training"]["validation_examples"] == 0
+    assert record["training"]["train_examples"] == 120
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert len(pd.read_csv(run / "predictions.csv")) == 40

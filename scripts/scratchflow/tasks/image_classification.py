@@ -97,7 +97,7 @@ def train(context: TrainContext) -> Trained:
             context, has_validation=bool(splits["validation"]), remove_unused_columns=False
         ),
         train_dataset=ImageExamples(splits["train"], processor, label_ids),
-        eval_dataset=ImageExamples(splits["validation"], processor, label_ids),
+        eval_dataset=ImageExamples(splits["validation"], processor, label_ids) if splits["validation"] else None,
         processing_class=processor,
     )
     trained = context.work_dir / "model"

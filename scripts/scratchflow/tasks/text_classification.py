@@ -91,7 +91,11 @@ def train(context: TrainContext) -> Trained:
         model=model,
         args=hf_trainer.training_arguments(context, has_validation=bool(splits["validation"])),
         train_dataset=EncodedExamples(splits["train"], tokenizer, params["max_length"], label_ids),
-        eval_dataset=EncodedExamples(splits["validation"], tokenizer, params["max_length"], label_ids),
+        # No validation split (dataset.splits without one): nothing to evaluate, and a tokenizer
+        # called on no texts at all fails.
+        eval_dataset=EncodedExamples(splits["validation"], tokenizer, params["max_length"], label_ids)
+        if splits["validation"]
+        else None,
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
     )
