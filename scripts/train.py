@@ -27,6 +27,7 @@ with job_context(snakemake.log[0], snakemake.threads):
             tracking_dir=Path(snakemake.output.record).parent / TENSORBOARD_FOLDER,
             # From the config, not params: switching tracking on must not make finished runs rerun.
             tracking=snakemake.config["tracking"],
+            log=Path(snakemake.log[0]),
             shape=shape_of(snakemake.resources),
         )
     )

@@ -118,3 +118,18 @@ def test_a_holder_that_replaced_the_dead_one_meanwhile_is_kept(tmp_path):
     checkpoints._remove_holder(holder_file, gone={**this_process(), "pid": 999_999})
     assert json.loads(holder_file.read_text()) == first_waiter
     assert [path.name for path in tmp_path.iterdir()] == ["running.json"]
+
+
+def test_a_piece_found_killed_by_the_next_is_closed_with_the_step_of_its_last_checkpoint(tmp_path):
+    run = RunCheckpoints(tmp_path, MARKER)
+    killed = {"piece": 1, **this_process(), "started_at": "2026-11-24T10:00:00+0000", "outcome": "running"}
+    run.record_piece(killed)  # a job SIGKILLed inside its piece: its entry never gets an ending
+    make_checkpoint(tmp_path, 20)
+    make_checkpoint(tmp_path, 40)
+    with pytest.raises(RuntimeError), run.piece():
+        make_checkpoint(tmp_path, 60)
+        raise RuntimeError("the loss is NaN")
+    first, second = run.pieces()
+    assert (first["outcome"], first["reached_step"], first["ended_at"]) == ("killed", 40, None)
+    assert (second["outcome"], second["reached_step"]) == ("RuntimeError: the loss is NaN", 60)
+    assert second["ended_at"]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -97,7 +98,7 @@ def test_every_state_a_run_can_be_in_is_told_with_what_to_do_next(tmp_path):
     assert statuses["predfail00"].log == "logs/predict/predfail00.log"
     trains = statuses["trains0000"].detail
     assert trains.startswith("piece 2, step 120 of 280 (43%), 152.3 samples/s, 1 min 15 s left at that speed")
-    assert statuses["starting00"].detail.startswith("piece 1, starting (staging the data")
+    assert re.fullmatch(r"piece 1, running for [56] s; no checkpoint yet", statuses["starting00"].detail)
     assert statuses["paused0000"].detail == (
         "piece 1 stopped on SIGUSR1 at step 40 of 280; the next piece resumes from checkpoint-40"
     )
@@ -146,9 +147,9 @@ def test_a_packed_run_trains_in_the_job_of_its_pack(tmp_path):
     write(folder / "pieces.json", [piece(1, "running", time.time() - 60)])
     write(folder / "running.json", {"host": "n1", "pid": 1, "slurm_job_id": "88"})
     (status,) = grid_status(tmp_path, jobs={("packed_train", "88"): SlurmJob("88", "RUNNING", "None", "n1")})
-    assert (status.state, status.detail) == (
-        "trains",
-        "piece 1, starting (staging the data, or before its first progress line) (Slurm job 88 running on n1)",
+    assert status.state == "trains"
+    assert re.fullmatch(
+        r"piece 1, running for 1 min 0[01] s; no checkpoint yet \(Slurm job 88 running on n1\)", status.detail
     )
     (status,) = grid_status(tmp_path, jobs={("packed_train", "89"): SlurmJob("89", "PENDING", "Resources", "")})
     assert status.state == "interrupted"
@@ -193,3 +194,36 @@ def test_where_no_grid_exists_the_command_says_so_and_fails(tmp_path):
     shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True)
     assert shown.returncode == 2
     assert f"no grid in {tmp_path}" in shown.stderr
+
+
+def test_a_run_whose_program_reports_no_progress_is_told_by_its_newest_checkpoint(tmp_path):
+    """A command task's program writes checkpoints but no progress lines: the status says what is
+    known, how long the piece has run and its newest checkpoint's step and age, not a guess."""
+    now = time.time()
+    write_grid(tmp_path, {"command000": {}, "resumed000": {}}, "test_loss", "min", "local")
+    me = {"host": os.uname().nodename, "pid": os.getpid(), "slurm_job_id": None}
+    for run_id in ("command000", "resumed000"):
+        folder = tmp_path / "checkpoints" / run_id
+        write(folder / "pieces.json", [piece(1, "TrainingStopped: x", now - 3600), piece(2, "running", now - 600)])
+        write(folder / "running.json", me)
+        (folder / "checkpoint-1000").mkdir()
+        os.utime(folder / "checkpoint-1000", (now - 700, now - 700))  # saved by piece 1
+    saved = tmp_path / "checkpoints" / "command000" / "checkpoint-1100"
+    saved.mkdir()
+    os.utime(saved, (now - 30, now - 30))
+    statuses = by_id(grid_status(tmp_path))
+    # The pieces' start is recorded to the second.
+    running = r"piece 2, running for 10 min 0[01] s; "
+    assert re.fullmatch(running + "newest checkpoint-1100, saved 30 s ago", statuses["command000"].detail)
+    assert re.fullmatch(running + "resumed from checkpoint-1000, none saved since", statuses["resumed000"].detail)
+
+
+def test_a_stopped_or_killed_piece_points_at_its_own_log(tmp_path):
+    now = time.time()
+    write_grid(tmp_path, {"paused0000": {}, "killed0000": {}}, "accuracy", "max", "local")
+    stopped = {**piece(2, "TrainingStopped: stopped on SIGUSR1 at step 40 of 280; saved", now), "log": "L2"}
+    write(tmp_path / "checkpoints" / "paused0000" / "pieces.json", [piece(1, "killed", now - 60), stopped])
+    write(tmp_path / "checkpoints" / "killed0000" / "pieces.json", [{**piece(1, "running", now), "log": "L1"}])
+    statuses = by_id(grid_status(tmp_path))
+    assert (statuses["paused0000"].state, statuses["paused0000"].log) == ("paused", "L2")
+    assert (statuses["killed0000"].state, statuses["killed0000"].log) == ("interrupted", "L1")

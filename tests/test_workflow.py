@@ -281,6 +281,14 @@ def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset
     record = json.loads((tmp_path / "results" / "runs" / run_id / "record.json").read_text())
     assert record["training"]["resumed_from_step"] >= 20
     assert "resuming from" in (tmp_path / "logs" / "train" / f"{run_id}.log").read_text()
+    # The killed piece is closed as killed at its last checkpoint, and its log is kept: the rerun's
+    # log (Snakemake deletes a rule's log before it runs the job again) did not replace it.
+    killed, resumed = record["pieces"]
+    assert (killed["outcome"], killed["reached_step"]) == ("killed", record["training"]["resumed_from_step"])
+    killed_log = (tmp_path / killed["log"]).read_text()
+    assert f"run {run_id}, piece 1:" in killed_log and "checkpoint checkpoint-20 saved" in killed_log
+    assert "resuming from" not in killed_log
+    assert (tmp_path / resumed["log"]).samefile(tmp_path / "logs" / "train" / f"{run_id}.log")
     assert list(scratch.iterdir()) == [], "the retry removed the killed job's scratch"
     assert same_results(tmp_path, uninterrupted_long_run) == []
     # The curves (TensorBoard's, and so the figures') go on where the checkpoint was, with no step
@@ -327,7 +335,7 @@ def test_with_tracking_wandb_sigterm_to_every_process_of_a_job_still_pauses_it(t
     finally:
         os.killpg(workflow.pid, signal.SIGKILL)
         workflow.wait()
-    (piece,) = json.loads((checkpoints / "pieces.json").read_text())
+    piece = json.loads((checkpoints / "pieces.json").read_text())[0]  # the local profile's retry may follow
     assert piece["outcome"].startswith("TrainingStopped: stopped on SIGTERM"), piece["outcome"]
     assert "next attempt resumes from it" in piece["outcome"]
     assert "WandbCallback stopped logging" in (tmp_path / "logs" / "train" / f"{checkpoints.name}.log").read_text()
@@ -351,7 +359,7 @@ def test_scratch_too_small_stops_the_job_before_training_and_is_left_empty(
     result = run_workflow(tmp_path, check=False)
     assert result.returncode != 0
     assert "MB free, but staging the dataset needs" in result.stdout
-    (log,) = (tmp_path / "logs" / "train").iterdir()
+    (log,) = (tmp_path / "logs" / "train").glob("??????????.log")
     assert "epoch" not in log.read_text(), "training must not have started"
     assert list(small_disk.iterdir()) == []
     assert not list(tmp_path.glob("results/runs/*/*"))

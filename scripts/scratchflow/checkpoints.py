@@ -225,20 +225,18 @@ class RunCheckpoints:
         return read_json(path) if path.is_file() else []
 
     def record_piece(self, piece: dict[str, Any]) -> None:
-        """Add or update (same `started_at` and job) this job's entry in the run's list of pieces."""
-        listed = [
-            entry
-            for entry in self.pieces()
-            if (entry.get("started_at"), entry.get("slurm_job_id"), entry.get("pid"))
-            != (piece["started_at"], piece["slurm_job_id"], piece["pid"])
-        ]
+        """Add or update (same number) this job's entry in the run's list of pieces."""
+        listed = [entry for entry in self.pieces() if entry.get("piece") != piece["piece"]]
         listed.append(piece)
         write_json_atomically(listed, self.folder / PIECES_FILE)
 
     @contextlib.contextmanager
     def piece(self) -> Iterator[dict[str, Any]]:
         """List this job in the run's pieces with how it ended (finished, or the error that stopped
-        it); the caller adds what it knows (steps) to the yielded entry."""
+        it, with the step of the run's newest checkpoint then); the caller adds what it knows
+        (steps, its log) to the yielded entry. Called while holding the run: an earlier piece still
+        listed as running was killed (no job holds the run), and is closed as such."""
+        self.close_killed_pieces()
         piece = {
             "piece": len(self.pieces()) + 1,
             **this_process(),
@@ -250,12 +248,33 @@ class RunCheckpoints:
             yield piece
         except BaseException as error:
             piece["outcome"] = f"{type(error).__name__}: {error}"
+            piece.setdefault("reached_step", self.newest_step())
             raise
         else:
             piece["outcome"] = "finished"
         finally:
             piece["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             self.record_piece(piece)
+
+    def newest_step(self) -> int | None:
+        newest = self.newest()
+        return step_of(newest) if newest else None
+
+    def close_killed_pieces(self) -> None:
+        """Pieces listed as running whose job is gone (killed outright: SIGKILL, a node failure)
+        become `killed`, with the step of the newest checkpoint, the last one they could write."""
+        listed = self.pieces()
+        killed = [entry for entry in listed if entry.get("outcome") == "running"]
+        if not killed:
+            return
+        for entry in killed:
+            entry.update(outcome="killed", reached_step=self.newest_step(), ended_at=None)
+            job = f"Slurm job {entry['slurm_job_id']}" if entry.get("slurm_job_id") else f"pid {entry.get('pid')}"
+            log.warning(
+                "piece %s (%s on %s) was killed; the run goes on from step %s",
+                *(entry["piece"], job, entry.get("host"), entry["reached_step"]),
+            )
+        write_json_atomically(listed, self.folder / PIECES_FILE)
 
 
 def this_process() -> dict[str, Any]:

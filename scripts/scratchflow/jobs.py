@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +21,13 @@ from scratchflow.dataset import staged_sources
 from scratchflow.distributed import Shape
 from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.models import prefetch, switch_hub_off
-from scratchflow.record import PhaseTimer, environment_record, output_to_log, stop_cleanly_on_sigterm
+from scratchflow.record import (
+    PhaseTimer,
+    environment_record,
+    keep_piece_log,
+    output_to_log,
+    stop_cleanly_on_sigterm,
+)
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
 from scratchflow.tasks import PredictContext, TrainContext, load_task
 
@@ -30,18 +37,41 @@ log = logging.getLogger("scratchflow")
 @contextlib.contextmanager
 def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
     """What every job needs: its output in the rule's log, SIGTERM that still cleans up, a fixed
-    number of CPU threads, and a failure message in the log, not only in Snakemake's output."""
+    number of CPU threads, and a failure told where people look. The rule's log gets the failure
+    with its traceback (users read it first); the console (Snakemake's output, on a cluster the
+    plugin's Slurm log) gets the failure in one line and where its log is, with no traceback first."""
     stop_cleanly_on_sigterm()
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(threads)
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # progress bars make unreadable log files
+    failure: BaseException | None = None
     with output_to_log(log_path):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
         try:
             yield
         except BaseException as error:
-            log.error("job failed: %s: %s", type(error).__name__, error)
-            raise
+            log.exception("job failed: %s: %s", type(error).__name__, error)
+            failure = error
+    if failure is not None:
+        print(
+            f"scratchflow: job failed: {type(failure).__name__}: {failure}\n"
+            f"  its log, with the traceback: {Path(log_path).resolve()}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(exit_status(failure))
+
+
+def exit_status(failure: BaseException) -> int:
+    """A job's exit status for its failure: a signal's (128 + its number) stays, anything else is 1."""
+    if isinstance(failure, SystemExit) and isinstance(failure.code, int) and failure.code:
+        return failure.code
+    return 1
+
+
+def slurm_job_name() -> str:
+    job_id = os.environ.get("SLURM_JOB_ID")
+    return f"Slurm job {job_id}" if job_id else f"process {os.getpid()} (no Slurm)"
 
 
 def archive_job(*, dataset: dict[str, Any], archive: Path, manifest: Path) -> None:
@@ -86,6 +116,7 @@ class TrainJob:
     record_out: Path
     tracking_dir: Path  # results/runs/<run_id>/tensorboard: kept across pieces, so not an output
     tracking: str  # config key tracking
+    log: Path  # the rule's log, which this job writes to
     shape: Shape = field(default_factory=Shape)
 
 
@@ -104,14 +135,20 @@ def train_job(job: TrainJob) -> None:
     run.claim({"run_id": job.run_id, **job.identity, "data_sha256": data_record["sha256"]})
     with run.held(), run.piece() as piece, scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch:
         newest = run.newest()
+        piece_log = keep_piece_log(job.log, piece["piece"])
+        log.info(
+            "=== run %s, piece %d: %s on %s; this piece's log stays in %s ===",
+            *(job.run_id, piece["piece"], slurm_job_name(), piece["host"], piece_log or "this file only"),
+        )
         piece.update(
             asdict(job.shape),
+            log=str(piece_log) if piece_log else None,
             world_size=job.shape.world_size,
             ranks=distributed.ranks_by_node(job.shape),
             threads=job.threads,
-            # Recorded now, so that a piece that stops or fails says where it started too.
             resumed_from_step=step_of(newest) if newest else None,
         )
+        run.record_piece(piece)  # now: a piece that is killed says where it started and where its log is
         log.info(
             "run %s, piece %d: scratch %s (training processes: %d node(s) x %d)",
             *(job.run_id, piece["piece"], scratch, job.shape.nodes, job.shape.processes_per_node),

@@ -83,6 +83,21 @@ def stop_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, raise_system_exit)
 
 
+def keep_piece_log(log_path: Path, piece: int) -> Path | None:
+    """A second name for this job's log, `<run_id>.piece-<N>.log` beside it: Snakemake deletes a
+    rule's log before it runs the job again, and the log of the piece that was killed or paused is
+    the one a user needs. A hard link, so it holds every line the job writes, up to a SIGKILL; in the
+    log's own folder, since some filesystems (BeeGFS) link only within a folder. None where the
+    filesystem has no hard links."""
+    kept = log_path.with_name(f"{log_path.stem}.piece-{piece}{log_path.suffix}")
+    try:
+        kept.unlink(missing_ok=True)  # an earlier training of the run, whose checkpoints were released
+        os.link(log_path, kept)
+    except OSError:
+        return None
+    return kept
+
+
 @contextlib.contextmanager
 def output_to_log(log_path: str | os.PathLike[str]) -> Iterator[None]:
     """Send everything the job prints, C libraries included, to the rule's log file."""

@@ -8,6 +8,7 @@ is trained and waits for or runs its prediction, or is finished (its test metric
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -119,9 +120,21 @@ def _holder_alive(holder: dict[str, Any], active_jobs: dict[str, SlurmJob] | Non
     return process_may_live(holder)
 
 
+def _newest_checkpoint(folder: Path) -> tuple[int, float] | None:
+    """The step of the newest checkpoint in a run's folder and when it was saved (the time its
+    folder was last written: a checkpoint appears on shared storage whole, by a rename)."""
+    found = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if match := CHECKPOINT_NAME.fullmatch(entry.name):
+                with contextlib.suppress(FileNotFoundError):  # dropped meanwhile for a newer one
+                    found.append((int(match.group(1)), entry.stat().st_mtime))
+    return max(found) if found else None
+
+
 def _newest_step(folder: Path) -> int | None:
-    steps = [int(match.group(1)) for entry in os.listdir(folder) if (match := CHECKPOINT_NAME.fullmatch(entry))]
-    return max(steps) if steps else None
+    newest = _newest_checkpoint(folder)
+    return newest[0] if newest else None
 
 
 def _failure(log: Path) -> str | None:
@@ -178,31 +191,43 @@ def _training_status(
         return RunStatus(run_id, "trains", _training_detail(folder, last, now) + queued)
     newest = _newest_step(folder)
     resumes = f"resumes from checkpoint-{newest}" if newest is not None else "starts again from step 0"
+    piece_log = last.get("log") or f"logs/train/{run_id}.log"
     if last["outcome"].startswith("TrainingStopped"):
         stopped = last["outcome"].split(": ", 1)[1].split(";", 1)[0]
-        return RunStatus(run_id, "paused", f"piece {last['piece']} {stopped}; the next piece {resumes}{queued}")
-    if last["outcome"] == "running":
-        return RunStatus(run_id, "interrupted", f"piece {last['piece']} was killed; the next piece {resumes}{queued}")
+        return RunStatus(
+            run_id, "paused", f"piece {last['piece']} {stopped}; the next piece {resumes}{queued}", piece_log
+        )
+    if last["outcome"] in ("running", "killed"):
+        return RunStatus(
+            run_id, "interrupted", f"piece {last['piece']} was killed; the next piece {resumes}{queued}", piece_log
+        )
     if job is not None:  # a retry of a failed piece is queued or starting
-        return RunStatus(run_id, "waits", f"piece {last['piece']} failed; a retry {resumes}{queued}")
-    return RunStatus(
-        run_id, "failed", f"piece {last['piece']}: {last['outcome'].splitlines()[0][:300]}", f"logs/train/{run_id}.log"
-    )
+        return RunStatus(run_id, "waits", f"piece {last['piece']} failed; a retry {resumes}{queued}", piece_log)
+    return RunStatus(run_id, "failed", f"piece {last['piece']}: {last['outcome'].splitlines()[0][:300]}", piece_log)
 
 
 def _training_detail(folder: Path, piece: dict[str, Any], now: float) -> str:
+    """Where a training piece is: its progress line (the Hugging Face tasks write one every 10 steps),
+    or else what the run's folder shows (a command task's program reports no progress): how long the
+    piece has run and its newest checkpoint."""
     where = f"piece {piece['piece']}"
     progress = _read(folder / PROGRESS_FILE)
     started = time.mktime(time.strptime(piece["started_at"], "%Y-%m-%dT%H:%M:%S%z"))
-    if progress is None or progress["at"] < started:
-        newest = _newest_step(folder)
-        since = f" from checkpoint-{newest}" if newest is not None else ""
-        return f"{where}, starting{since} (staging the data, or before its first progress line)"
-    step, total = progress["step"], progress["max_steps"]
-    return (
-        f"{where}, step {step} of {total} ({100 * step / total:.0f}%), {progress['samples_per_second']:.1f} samples/s, "
-        f"{duration(progress['seconds_left'])} left at that speed (as of {duration(now - progress['at'])} ago)"
-    )
+    if progress is not None and progress["at"] >= started:
+        step, total = progress["step"], progress["max_steps"]
+        return (
+            f"{where}, step {step} of {total} ({100 * step / total:.0f}%), "
+            f"{progress['samples_per_second']:.1f} samples/s, "
+            f"{duration(progress['seconds_left'])} left at that speed (as of {duration(now - progress['at'])} ago)"
+        )
+    running = f"{where}, running for {duration(now - started)}"
+    newest = _newest_checkpoint(folder)
+    if newest is None:
+        return f"{running}; no checkpoint yet"
+    step, saved_at = newest
+    if saved_at >= started:
+        return f"{running}; newest checkpoint-{step}, saved {duration(now - saved_at)} ago"
+    return f"{running}; resumed from checkpoint-{step}, none saved since"
 
 
 def current_status(workdir: Path) -> list[RunStatus]:

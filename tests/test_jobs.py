@@ -1,0 +1,35 @@
+"""What every job does around its work: where its failure is told."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def test_a_failing_job_puts_its_traceback_in_its_log_and_one_line_first_on_the_console(tmp_path):
+    log = tmp_path / "logs" / "train" / "run.log"
+    job = f"""
+from scratchflow.jobs import job_context
+
+def tokenize(texts):
+    return texts[0]
+
+with job_context({str(log)!r}):
+    print("loading the data")
+    tokenize([])
+"""
+    script = tmp_path / "job.py"
+    script.write_text(job)
+    result = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": SCRIPTS}
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "scratchflow: job failed: IndexError: list index out of range",
+        f"  its log, with the traceback: {log}",
+    ]
+    written = log.read_text()
+    assert "loading the data" in written
+    assert "ERROR scratchflow: job failed: IndexError: list index out of range\nTraceback" in written
+    assert "in tokenize\n    return texts[0]" in written
