@@ -15,7 +15,15 @@ from conftest import wandb_offline_runs
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.tasks import TrainContext
-from scratchflow.tasks.command import CheckpointMirror, CommandFailed, check_settings, read_metrics, train
+from scratchflow.tasks.command import (
+    CheckpointMirror,
+    CommandFailed,
+    check_settings,
+    data_locations,
+    interpreted_script,
+    read_metrics,
+    train,
+)
 from scratchflow.tracking import TENSORBOARD_FOLDER
 
 IGNORES_STOPS = """
@@ -66,6 +74,24 @@ def test_a_program_file_that_is_not_executable_is_refused(tmp_path):
     check_settings({"training": {"command": [str(script)]}})
 
 
+@pytest.mark.parametrize(
+    ("argv", "script"),
+    [
+        (["python", "train.py", "--lr", "1"], "train.py"),
+        (["/usr/bin/python3.11", "-u", "-W", "ignore", "src/train.py"], "src/train.py"),
+        (["python", "-m", "lab.train"], None),
+        (["python", "-c", "print(1)"], None),
+        (["bash", "-eu", "run.sh"], "run.sh"),
+        (["Rscript", "fit.R"], "fit.R"),
+        (["julia", "--threads", "4", "train.jl"], "train.jl"),
+        (["torchrun", "train.py"], None),  # not an interpreter: its arguments are its own
+        (["python"], None),
+    ],
+)
+def test_the_script_a_known_interpreter_runs_is_found_in_its_arguments(argv, script):
+    assert interpreted_script(argv) == script
+
+
 LOGS_TO_WANDB = """
 import json, os, wandb
 run = wandb.init()  # no arguments: the job's environment says offline, where, and which run
@@ -100,3 +126,16 @@ def test_with_tracking_wandb_a_bare_wandb_init_logs_the_piece_offline_beside_its
     (piece,) = wandb_offline_runs(run_folder).values()
     assert (piece["id"], piece["group"], piece["job_type"]) == ("r1-piece3", "r1", "train-piece")
     assert piece["history"] == {10: {"train/loss": 0.1}, 20: {"train/loss": 0.05}}
+
+
+def test_the_data_dir_is_always_a_folder_and_a_one_file_dataset_is_named_beside_it(tmp_path):
+    """A program that lists $SCRATCHFLOW_DATA_DIR must find a folder, whatever dataset.path is."""
+    (tmp_path / "staged" / "train").mkdir(parents=True)
+    (tmp_path / "staged" / "articles.csv").write_text("text,label\n")
+    assert data_locations({"all": tmp_path / "staged" / "articles.csv"}) == (
+        tmp_path / "staged",
+        tmp_path / "staged" / "articles.csv",
+    )
+    assert data_locations({"all": tmp_path / "staged" / "train"}) == (tmp_path / "staged" / "train", None)
+    splits = {"train": tmp_path / "staged" / "train", "test": tmp_path / "staged" / "test"}
+    assert data_locations(splits) == (tmp_path / "staged", None)

@@ -42,11 +42,11 @@ def token_inside_workflow(config, tmp_path):
     config["model"]["token_file"] = str(tmp_path / "hf-token")
 
 
-def command_task(**training):
+def command_task(grid=None, **training):
     def mutate(config, _tmp_path):
         config.update(task="command", aggregate={"metric": "accuracy"})
         config["training"] = {"command": ["python", "train.py"], **training}
-        config["grid"] = {"seed": [0]}
+        config["grid"] = grid or {"seed": [0]}
 
     return mutate
 
@@ -174,6 +174,14 @@ CASES = {
         ["config key training.command", "is not of type 'array'"],
     ),
     "a command whose program is not found": (command_task(command=["no-such-trainer"]), ["training.command", "PATH"]),
+    "a script behind an interpreter that does not exist": (
+        command_task(command=["python", "-u", "no_such_train.py"]),
+        ["training.command: python would run 'no_such_train.py', which does not exist here"],
+    ),
+    "a typo in a command task's grid key": (
+        command_task(command=["python"], learning_rate=1.0e-3, grid={"lerning_rate": [1.0e-3, 3.0e-3]}),
+        ["grid.lerning_rate: not a parameter of the program", "did you mean 'learning_rate'?"],
+    ),
     "a command task without a metric to compare by": (
         lambda c, t: (command_task(command=["python"])(c, t), c.pop("aggregate")),
         ["aggregate.metric", "name the one to compare runs by"],

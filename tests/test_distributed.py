@@ -227,8 +227,9 @@ def test_two_processes_killed_stopped_and_resumed_end_like_an_uninterrupted_run(
     with 1 process is refused; USR1 to the job makes both ranks stop at one step with a checkpoint
     holding both ranks' random states; the last resume ends with the uninterrupted run's metrics."""
     two_process_config(tmp_path, bbc_subset, tiny_model)
+    one_fault_at_a_time = ("--retries", "0")  # each fault is followed by hand, not by the profile's retry
 
-    workflow = start_workflow(tmp_path, *TWO_PROCESSES)
+    workflow = start_workflow(tmp_path, *TWO_PROCESSES, *one_fault_at_a_time)
     wait_for_step(tmp_path, workflow, 20)
     os.kill(training_processes(tmp_path)[1], signal.SIGKILL)
     killed_at = time.monotonic()
@@ -239,12 +240,12 @@ def test_two_processes_killed_stopped_and_resumed_end_like_an_uninterrupted_run(
     assert "SIGKILL" in train_log(tmp_path)
     assert training_processes(tmp_path) == {}, "no rank trains on as an orphan"
 
-    refused = run_workflow(tmp_path, check=False)
+    refused = run_workflow(tmp_path, *one_fault_at_a_time, check=False)
     assert refused.returncode != 0
     assert "WorldSizeChanged" in live_pieces(tmp_path)[1]["outcome"]
     assert "was written by 2 training process(es), and this job trains with 1" in train_log(tmp_path)
 
-    workflow = start_workflow(tmp_path, *TWO_PROCESSES)
+    workflow = start_workflow(tmp_path, *TWO_PROCESSES, *one_fault_at_a_time)
     wait_for_step(tmp_path, workflow, 40)
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=120)[0]

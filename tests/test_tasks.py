@@ -20,7 +20,6 @@ from conftest import (
     different_curves,
     image_config,
     job_process,
-    live_pieces,
     metrics_of,
     run_workflow,
     same_metrics,
@@ -43,6 +42,12 @@ def wait_for_checkpoint(workdir: Path, workflow: subprocess.Popen, marker: str) 
             return found[0]
         time.sleep(0.05)
     raise AssertionError(f"no checkpoint appeared; the workflow said:\n{workflow.communicate()[0][-4000:]}")
+
+
+def run_log(workdir: Path) -> str:
+    """The rule's log of the one run (beside it, each piece's)."""
+    (log,) = (workdir / "logs" / "train").glob("??????????.log")
+    return log.read_text()
 
 
 def record_of(workdir: Path) -> dict:
@@ -76,21 +81,20 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     tmp_path, bbc_subset, uninterrupted_command_run
 ):
     """USR1 to the job only: the job passes it on to the program, which saves and exits; the piece is
-    recorded as paused, and the same command again resumes from the checkpoint."""
+    recorded as paused with its own log, and the local profile's retry resumes from the checkpoint."""
     write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch"))
     workflow = start_workflow(tmp_path)
     wait_for_checkpoint(tmp_path, workflow, "COMPLETE")
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=300)[0]
-    assert workflow.returncode != 0, "the piece was paused: the local profile has no retries"
-    pieces = live_pieces(tmp_path)
-    assert "stopped on SIGUSR1 at step" in pieces[0]["outcome"] and "paused" in pieces[0]["outcome"], output[-3000:]
-
-    run_workflow(tmp_path)
+    assert workflow.returncode == 0, output[-3000:]
 
     first, second = record_of(tmp_path)["pieces"]
+    assert "stopped on SIGUSR1 at step" in first["outcome"] and "paused" in first["outcome"], output[-3000:]
     stopped_at = int(first["outcome"].split("at step ")[1].split(":")[0])
-    assert second["resumed_from_step"] == stopped_at > 0
+    assert first["reached_step"] == second["resumed_from_step"] == stopped_at > 0
+    assert "SIGUSR1 received" in (tmp_path / first["log"]).read_text()
+    assert "resumed at step" not in (tmp_path / first["log"]).read_text()
     assert same_metrics(tmp_path, uninterrupted_command_run, rel=COMMAND_EXAMPLE_REL), (
         metrics_of(tmp_path, uninterrupted_command_run),
         metrics_of(uninterrupted_command_run, uninterrupted_command_run),
@@ -118,7 +122,7 @@ def test_a_failing_command_fails_the_job_with_the_tail_of_its_output(tmp_path, b
     write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch", command=["python", str(script)]))
     result = run_workflow(tmp_path, check=False)
     assert result.returncode != 0
-    log = next((tmp_path / "logs" / "train").iterdir()).read_text()
+    log = run_log(tmp_path)
     assert "exited with 3; its last lines:" in log and "KeyError: no such column" in log
     assert not list((tmp_path / "results").glob("runs/*/*"))
     assert list((tmp_path / "scratch").iterdir()) == []
@@ -130,7 +134,7 @@ def test_a_command_that_writes_no_metrics_fails_naming_the_file(tmp_path, bbc_su
     write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch", command=["python", str(script)]))
     result = run_workflow(tmp_path, check=False)
     assert result.returncode != 0
-    assert "metrics.json is missing" in next((tmp_path / "logs" / "train").iterdir()).read_text()
+    assert "metrics.json is missing" in run_log(tmp_path)
 
 
 def test_a_dataset_with_its_own_parquet_split_files_trains_and_tests_on_them(tmp_path, bbc_subset, tiny_model):

@@ -119,6 +119,22 @@ def varying_columns(table: pd.DataFrame, columns: list[str]) -> list[str]:
     return [column for column in columns if table[column].astype(str).nunique() > 1]
 
 
+def comparison_axis(
+    runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goal: str
+) -> tuple[str, tuple[float, float]]:
+    """The comparison's axis: its label (the metric as the runs report it on the test split; what a
+    bar shows: one run, or the mean and spread of a setting's seeds) and its limits (from zero, or
+    the lowest value, to a little past the longest bar or dot, with room for the bar's figure)."""
+    name = metric if metric.startswith("test") else f"test {metric}"
+    replicated = bool((settings["runs"] > 1).any())
+    shown = "mean ± std over each setting's seeds, a dot per run" if replicated else "one run per setting"
+    label = f"{name}: {shown} ({'higher' if goal == 'max' else 'lower'} is better)"
+    spread = (settings[f"{metric}_mean"] + settings[f"{metric}_std"].fillna(0)).max()
+    top = max(float(runs[metric].max()), float(spread))
+    bottom = min(0.0, float(runs[metric].min()))
+    return label, (bottom, top * 1.15 if top > 0 else 1.0)
+
+
 def plot_comparison(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goal: str, path: Path) -> None:
     """A horizontal bar per setting at its mean, a line for its standard deviation and a dot per
     run, labelled with the parameters that vary; the best setting in orange."""
@@ -149,11 +165,9 @@ def plot_comparison(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goa
         replicates = values[row["run_ids"].split()]
         axes.scatter(replicates, [position] * len(replicates), color="tab:red", s=14, zorder=3)
         axes.text(row[mean], position + 0.3, f" {row[mean]:.3f}", va="center", fontsize="small")
-    axes.set_xlabel(
-        f"test {metric}: mean ± std of the seeds, a dot per run ({'higher' if goal == 'max' else 'lower'} is better)"
-    )
-    top = float(runs[metric].max())
-    axes.set_xlim(min(0.0, float(runs[metric].min())), 1.08 if 0 < top <= 1 else top * 1.15 or 1)
+    label, limits = comparison_axis(runs, ordered, metric, goal)
+    axes.set_xlabel(label)
+    axes.set_xlim(*limits)
     shown = f"best {len(ordered)} of {len(settings)}" if len(ordered) < len(settings) else str(len(settings))
     axes.set_title(f"{shown} settings, {len(runs)} runs; best setting in orange")
     figure.tight_layout()

@@ -3,8 +3,10 @@
 The program is `training.command`, an argv list run without a shell, in the workflow's working
 directory. It learns where things are from environment variables (the README's contract table):
 
-    SCRATCHFLOW_DATA_DIR          the verified, extracted data on node-local scratch (a file or folder;
-                                  with dataset.splits, a folder holding train, validation, test)
+    SCRATCHFLOW_DATA_DIR          the verified, extracted data on node-local scratch, always a folder:
+                                  dataset.path's folder, or the folder holding its one file, or with
+                                  dataset.splits the folder holding train, validation, test
+    SCRATCHFLOW_DATA_FILE         dataset.path's one file there, when it is a file ('' otherwise)
     SCRATCHFLOW_CHECKPOINT_DIR    checkpoints on scratch: write `checkpoint-<step>/`, and the file
                                   COMPLETE into it last. Each complete one is mirrored to shared storage
     SCRATCHFLOW_RESUME_FROM       the newest complete checkpoint, copied in from shared storage ('' if none)
@@ -21,15 +23,19 @@ directory. It learns where things are from environment variables (the README's c
 
 On SIGUSR1/SIGTERM the job forwards the signal to the program's process group, waits up to
 checkpointing.stop_grace_seconds for it to exit, mirrors its newest complete checkpoint, and records
-the piece as paused: the retry resumes.
+the piece as paused: the retry resumes. After a stop the program's exit status does not matter
+(0, or 128 + the signal's number, are both fine): it paused unless it wrote metrics.json, which means
+it finished. `python` in the command is the workflow's own environment's (first on PATH).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import threading
@@ -59,8 +65,40 @@ class CommandFailed(RuntimeError):
     """The program exited with an error, or left no usable metrics."""
 
 
+# Interpreters whose first argument that is not an option is the script they run, and the options
+# that mean there is no script file (code given inline, or a module) or that take a value.
+INTERPRETERS = {
+    "python": ({"-c", "-m"}, {"-W", "-X"}),
+    "bash": ({"-c"}, {"-o", "-O"}),
+    "sh": ({"-c"}, {"-o"}),
+    "zsh": ({"-c"}, {"-o"}),
+    "Rscript": ({"-e"}, set()),
+    "julia": ({"-e", "-E", "--eval", "--print"}, {"-t", "--threads", "-p", "--procs", "--project"}),
+    "perl": ({"-e", "-E"}, set()),
+    "ruby": ({"-e"}, set()),
+    "node": ({"-e", "--eval", "-p", "--print"}, set()),
+}
+
+
 def check_settings(config: dict[str, Any]) -> None:
-    program = config["training"]["command"][0]
+    """The program exists here, and so does the script a known interpreter is given (relative to the
+    working directory, where the job runs it); every grid key is one of the program's parameters."""
+    training = config["training"]
+    check_program(training["command"])
+    unknown = sorted(set(config.get("grid") or {}) - set(training))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], training, n=1)
+        raise ValueError(
+            f"grid.{unknown[0]}: not a parameter of the program: a grid key of task command must name a key of "
+            f"training:, which declares the program's parameters and their defaults"
+            + (f" (did you mean {near[0]!r}?)" if near else "")
+            + f"; training: has {', '.join(sorted(key for key in training if key != 'command'))}. "
+            "Add it to training: with its default if the program takes it"
+        )
+
+
+def check_program(argv: list[str]) -> None:
+    program = argv[0]
     if "/" in program:
         path = Path(program).expanduser()
         if not path.is_file():
@@ -72,6 +110,31 @@ def check_settings(config: dict[str, Any]) -> None:
             )
     elif shutil.which(program) is None:
         raise ValueError(f"training.command: program {program!r} is not found on PATH")
+    script = interpreted_script(argv)
+    if script is not None and not Path(script).expanduser().is_file():
+        raise ValueError(
+            f"training.command: {Path(program).name} would run {script!r}, which does not exist here "
+            f"(resolved to {Path(script).expanduser().resolve()}; the job runs the command in the directory "
+            "you run snakemake in)"
+        )
+
+
+def interpreted_script(argv: list[str]) -> str | None:
+    """The script file a known interpreter (python3.11 counts as python) runs, or None (another
+    program, inline code, a module, or an interactive interpreter)."""
+    name = re.sub(r"[0-9.]+$", "", Path(argv[0]).name)
+    if name not in INTERPRETERS:
+        return None
+    no_script, with_value = INTERPRETERS[name]
+    arguments = iter(argv[1:])
+    for argument in arguments:
+        if argument in no_script or argument == "-":
+            return None
+        if argument in with_value:
+            next(arguments, None)
+        elif not argument.startswith("-"):
+            return argument
+    return None
 
 
 def check_data(dataset: dict[str, Any], sources: dict[str, Path]) -> None:
@@ -147,8 +210,13 @@ class CheckpointMirror:
         log.info("checkpoint %s saved to %s", newest.name, self.run.folder)
 
 
-def data_dir(data: dict[str, Path]) -> Path:
-    return data["all"] if "all" in data else next(iter(data.values())).parent
+def data_locations(data: dict[str, Path]) -> tuple[Path, Path | None]:
+    """SCRATCHFLOW_DATA_DIR, always a folder (the dataset's own folder, the one holding its single
+    file, or the one holding its split files), and SCRATCHFLOW_DATA_FILE, that single file or None."""
+    if "all" not in data:
+        return next(iter(data.values())).parent, None
+    whole = data["all"]
+    return (whole.parent, whole) if whole.is_file() else (whole, None)
 
 
 def train(context: TrainContext) -> Trained:
@@ -161,9 +229,11 @@ def train(context: TrainContext) -> Trained:
     params_file.write_text(json.dumps(params, indent=2, sort_keys=True))
     resume_from = context.checkpoints.seed(checkpoint_dir)
     stop_file = context.work_dir / STOP_FILE_NAME
+    data_dir, data_file = data_locations(context.data)
     env = {
         **os.environ,
-        "SCRATCHFLOW_DATA_DIR": str(data_dir(context.data)),
+        "SCRATCHFLOW_DATA_DIR": str(data_dir),
+        "SCRATCHFLOW_DATA_FILE": str(data_file or ""),
         "SCRATCHFLOW_CHECKPOINT_DIR": str(checkpoint_dir),
         "SCRATCHFLOW_RESUME_FROM": str(resume_from or ""),
         "SCRATCHFLOW_OUTPUT_DIR": str(output_dir),
