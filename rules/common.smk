@@ -33,7 +33,7 @@ from scratchflow.dataset import (
 )
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
-from scratchflow.staging import archive_suffix
+from scratchflow.staging import archive_suffix, keep_job_variables
 from scratchflow.status import write_grid
 from scratchflow.tracking import wandb_sync_command
 
@@ -61,6 +61,7 @@ if workflow.remote_exec:
     # this Snakemake included, which USR1 would kill, and the step with it. Ignored here (and so in
     # the job's script, which inherits it) except where the task listens for it.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    keep_job_variables()
 
 DATASET = config["dataset"]
 # cluster.pack_runs > 1: train jobs, and predict jobs, go to Slurm that many to a job (Snakemake's

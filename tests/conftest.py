@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -172,12 +173,32 @@ def same_results(workdir: Path, reference: Path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    """A real Slurm cluster on this machine, for the whole session (tests/local_slurm.py)."""
-    from local_slurm import LocalSlurm
+    """A real Slurm cluster on this machine, for the whole session, started as the README starts one
+    (`python tests/local_slurm.py start`) and stopped with SIGTERM, after which no daemon of it may
+    be left (a test of that command's own way out)."""
+    from local_slurm import LocalSlurm, is_zombie, namespace_pids
 
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
-    yield cluster
-    cluster.stop()
+    root = tmp_path_factory.mktemp("slurm")
+    started = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "local_slurm.py"), "start", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    said = []
+    for line in started.stdout:
+        said.append(line)
+        if line.startswith("export SLURM_CONF="):
+            break
+    else:
+        pytest.fail(f"the test cluster did not start ({started.wait()}):\n{''.join(said)[-4000:]}")
+    daemons = [int(entry.split("=")[1]) for entry in next(started.stdout).split()]
+    yield LocalSlurm(root)
+    started.send_signal(signal.SIGTERM)
+    assert started.wait(timeout=120) == 128 + signal.SIGTERM, "".join(said) + started.stdout.read()
+    left = [pid for pid in daemons + namespace_pids() if Path(f"/proc/{pid}").exists() and not is_zombie(pid)]
+    assert left == [], f"local_slurm.py start left processes running after SIGTERM: {left}"
 
 
 def slurm_workflow_command(slurm, profile: str, *arguments: str) -> list[str]:
@@ -324,6 +345,7 @@ def command_config(data: Path, scratch: Path | None, **training) -> dict:
             "batch_size": 8,
             "epochs": 30,
             "learning_rate": 1.0e-3,
+            "seed": 0,
             **training,
         },
         "grid": {"seed": [5]},

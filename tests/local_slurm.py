@@ -7,7 +7,9 @@ $SLURM_CONF and clients inside jobs through slurmd's configless cache, so nothin
 is touched. Partitions carry the real clusters' names, so that every
 profile's own resource names are exercised, not replaced.
 
-    python tests/local_slurm.py start|stop     (by hand; the tests use the `slurm` fixture)
+    python tests/local_slurm.py start [ROOT]   starts it and keeps it until Ctrl-C, kill or a closed
+                                               terminal, then stops every daemon (the tests run this)
+    python tests/local_slurm.py stop           stops the daemons a killed `start` left
 """
 
 from __future__ import annotations
@@ -231,19 +233,7 @@ class LocalSlurm:
         """Stop the daemons of an earlier test cluster that was killed instead of stopped (they
         still run in the old namespace) and remove the socket a killed MariaDB leaves behind:
         a stale socket would pass for a running server."""
-        listed = subprocess.run(["ip", "netns", "pids", NETWORK_NAMESPACE], capture_output=True, text=True)
-        leftovers = [int(pid) for pid in listed.stdout.split()]
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while leftovers and time.monotonic() < deadline:
-            leftovers = [pid for pid in leftovers if Path(f"/proc/{pid}").exists()]
-            time.sleep(0.2)
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        subprocess.run(["ip", "netns", "delete", NETWORK_NAMESPACE], capture_output=True)
+        stop_namespace()
         if MARIADB_SOCKET.is_socket() and not self._mariadb_answers():
             MARIADB_SOCKET.unlink()
 
@@ -289,9 +279,10 @@ class LocalSlurm:
 
     def restart_controller(self, down_seconds: float) -> None:
         """Stop slurmctld, as a crash or an upgrade does, and start it again from its saved state."""
-        controller = self.daemons.pop("slurmctld")
-        controller.send_signal(signal.SIGTERM)
-        controller.wait(timeout=30)
+        pid = int((self.root / "run" / "slurmctld.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        _wait_until_gone([pid], timeout=30)
+        self.daemons.pop("slurmctld", None)
         time.sleep(down_seconds)
         self._start("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         self._wait("slurmctld", lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0)
@@ -303,7 +294,9 @@ class LocalSlurm:
         return set(states) == set(NODES) and all(state.rstrip("*") in ready for state in states.values())
 
     def stop(self) -> None:
-        """Stop the daemons started here, newest first."""
+        """Stop the daemons started here, newest first, then anything else still running in the
+        cluster's namespace (a slurmctld restarted by another process, a job's leftovers), and
+        remove the namespace."""
         for name, process in reversed(list(self.daemons.items())):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -313,14 +306,74 @@ class LocalSlurm:
                     process.kill()
                     process.wait()
             del self.daemons[name]
-        subprocess.run(["ip", "netns", "delete", NETWORK_NAMESPACE], capture_output=True)
+        stop_namespace()
+
+
+def namespace_pids() -> list[int]:
+    """The processes running in the test cluster's network namespace (none once it is gone)."""
+    listed = subprocess.run(["ip", "netns", "pids", NETWORK_NAMESPACE], capture_output=True, text=True)
+    return [int(pid) for pid in listed.stdout.split()]
+
+
+def _wait_until_gone(pids: list[int], timeout: float) -> list[int]:
+    """Those of `pids` still running after up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not is_zombie(pid)]
+        time.sleep(0.2)
+    return pids
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def stop_namespace() -> None:
+    """Every process in the cluster's namespace gets SIGTERM, then SIGKILL after 30 s; then the
+    namespace goes."""
+    pids = namespace_pids()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    for pid in _wait_until_gone(pids, timeout=30):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    subprocess.run(["ip", "netns", "delete", NETWORK_NAMESPACE], capture_output=True)
+
+
+# The signals that end `start`: Ctrl-C, kill (SIGTERM), a closed terminal (SIGHUP).
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def main(arguments: list[str]) -> None:
+    """`start [ROOT]`: start the cluster and keep it until one of STOP_SIGNALS, then stop every
+    daemon, also when the start fails half-way. `stop`: stop a cluster a killed `start` left."""
+    if arguments[:1] == ["stop"]:
+        stop_namespace()
+        return
+    if arguments[:1] != ["start"]:
+        sys.exit(__doc__)
+
+    def leave(number: int, _frame: object) -> None:
+        raise SystemExit(128 + number)
+
+    for number in STOP_SIGNALS:  # handlers, not a blocked mask: the daemons inherit a mask
+        signal.signal(number, leave)
+    cluster = LocalSlurm(Path(arguments[1] if len(arguments) > 1 else "/tmp/scratchflow-slurm"))
+    try:
+        cluster.start()
+        print(f"export SLURM_CONF={cluster.conf}")
+        print(" ".join(f"{name}={process.pid}" for name, process in cluster.daemons.items()), flush=True)
+        while True:
+            signal.pause()
+    finally:
+        for number in STOP_SIGNALS:  # a second Ctrl-C does not cut the stop short
+            signal.signal(number, signal.SIG_IGN)
+        cluster.stop()
 
 
 if __name__ == "__main__":
-    cluster = LocalSlurm(Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/scratchflow-slurm"))
-    if sys.argv[1:2] == ["start"]:
-        cluster.start()
-        print(f"export SLURM_CONF={cluster.conf}")
-        print(" ".join(f"{name}={process.pid}" for name, process in cluster.daemons.items()))
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-        cluster.stop()
+    main(sys.argv[1:])

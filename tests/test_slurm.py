@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import (
     OVERLAY,
     REPO,
@@ -37,9 +38,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
-def alliance_software(tmp_path_factory):
-    """What a Narval login node provides: Lmod with a python/3.11 module, and a wheelhouse of
-    local wheels for `pip install --no-index` (here: this repository's requirements)."""
+def alliance_modules(tmp_path_factory):
+    """What a Narval login node's Lmod offers: a python/3.11 module (here: Debian's Python 3.11)."""
     root = tmp_path_factory.mktemp("alliance")
     bin_dir = root / "python-3.11" / "bin"
     bin_dir.mkdir(parents=True)
@@ -49,15 +49,21 @@ def alliance_software(tmp_path_factory):
     modulefile.write_text(
         f'-- Stand-in for the Alliance module: Debian\'s Python 3.11.\nprepend_path("PATH", "{bin_dir}")\n'
     )
-    wheelhouse = root / "wheelhouse"
+    return {"LMOD_PKG": "/usr/share/lmod/lmod", "MODULEPATH": str(root / "modules")}
+
+
+@pytest.fixture(scope="session")
+def alliance_software(tmp_path_factory, alliance_modules):
+    """Lmod's python/3.11, and a wheelhouse of local wheels for `pip install --no-index` (here: this
+    repository's requirements)."""
+    wheelhouse = tmp_path_factory.mktemp("wheelhouse")
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "-r", REPO / "requirements.txt", "-d", wheelhouse],
         check=True,
         capture_output=True,
     )
     return {
-        "LMOD_PKG": "/usr/share/lmod/lmod",
-        "MODULEPATH": str(root / "modules"),
+        **alliance_modules,
         "PIP_FIND_LINKS": str(wheelhouse),
         "SCRATCHFLOW_REQUIREMENTS": str(REPO / "requirements.txt"),
     }
@@ -299,20 +305,54 @@ def test_a_grid_larger_than_jobs_never_has_more_jobs_than_that_in_the_queue(slur
     assert max(queued) == 2, f"the queue filled up to jobs: and never past it ({sorted(set(queued))})"
 
 
-def test_an_image_task_runs_on_slurm_with_the_oscer_profile(slurm, tmp_path, animal_images, tiny_resnet):
+def narval_on_several_nodes(folder: Path, shared_venv: Path) -> Path:
+    """The narval profile with the README's switch to several nodes ("Several nodes", Narval's row),
+    2 nodes x 2 GPUs here (the test nodes have 2 each; Narval's have 4), in `folder`."""
+    profile = yaml.safe_load((REPO / "profiles" / "narval" / "config.v8+.yaml").read_text())
+    profile["configfile"] = str(REPO / "config" / "clusters" / "narval.yaml")
+    train = profile["set-resources"]["train"]
+    del train["gpu"], train["gpu_model"]
+    train.update(nodes=2, mpi="srun", tasks=2, cpus_per_task=48)
+    train["slurm_extra"] += " --ntasks-per-node=1 --gpus-per-node=a100:2"
+    # Every node runs the job's Python: a venv on shared storage, not one built on the batch host.
+    profile["precommand"] = (
+        "unset HF_TOKEN HUGGING_FACE_HUB_TOKEN WANDB_API_KEY && . $LMOD_PKG/init/sh && module load python/3.11 && "
+        f". {shared_venv}/bin/activate"
+    )
+    folder.mkdir()
+    (folder / "config.v8+.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return folder
+
+
+def test_an_image_task_trains_on_two_nodes_with_narvals_several_node_recipe_and_its_slurm_tmpdir(
+    slurm, tmp_path, animal_images, tiny_resnet, alliance_modules
+):
+    """The README's several-node switch for Narval, whose scratch is $SLURM_TMPDIR: the job runs in
+    the batch step, where the plugin's job step removed every SLURM_* variable; each node stages
+    into its own $SLURM_TMPDIR all the same."""
     config = image_config(animal_images, tiny_resnet, scratch=None, epochs=2)
     del config["cluster"]
     write_config(tmp_path, config)
-    result = run_on_slurm(slurm, tmp_path, "oscer", {})
+    profile = narval_on_several_nodes(tmp_path / "narval-2-nodes", Path(sys.executable).parents[1])
+    env = {**alliance_modules, "SBATCH_ACCOUNT": ACCOUNT}
+    result = run_on_slurm(slurm, tmp_path, str(profile), env)
     assert result.returncode == 0, result.stdout[-6000:]
     (run,) = (tmp_path / "results" / "runs").iterdir()
     record = json.loads((run / "record.json").read_text())
-    assert record["task"] == "image-classification"
-    assert record["pieces"][0]["world_size"] == 4, "the profile's 2 nodes x 2 GPUs"
+    assert (record["task"], record["config"]["cluster"]["name"]) == ("image-classification", "narval")
+    (piece,) = record["pieces"]
+    assert (piece["world_size"], piece["nodes"], piece["ranks"]) == (4, 2, {"n1": [0, 1], "n2": [2, 3]})
     assert json.loads((run / "metrics.json").read_text())["examples"] == 32
     (train_line,) = sbatch_lines(result.stdout, "train")
-    assert "-p gpu" in train_line and "--nodes=2" in train_line and "--gres=gpu:2" in train_line
-    assert not scratch_used(tmp_path, run.name).exists()
+    for flag in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--gpus-per-node=a100:2", "--cpus-per-task=48"):
+        assert flag in train_line, train_line[:1500]
+    log = (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
+    batch_host_scratch = scratch_used(tmp_path, run.name)
+    second_node_scratch = Path(re.search(r"staging into (\S+)", log).group(1))
+    for scratch in (batch_host_scratch, second_node_scratch):
+        assert scratch.parent.parent == slurm.scratch_root, "$SLURM_TMPDIR = <root>/job_<id>"
+        assert not scratch.exists()
+    assert "-n2@" in second_node_scratch.name
 
 
 def test_a_train_job_given_two_gpus_of_one_node_trains_with_two_processes_on_slurm(

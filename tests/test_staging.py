@@ -14,6 +14,7 @@ from scratchflow.staging import (
     StagingError,
     archive_dataset,
     copy_whole,
+    keep_job_variables,
     remove_leftovers,
     resolve_scratch_root,
     scratch_directory,
@@ -335,6 +336,16 @@ def test_scratch_root_expands_job_variables(monkeypatch, tmp_path):
     monkeypatch.delenv("SLURM_TMPDIR")
     with pytest.raises(StagingError, match="SLURM_TMPDIR"):
         resolve_scratch_root("$SLURM_TMPDIR/x")
+
+
+def test_a_slurm_variable_the_job_step_removed_is_found_where_the_jobs_snakemake_kept_it(tmp_path):
+    """A several-node job runs the rule in the batch step, after the plugin's job step removed every
+    SLURM_* variable from its environment; its Snakemake, which read the workflow, kept them."""
+    batch_step = {"SLURM_TMPDIR": str(tmp_path / "job_7"), "SLURM_JOB_ID": "7", "HOME": "/home/me"}
+    keep_job_variables(batch_step)
+    rule = {name: value for name, value in batch_step.items() if not name.startswith("SLURM_")}  # the job step
+    assert resolve_scratch_root("$SLURM_TMPDIR", rule) == tmp_path / "job_7"
+    assert resolve_scratch_root("${SLURM_TMPDIR}/x", {**rule, "SLURM_TMPDIR": "/srun"}) == Path("/srun/x")
 
 
 @pytest.mark.parametrize("parts", [1, 3])

@@ -338,7 +338,7 @@ def test_with_tracking_wandb_sigterm_to_every_process_of_a_job_still_pauses_it(t
     piece = json.loads((checkpoints / "pieces.json").read_text())[0]  # the local profile's retry may follow
     assert piece["outcome"].startswith("TrainingStopped: stopped on SIGTERM"), piece["outcome"]
     assert "next attempt resumes from it" in piece["outcome"]
-    assert "WandbCallback stopped logging" in (tmp_path / "logs" / "train" / f"{checkpoints.name}.log").read_text()
+    assert "WandbCallback stopped logging" in (tmp_path / piece["log"]).read_text()
 
 
 def wait_until_gone(pid: int, seconds: float) -> None:

@@ -13,14 +13,16 @@ import fcntl
 import glob
 import hashlib
 import itertools
+import json
 import logging
 import os
 import queue
 import shutil
+import string
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -481,12 +483,30 @@ def copy_whole(source: Path, destination: Path) -> None:
         os.replace(partial, destination)
 
 
-def resolve_scratch_root(root: str | None) -> Path:
+# The Slurm variables of the batch step, kept by the job's Snakemake under this name (keep_job_variables).
+JOB_VARIABLES = "SCRATCHFLOW_SLURM_VARIABLES"
+
+
+def keep_job_variables(environ: dict[str, str] = os.environ) -> None:
+    """Keep the job's Slurm variables under another name, for the rule's own process.
+
+    The Slurm plugin's job step (snakemake-executor-plugin-slurm-jobstep) removes every SLURM_*
+    variable but a few identity ones before it runs a rule. A one-node job runs the rule under
+    `srun`, whose TaskProlog sets the node's variables again; a several-node job (`mpi`) runs it in
+    the batch step as it is, without $SLURM_TMPDIR, the Alliance's node-local scratch. Called by
+    that job step's Snakemake, which still has them, when it reads the workflow."""
+    kept = {name: value for name, value in environ.items() if name.startswith("SLURM_")}
+    environ.setdefault(JOB_VARIABLES, json.dumps(kept))
+
+
+def resolve_scratch_root(root: str | None, environ: Mapping[str, str] = os.environ) -> Path:
     """The node-local scratch root: a path that may name environment variables set in the job
-    ('$SLURM_TMPDIR', '/disk/scratch/$USER'), or None for the system's temporary directory."""
+    ('$SLURM_TMPDIR', '/disk/scratch/$USER'), or None for the system's temporary directory. A Slurm
+    variable the job step removed is taken from what the job's Snakemake kept (keep_job_variables)."""
     if root is None:
         return Path(tempfile.gettempdir())
-    expanded = os.path.expandvars(os.path.expanduser(root))
+    variables = {**json.loads(environ.get(JOB_VARIABLES) or "{}"), **environ}
+    expanded = string.Template(os.path.expanduser(root)).safe_substitute(variables)
     if "$" in expanded:
         raise StagingError(
             f"scratch root {root!r} names an environment variable that is not set in this job: {expanded!r}"
