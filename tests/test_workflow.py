@@ -264,10 +264,26 @@ def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen) -> Path
     raise AssertionError(f"no checkpoint appeared; the workflow said:\n{workflow.communicate()[0][-4000:]}")
 
 
-def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset, tiny_model, uninterrupted_long_run):
+def wait_for_progress(folder: Path, workflow: subprocess.Popen, step: int) -> None:
+    """Until the run's progress line (every 10 steps) says `step` or later."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and workflow.poll() is None:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            if json.loads((folder / "progress.json").read_text())["step"] >= step:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"no progress to step {step}; the workflow said:\n{workflow.communicate()[0][-4000:]}")
+
+
+def test_a_run_killed_then_paused_between_logging_steps_ends_like_an_uninterrupted_run(
+    tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
     """SIGKILL snakemake and its jobs mid-training; the same command then resumes from the newest
-    checkpoint and ends with exactly the metrics of an uninterrupted run, and with curves that go on
-    where the checkpoint was, in TensorBoard and (tracking: wandb) in W&B's offline runs."""
+    checkpoint; a USR1 to that job between two logging steps and inside an epoch pauses it, and the
+    local profile's retry resumes. The run ends with the uninterrupted run's weights and metrics and
+    with its curves, point for point, in TensorBoard and (tracking: wandb) in W&B's offline runs:
+    nothing the stop did (an evaluation, a summary) and nothing it cut (the loss since the last
+    logged step) shows."""
     scratch = long_run(tmp_path, bbc_subset, tiny_model, tracking="wandb")
     workflow = start_workflow(tmp_path)
     run_id = wait_for_first_checkpoint(tmp_path, workflow).name
@@ -276,23 +292,27 @@ def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset
     assert not (tmp_path / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
     assert list(scratch.iterdir()), "the killed job's scratch is left behind, as SIGKILL allows"
 
-    finished = run_workflow(tmp_path)  # the same command, again
+    workflow = start_workflow(tmp_path)  # the same command, again
+    wait_for_progress(tmp_path / "checkpoints" / run_id, workflow, 50)
+    os.kill(job_process(tmp_path), signal.SIGUSR1)
+    output = workflow.communicate(timeout=600)[0]
+    assert workflow.returncode == 0, output[-4000:]
 
     record = json.loads((tmp_path / "results" / "runs" / run_id / "record.json").read_text())
-    assert record["training"]["resumed_from_step"] >= 20
-    assert "resuming from" in (tmp_path / "logs" / "train" / f"{run_id}.log").read_text()
-    # The killed piece is closed as killed at its last checkpoint, and its log is kept: the rerun's
-    # log (Snakemake deletes a rule's log before it runs the job again) did not replace it.
-    killed, resumed = record["pieces"]
-    assert (killed["outcome"], killed["reached_step"]) == ("killed", record["training"]["resumed_from_step"])
+    killed, paused, last = record["pieces"]
+    assert (killed["outcome"], killed["reached_step"]) == ("killed", paused["resumed_from_step"])
+    assert paused["resumed_from_step"] >= 20 and paused["outcome"].startswith("TrainingStopped: stopped on SIGUSR1")
+    stopped_at = paused["reached_step"]
+    assert stopped_at % 10 and stopped_at % 14, "the stop is between logging steps and inside an epoch"
+    assert last["resumed_from_step"] == record["training"]["resumed_from_step"] == stopped_at
+    # Each piece's log is kept: Snakemake deletes the rule's log before it runs the job again.
     killed_log = (tmp_path / killed["log"]).read_text()
     assert f"run {run_id}, piece 1:" in killed_log and "checkpoint checkpoint-20 saved" in killed_log
     assert "resuming from" not in killed_log
-    assert (tmp_path / resumed["log"]).samefile(tmp_path / "logs" / "train" / f"{run_id}.log")
+    assert "SIGUSR1 received" in (tmp_path / paused["log"]).read_text()
+    assert (tmp_path / last["log"]).samefile(tmp_path / "logs" / "train" / f"{run_id}.log")
     assert list(scratch.iterdir()) == [], "the retry removed the killed job's scratch"
     assert same_results(tmp_path, uninterrupted_long_run) == []
-    # The curves (TensorBoard's, and so the figures') go on where the checkpoint was, with no step
-    # twice: what the killed piece logged after its checkpoint was replaced.
     assert different_curves(tmp_path, uninterrupted_long_run) == []
     assert (tmp_path / "results" / "runs" / run_id / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -300,10 +320,11 @@ def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset
     # The killed piece's run holds at most what wandb had written out before SIGKILL (often nothing).
     run_folder = tmp_path / "results" / "runs" / run_id
     wandb_runs = wandb_offline_runs(run_folder)
-    assert set(wandb_runs) - {f"{run_id}-piece1"} == {f"{run_id}-piece2", run_id}
+    assert set(wandb_runs) - {f"{run_id}-piece1"} == {f"{run_id}-piece2", f"{run_id}-piece3", run_id}
     assert {run["group"] for run in wandb_runs.values()} == {run_id}
-    second_piece = [row["train/global_step"] for row in wandb_runs[f"{run_id}-piece2"]["history"].values()]
-    assert min(second_piece) > record["training"]["resumed_from_step"], "a piece logs from where it resumed"
+    for piece in (paused, last):
+        logged = [row["train/global_step"] for row in wandb_runs[f"{run_id}-piece{piece['piece']}"]["history"].values()]
+        assert min(logged) > piece["resumed_from_step"], "a piece logs from where it resumed"
     whole = wandb_runs[run_id]
     assert whole["config"]["seed"] == 7
     for tag, points in read_curves(run_folder / TENSORBOARD_FOLDER).items():
@@ -311,7 +332,7 @@ def test_a_killed_workflow_resumes_from_its_last_checkpoint(tmp_path, bbc_subset
     assert list(whole["history"]) == sorted(whole["history"]), "steps ascending, each once"
     metrics = json.loads((run_folder / "metrics.json").read_text())
     assert whole["summary"]["test_macro_f1"] == pytest.approx(metrics["macro_f1"])
-    assert f"wandb sync {tmp_path.resolve() / 'results' / 'runs'}/*/wandb/offline-run-*" in finished.stdout
+    assert f"wandb sync {tmp_path.resolve() / 'results' / 'runs'}/*/wandb/offline-run-*" in output
     run_workflow(tmp_path, "--forcerun", "predict")
     assert len(list(run_folder.glob(f"wandb/offline-run-*-{run_id}"))) == 1, "predict again: the whole run replaced"
 

@@ -67,18 +67,43 @@ class MirrorCheckpointsToShared(TrainerCallback):
             log.info("checkpoint %s of %d processes saved to %s", local.name, self.me.world_size, assembly.parent)
 
 
+# In a checkpoint, one per training process: the training loss summed since the last logged step.
+LOSS_SINCE_LOGGED = "loss_since_logged_{rank}.pt"
+
+
 class ExactlyResumableTrainer(Trainer):
-    """A Trainer whose evaluations leave the global random state alone. A DataLoader draws each
-    iterator's seed from the global generator unless it has its own; the evaluation at an epoch's
-    end would then move the dropout of the next epoch in an uninterrupted run, but not in one resumed
-    from a checkpoint of that epoch's last step (its random state is the one saved before the
-    evaluation), and the two would end differently."""
+    """A Trainer that a resume does not change, in its weights or its curves.
+
+    - Its evaluations leave the global random state alone. A DataLoader draws each iterator's seed
+      from the global generator unless it has its own; the evaluation at an epoch's end would then
+      move the dropout of the next epoch in an uninterrupted run, but not in one resumed from a
+      checkpoint of that epoch's last step (its random state is the one saved before the
+      evaluation), and the two would end differently.
+    - A checkpoint holds each process's loss summed since the last logged step, and a resume goes
+      on from it: the first loss logged after a resume from a step between two logging steps then
+      averages the same steps, summed in the same order, as the uninterrupted run's."""
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         loader = super().get_eval_dataloader(eval_dataset)
         # accelerate's wrapper iterates the DataLoader it was prepared from.
         getattr(loader, "base_dataloader", loader).generator = torch.Generator().manual_seed(self.args.seed)
         return loader
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        torch.save(
+            {"loss": self._tr_loss.detach().cpu(), "last_logged_step": self._globalstep_last_logged},
+            Path(output_dir) / LOSS_SINCE_LOGGED.format(rank=self.args.process_index),
+        )
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """Called once as a resume starts training, after the loss was set to zero."""
+        super()._load_rng_state(checkpoint)
+        saved = Path(checkpoint or "") / LOSS_SINCE_LOGGED.format(rank=self.args.process_index)
+        if checkpoint and saved.is_file():
+            state = torch.load(saved)
+            self._tr_loss = state["loss"].to(self._tr_loss.device)
+            self._globalstep_last_logged = state["last_logged_step"]
 
 
 class StopOnSignal(TrainerCallback):
@@ -90,6 +115,7 @@ class StopOnSignal(TrainerCallback):
     def __init__(self, stop_file: Path | None = None) -> None:
         self.received: str | None = None
         self.stop_file = stop_file
+        self.stopping = False
 
     @contextmanager
     def listening(self) -> Iterator[None]:
@@ -123,6 +149,17 @@ class StopOnSignal(TrainerCallback):
             control.should_save = True
         if stopping:
             control.should_training_stop = True
+            self.stopping = True
+
+    # A stop leaves the curves as if it had not happened: no evaluation at a step inside an epoch
+    # (the Trainer ends the epoch early when it stops), and no summary of the piece.
+    def on_epoch_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.stopping and not float(state.epoch).is_integer():
+            control.should_evaluate = False
+
+    def on_log(self, args: TrainingArguments, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if self.stopping and logs is not None and "train_runtime" in logs:
+            logs.clear()  # the same dict goes on to TensorBoard and W&B, which come after this callback
 
 
 class ProgressLog(TrainerCallback):
