@@ -262,8 +262,12 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
         logging_steps=10,
         disable_tqdm=True,
         report_to="none",
-        # Every parameter gets a gradient in these models: DDP need not search the graph each step.
-        ddp_find_unused_parameters=False,
+        # Not to find unused parameters (there are none), but because DDP then keeps its first
+        # bucket layout: otherwise it rebuilds its gradient buckets after its first step, so the
+        # first step of every resumed piece sums each gradient over the processes in another
+        # order than the uninterrupted run's (with more than 2 processes, where the order of a sum
+        # changes its last bits), and the weights drift apart (benchmarks/ddp_resume.py).
+        ddp_find_unused_parameters=True,
         fsdp=params.get("fsdp", ""),
         fsdp_config=params.get("fsdp_config"),
         **task_specific,
