@@ -33,3 +33,18 @@ with job_context({str(log)!r}):
     assert "loading the data" in written
     assert "ERROR scratchflow: job failed: IndexError: list index out of range\nTraceback" in written
     assert "in tokenize\n    return texts[0]" in written
+
+
+def test_the_stop_file_is_written_by_several_processes_at_once_without_failing(tmp_path):
+    """Slurm signals every process of a job: the job and its node's launcher, which share a scratch
+    folder, both write the stop file at the same moment (once, a scancel failed the job that way)."""
+    writer = (
+        "import sys; from pathlib import Path; from scratchflow.processes import write_stop_file\n"
+        "for _ in range(300): write_stop_file(Path(sys.argv[1]), 'SIGTERM')\n"
+    )
+    writers = [
+        subprocess.Popen([sys.executable, "-c", writer, tmp_path / "stop-requested"], env={"PYTHONPATH": SCRIPTS})
+        for _ in range(3)
+    ]
+    assert [process.wait() for process in writers] == [0, 0, 0]
+    assert [path.name for path in tmp_path.iterdir()] == ["stop-requested"]

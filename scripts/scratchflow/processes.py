@@ -30,8 +30,10 @@ STOP_FILE_NAME = "stop-requested"
 
 
 def write_stop_file(stop_file: Path, signal_name: str) -> None:
-    """The stop file, holding the signal's name; never seen empty."""
-    partial = stop_file.with_name(f".{stop_file.name}.partial")
+    """The stop file, holding the signal's name; never seen empty. Several processes of a job may
+    write it at once (Slurm signals them all; the job and its node's launcher share a scratch
+    folder): each through a partial file of its own."""
+    partial = stop_file.with_name(f".{stop_file.name}.partial{os.getpid()}")
     partial.write_text(signal_name)
     os.replace(partial, stop_file)
 
