@@ -32,6 +32,7 @@ onstart:
     check_rule_resources()
     check_packing_on_start()
     write_grid_file()
+    notice_finished_jobs()
 
 
 onsuccess:

@@ -34,6 +34,7 @@ from scratchflow.dataset import (
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
 from scratchflow.staging import archive_suffix, keep_job_variables
+from scratchflow.snakemake_adapter import notice_job_ends_at_once
 from scratchflow.status import write_grid
 from scratchflow.tracking import wandb_sync_command
 
@@ -243,6 +244,12 @@ def check_packing_on_start():
         for name in ("train", "predict")
     }
     check_packing(PACK_RUNS, workflow.executor_plugin.name, runtimes, config["cluster"])
+
+
+def notice_finished_jobs():
+    """On Slurm, the next job of a run goes out seconds after the last one ends (snakemake_adapter)."""
+    if workflow.executor_plugin.name == "slurm":
+        notice_job_ends_at_once(workflow)
 
 
 def write_grid_file():

@@ -28,6 +28,7 @@ from scratchflow.record import (
     output_to_log,
     stop_cleanly_on_sigterm,
 )
+from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
 from scratchflow.tasks import PredictContext, TrainContext, load_task
 
@@ -52,6 +53,9 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
         except BaseException as error:
             log.exception("job failed: %s: %s", type(error).__name__, error)
             failure = error
+        finally:
+            with contextlib.suppress(OSError):  # only a speed-up: never a job's failure
+                mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
     if failure is not None:
         print(
             f"scratchflow: job failed: {type(failure).__name__}: {failure}\n"

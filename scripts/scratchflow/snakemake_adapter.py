@@ -1,0 +1,78 @@
+"""The one place that reaches into Snakemake's internals (beyond its documented workflow object).
+
+A finished Slurm job is noticed at once, not minutes later. The Slurm plugin checks its jobs at an
+interval that grows by 10 s each time none has finished, up to 180 s (fixed in plugin 2.x), so the
+next job of a run (predict after train) went out up to 3 minutes after the last one ended. Every
+scratchflow job leaves a marker named by its Slurm job id when its work is done (`mark_job_end`,
+in the job); the submitting Snakemake looks for markers every second while it waits, and checks the
+jobs as soon as a marked job has had a moment to leave the queue, again every few seconds until
+the plugin has seen it end. squeue is still asked once per check for all jobs, so a grid's jobs
+ending add a few checks each, not one per job per second (benchmarks/job_end_lag.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+JOB_ENDS = Path(".snakemake") / "scratchflow" / "job-ends"
+POLL_SECONDS = 1.0
+# After a marker: time for the job's step and batch script to exit, and between two early checks.
+SETTLE_SECONDS = 2.0
+# A marked job the plugin still lists after this long (the next run of a pack in the same Slurm
+# job, a slow epilog) is left to the plugin's own interval.
+PATIENCE_SECONDS = 120.0
+
+
+def mark_job_end(directory: Path = JOB_ENDS, environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """Called by a job when its work is done: the marker of its Slurm job (nothing outside Slurm)."""
+    job_id = environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / job_id).touch()
+
+
+def ended_jobs_to_check(directory: Path, listed: set[str], now: float, checked_at: float) -> bool:
+    """Whether a job the plugin still lists has marked its end long enough ago (SETTLE_SECONDS, and
+    as long since the last check) to check the jobs now. Markers of jobs the plugin no longer lists,
+    or that waited PATIENCE_SECONDS, are removed."""
+    due = False
+    with contextlib.suppress(FileNotFoundError), os.scandir(directory) as markers:
+        for marker in markers:
+            with contextlib.suppress(FileNotFoundError):
+                marked_at = marker.stat().st_mtime
+                if marker.name not in listed or now - marked_at > PATIENCE_SECONDS:
+                    os.unlink(marker.path)
+                elif now - max(marked_at, checked_at) >= SETTLE_SECONDS:
+                    due = True
+    return due
+
+
+def notice_job_ends_at_once(workflow: Any) -> None:
+    """Make the Slurm executor's wait between status checks end early when a job marks its end.
+    Call after Snakemake made its scheduler (`onstart`); fails loudly where its internals moved."""
+    executor = workflow.scheduler._executor
+    for name in ("active_jobs", "next_seconds_between_status_checks", "sleep"):
+        if not hasattr(executor, name):
+            raise RuntimeError(
+                f"scratchflow cannot watch for finished jobs: this Snakemake's executor {type(executor).__name__} "
+                f"has no {name!r} (scratchflow/snakemake_adapter.py knows Snakemake 9 with the Slurm plugin 2.x)"
+            )
+    directory = Path.cwd() / JOB_ENDS
+    last_check = [0.0]
+
+    async def sleep() -> None:
+        deadline = time.monotonic() + executor.next_seconds_between_status_checks
+        while time.monotonic() < deadline:
+            await asyncio.sleep(POLL_SECONDS)
+            listed = {str(job.external_jobid) for job in list(executor.active_jobs)}
+            if ended_jobs_to_check(directory, listed, time.time(), last_check[0]):
+                break
+        last_check[0] = time.time()
+
+    executor.sleep = sleep
