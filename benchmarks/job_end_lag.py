@@ -34,6 +34,7 @@ import json, os, pathlib, time
 time.sleep(json.loads(pathlib.Path(os.environ["SCRATCHFLOW_PARAMS"]).read_text())["seconds"])
 pathlib.Path(os.environ["SCRATCHFLOW_OUTPUT_DIR"], "metrics.json").write_text('{"waited": 1}')
 """
+USER = os.environ.get("USER") or "root"  # unset in some sandboxes; the profile's scratch names it
 VARIANTS = {"the plugin alone (--no-hooks)": ["--no-hooks"], "scratchflow": []}
 
 
@@ -60,7 +61,7 @@ def one_run(slurm: LocalSlurm, work: Path, extra: list[str]) -> dict[str, float]
         *("--profile", str(REPO / "tests" / "slurm_overlay"), "--slurm-init-seconds-before-status-checks", "10"),
         *("--verbose", *extra),
     )
-    env = {**slurm.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**slurm.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "USER": USER}
     started = datetime.now()
     output = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
     if output.returncode != 0:
@@ -84,14 +85,14 @@ def main() -> None:
     parser.set_defaults(repeats=1)
     options = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stopped benchmark still stops its cluster
-    Path(f"/disk/scratch/{os.environ.get('USER', 'root')}").mkdir(parents=True, exist_ok=True)  # the profile's
+    Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the profile's scratch
     measured: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="scratchflow-lag-") as temporary:
         slurm = LocalSlurm(Path(temporary) / "slurm").start()
         try:
             for repeat in range(options.repeats):
                 for name, extra in VARIANTS.items():
-                    work = Path(temporary) / f"{repeat}-{len(measured[name])}-{extra[:1]}"
+                    work = Path(temporary) / f"run-{repeat}-{'baseline' if extra else 'scratchflow'}"
                     work.mkdir()
                     grid(work, options.seconds)
                     measured[name].append(one_run(slurm, work, extra))
