@@ -33,8 +33,8 @@ from scratchflow.dataset import (
 )
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.models import is_local_source
-from scratchflow.staging import archive_suffix, keep_job_variables
-from scratchflow.snakemake_adapter import notice_job_ends_at_once
+from scratchflow.staging import archive_suffix
+from scratchflow.snakemake_adapter import keep_job_variables, notice_job_ends_at_once
 from scratchflow.status import write_grid
 from scratchflow.tracking import wandb_sync_command
 

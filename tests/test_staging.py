@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from scratchflow import staging
 from scratchflow.files import HOST, read_json, written_whole
+from scratchflow.snakemake_adapter import keep_job_variables
 from scratchflow.staging import (
     StagingError,
     archive_dataset,
     copy_whole,
-    keep_job_variables,
     remove_leftovers,
     resolve_scratch_root,
     scratch_directory,

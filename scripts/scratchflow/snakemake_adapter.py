@@ -1,4 +1,8 @@
-"""The one place that reaches into Snakemake's internals (beyond its documented workflow object).
+"""The one place that reaches into Snakemake's internals (beyond its documented workflow object)
+and works around what its Slurm plugins do.
+
+The Slurm variables of a several-node job reach its rule (`keep_job_variables`).
+
 
 A finished Slurm job is noticed at once, not minutes later. The Slurm plugin checks its jobs at an
 interval that grows by 10 s each time none has finished, up to 180 s (fixed in plugin 2.x), so the
@@ -14,11 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+# The Slurm variables of the batch step, kept by the job's Snakemake under this name.
+JOB_VARIABLES = "SCRATCHFLOW_SLURM_VARIABLES"
 JOB_ENDS = Path(".snakemake") / "scratchflow" / "job-ends"
 POLL_SECONDS = 1.0
 # After a marker: time for the job's step and batch script to exit, and between two early checks.
@@ -26,6 +33,18 @@ SETTLE_SECONDS = 2.0
 # A marked job the plugin still lists after this long (the next run of a pack in the same Slurm
 # job, a slow epilog) is left to the plugin's own interval.
 PATIENCE_SECONDS = 120.0
+
+
+def keep_job_variables(environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """Keep the job's Slurm variables under another name, for the rule's own process.
+
+    The Slurm plugin's job step (snakemake-executor-plugin-slurm-jobstep) removes every SLURM_*
+    variable but a few identity ones before it runs a rule. A one-node job runs the rule under
+    `srun`, whose TaskProlog sets the node's variables again; a several-node job (`mpi`) runs it in
+    the batch step as it is, without $SLURM_TMPDIR, the Alliance's node-local scratch. Called by
+    that job step's Snakemake, which still has them, when it reads the workflow."""
+    kept = {name: value for name, value in environ.items() if name.startswith("SLURM_")}
+    environ.setdefault(JOB_VARIABLES, json.dumps(kept))
 
 
 def mark_job_end(directory: Path = JOB_ENDS, environ: dict[str, str] | os._Environ = os.environ) -> None:

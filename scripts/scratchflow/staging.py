@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 from scratchflow.dataset import WHOLE, data_sources, list_files
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically, written_whole
 from scratchflow.record import PhaseTimer
+from scratchflow.snakemake_adapter import JOB_VARIABLES
 
 log = logging.getLogger(__name__)
 # Slurm sends its wall-time warning (SIGUSR1) and scancel's SIGTERM to every process of a job. rsync
@@ -483,26 +484,10 @@ def copy_whole(source: Path, destination: Path) -> None:
         os.replace(partial, destination)
 
 
-# The Slurm variables of the batch step, kept by the job's Snakemake under this name (keep_job_variables).
-JOB_VARIABLES = "SCRATCHFLOW_SLURM_VARIABLES"
-
-
-def keep_job_variables(environ: dict[str, str] = os.environ) -> None:
-    """Keep the job's Slurm variables under another name, for the rule's own process.
-
-    The Slurm plugin's job step (snakemake-executor-plugin-slurm-jobstep) removes every SLURM_*
-    variable but a few identity ones before it runs a rule. A one-node job runs the rule under
-    `srun`, whose TaskProlog sets the node's variables again; a several-node job (`mpi`) runs it in
-    the batch step as it is, without $SLURM_TMPDIR, the Alliance's node-local scratch. Called by
-    that job step's Snakemake, which still has them, when it reads the workflow."""
-    kept = {name: value for name, value in environ.items() if name.startswith("SLURM_")}
-    environ.setdefault(JOB_VARIABLES, json.dumps(kept))
-
-
 def resolve_scratch_root(root: str | None, environ: Mapping[str, str] = os.environ) -> Path:
     """The node-local scratch root: a path that may name environment variables set in the job
     ('$SLURM_TMPDIR', '/disk/scratch/$USER'), or None for the system's temporary directory. A Slurm
-    variable the job step removed is taken from what the job's Snakemake kept (keep_job_variables)."""
+    variable the job step removed is taken from what the job's Snakemake kept (snakemake_adapter.keep_job_variables)."""
     if root is None:
         return Path(tempfile.gettempdir())
     variables = {**json.loads(environ.get(JOB_VARIABLES) or "{}"), **environ}

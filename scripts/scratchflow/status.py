@@ -8,7 +8,6 @@ is trained and waits for or runs its prediction, or is finished (its test metric
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -120,21 +119,22 @@ def _holder_alive(holder: dict[str, Any], active_jobs: dict[str, SlurmJob] | Non
     return process_may_live(holder)
 
 
+def _newest_step(folder: Path) -> int | None:
+    steps = [int(match.group(1)) for entry in os.listdir(folder) if (match := CHECKPOINT_NAME.fullmatch(entry))]
+    return max(steps) if steps else None
+
+
 def _newest_checkpoint(folder: Path) -> tuple[int, float] | None:
     """The step of the newest checkpoint in a run's folder and when it was saved (the time its
-    folder was last written: a checkpoint appears on shared storage whole, by a rename)."""
-    found = []
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if match := CHECKPOINT_NAME.fullmatch(entry.name):
-                with contextlib.suppress(FileNotFoundError):  # dropped meanwhile for a newer one
-                    found.append((int(match.group(1)), entry.stat().st_mtime))
-    return max(found) if found else None
-
-
-def _newest_step(folder: Path) -> int | None:
-    newest = _newest_checkpoint(folder)
-    return newest[0] if newest else None
+    folder was last written: a checkpoint appears on shared storage whole, by a rename). Only that
+    one checkpoint is looked at."""
+    step = _newest_step(folder)
+    if step is None:
+        return None
+    try:
+        return step, (folder / f"checkpoint-{step}").stat().st_mtime
+    except FileNotFoundError:  # dropped meanwhile for a newer one
+        return _newest_checkpoint(folder)
 
 
 def _failure(log: Path) -> str | None:
