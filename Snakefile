@@ -19,7 +19,7 @@ include: "rules/pack.smk"
 include: "rules/aggregate.smk"
 
 
-check_rule_resources()
+workflow_hooks.check_rule_resources(workflow, config)
 
 
 rule all:
@@ -29,12 +29,8 @@ rule all:
 
 
 onstart:
-    check_rule_resources()
-    check_packing_on_start()
-    write_grid_file()
-    notice_finished_jobs()
+    workflow_hooks.on_start(workflow, config, PLAN)
 
 
 onsuccess:
-    release_finished_checkpoints()
-    print(describe_results())
+    print(workflow_hooks.on_success(config, PLAN))

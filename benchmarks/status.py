@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 from measure import REPO, arguments, fastest, print_table, run_timed, save
+from scratchflow.plan import Plan
+
+MARKER = "trainer_state.json"
 
 FLOOR = """\
 import json, sys
@@ -43,10 +46,8 @@ def write_json(path: Path, content: object) -> None:
 def grid_midway(root: Path, runs: int) -> None:
     """`runs` runs as a grid leaves them midway (see the module's docstring)."""
     run_ids = [f"{index:010x}" for index in range(runs)]
-    write_json(
-        root / "results" / "grid.json",
-        {"metric": "macro_f1", "goal": "max", "executor": "local", "runs": {r: {} for r in run_ids}},
-    )
+    plan = Plan({run_id: {} for run_id in run_ids}, {}, None, "text-classification", "macro_f1", "max", MARKER)
+    plan.started("local").write(root)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     holder = {"host": os.uname().nodename, "pid": os.getpid(), "slurm_job_id": None}
     for index, run_id in enumerate(run_ids):
@@ -66,12 +67,12 @@ def grid_midway(root: Path, runs: int) -> None:
                 "at": time.time(),
             }
             write_json(folder / "progress.json", progress)
-            (folder / "checkpoint-40").mkdir()
+            write_json(folder / "checkpoint-40" / MARKER, {})
         elif share == 5:
             folder = root / "checkpoints" / run_id
             stopped = "TrainingStopped: stopped on SIGUSR1 at step 40 of 280; checkpoint-40 is saved"
             write_json(folder / "pieces.json", [{"piece": 1, "outcome": stopped, "started_at": started}])
-            (folder / "checkpoint-40").mkdir()
+            write_json(folder / "checkpoint-40" / MARKER, {})
 
 
 def main() -> None:

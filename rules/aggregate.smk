@@ -10,24 +10,24 @@ rule aggregate:
     input:
         unpack(run_results),
     output:
-        summary="results/summary.tsv",
-        runs="results/runs.tsv",
-        best="results/best_run.json",
+        summary=GRID_OUTPUTS["summary"],
+        runs=GRID_OUTPUTS["runs"],
+        best=GRID_OUTPUTS["best"],
         page=report(
-            "results/summary.html", caption="report/summary.rst", category="Comparison"
+            GRID_OUTPUTS["page"], caption="report/summary.rst", category="Comparison"
         ),
         plot=report(
-            "results/comparison.png",
+            GRID_OUTPUTS["plot"],
             caption="report/comparison.rst",
             category="Comparison",
         ),
         confusion=report(
-            "results/best_confusion_matrix.png",
+            GRID_OUTPUTS["confusion"],
             caption="report/confusion_matrix.rst",
             category="Comparison",
         ),
         curves=report(
-            "results/curves.png",
+            GRID_OUTPUTS["curves"],
             caption="report/curves.rst",
             category="Learning curves",
         ),
@@ -38,8 +38,8 @@ rule aggregate:
     conda:
         "../envs/scratchflow.yaml"
     params:
-        run_ids=RUN_IDS,
-        metric=config["aggregate"]["metric"],
-        goal=config["aggregate"]["goal"],
+        run_ids=PLAN.run_ids,
+        metric=PLAN.metric,
+        goal=PLAN.goal,
     script:
         "../scripts/aggregate.py"

@@ -6,16 +6,15 @@ resource_scopes:
     pack_slot="local",
 
 
-if PACK_RUNS > 1:
-    # What --resources pack_slot=1 would set, here and in each packed job's own Snakemake.
-    workflow.register_resource("pack_slot", 1)
+if PLAN.packed:
+    register_pack_slot(workflow)
 
 
 rule pack_train:
     input:
         records_in_pack,
     output:
-        "results/packs/train-{pack}.json",
+        PACK_OUTPUT.format(stage="train", pack="{pack}"),
     log:
         "logs/pack/train-{pack}.log",
     group:
@@ -23,7 +22,7 @@ rule pack_train:
     conda:
         "../envs/scratchflow.yaml"
     resources:
-        **string_resources_of("train"),
+        **slurm_strings_of("train"),
         runtime=1,
         mem_mb=500,
         cpus_per_task=1,
@@ -35,13 +34,13 @@ use rule pack_train as pack_predict with:
     input:
         metrics_in_pack,
     output:
-        "results/packs/predict-{pack}.json",
+        PACK_OUTPUT.format(stage="predict", pack="{pack}"),
     log:
         "logs/pack/predict-{pack}.log",
     group:
         "packed_predict"
     resources:
-        **string_resources_of("predict"),
+        **slurm_strings_of("predict"),
         runtime=1,
         mem_mb=500,
         cpus_per_task=1,

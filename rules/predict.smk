@@ -9,9 +9,9 @@ rule predict:
     output:
         **PREDICT_OUTPUTS,
     log:
-        "logs/predict/{run_id}.log",
+        RUN_PATHS.predict_log,
     benchmark:
-        "results/benchmarks/predict/{run_id}.tsv"
+        RUN_PATHS.predict_benchmark
     group:
         PACKED_PREDICT
     conda:

@@ -5,13 +5,13 @@ rule train:
     input:
         **TRAIN_INPUTS,
     output:
-        model=directory("results/runs/{run_id}/model"),
-        params="results/runs/{run_id}/params.json",
-        record="results/runs/{run_id}/record.json",
+        model=directory(RUN_PATHS.model),
+        params=RUN_PATHS.params,
+        record=RUN_PATHS.record,
     log:
-        "logs/train/{run_id}.log",
+        RUN_PATHS.train_log,
     benchmark:
-        "results/benchmarks/train/{run_id}.tsv"
+        RUN_PATHS.train_benchmark
     group:
         PACKED_TRAIN
     conda:
@@ -21,6 +21,6 @@ rule train:
         pack_slot=1,
     params:
         identity=run_identity_of,
-        checkpoints=CHECKPOINTS,
+        checkpoints=RUN_PATHS.checkpoints,
     script:
         "../scripts/train.py"

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scratchflow.status import NoGrid, current_status, render
+from scratchflow.plan import NoPlan
+from scratchflow.status import current_status, render
 
 
 def main() -> int:
@@ -18,7 +19,7 @@ def main() -> int:
     workdir = parser.parse_args().directory
     try:
         statuses = current_status(workdir)
-    except NoGrid as error:
+    except NoPlan as error:
         print(f"scratchflow status: {error}", file=sys.stderr)
         return 2
     print(render(statuses))

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import wandb_offline_runs
@@ -16,7 +17,6 @@ from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.tasks import TrainContext
 from scratchflow.tasks.command import (
-    CheckpointMirror,
     CommandFailed,
     check_settings,
     data_locations,
@@ -27,20 +27,34 @@ from scratchflow.tasks.command import (
 from scratchflow.tracking import TENSORBOARD_FOLDER
 
 IGNORES_STOPS = """
-import signal, time
+import pathlib, signal, sys, time
 signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 print("ignoring", flush=True)
+pathlib.Path(sys.argv[1]).touch()
 time.sleep(60)
 """
 
 
+def signal_once_ready(ready: Path, number: int) -> threading.Thread:
+    """Sends `number` to this process (the job) once the program has made `ready`: no race with its start."""
+
+    def wait_then_signal() -> None:
+        while not ready.exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), number)
+
+    thread = threading.Thread(target=wait_then_signal, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_program_that_ignores_the_stop_is_killed_after_the_grace_period(tmp_path):
-    mirror = CheckpointMirror(tmp_path / "local", RunCheckpoints(tmp_path / "shared", "COMPLETE"))
+    mirror = RunCheckpoints(tmp_path / "shared", "COMPLETE").mirroring(tmp_path / "local")
     stop = StopForwarder(tmp_path / "stop-requested")
-    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    signal_once_ready(tmp_path / "ready", signal.SIGUSR1)
     started = time.monotonic()
-    argv = [sys.executable, "-c", IGNORES_STOPS]
-    code, tail = run_program(argv, dict(os.environ), stop, grace_seconds=1, alongside=mirror)
+    argv = [sys.executable, "-c", IGNORES_STOPS, str(tmp_path / "ready")]
+    code, tail = run_program(argv, dict(os.environ), stop, grace_seconds=1, alongside=mirror.watching())
     assert code == -signal.SIGKILL
     assert time.monotonic() - started < 15, "killed after the grace period, not after its own sleep"
     assert stop.received == "SIGUSR1" and (tmp_path / "stop-requested").exists()

@@ -123,6 +123,10 @@ CASES = {
     "zero epochs": (set_key("grid", epochs=[0]), ["grid.epochs[0]", "less than the minimum of 1"]),
     "warmup ratio of 1.5": (set_key("training", warmup_ratio=1.5), ["training.warmup_ratio", "maximum of 1"]),
     "checkpoint every 0 steps": (set_key("checkpointing", every_steps=0), ["checkpointing.every_steps"]),
+    "a stop signal the trainer cannot take": (
+        set_key("checkpointing", stop_signal="INT"),
+        ["checkpointing.stop_signal", "USR1", "USR2", "HUP"],
+    ),
     "FSDP misspelt": (set_key("training", fsdp="full_shrd"), ["training.fsdp", "'full_shrd' does not match"]),
     # The local profile asks for no GPU, and this test machine has none.
     "FSDP on a CPU-only run": (set_key("training", fsdp="full_shard"), ["training.fsdp", "this run has none"]),
@@ -268,3 +272,26 @@ def test_invalid_config_fails_before_anything_runs(case, tmp_path, bbc_subset, t
         assert text in output
     assert not any((tmp_path / folder).exists() for folder in ("archives", "models", "results", "logs"))
     assert not list(tmp_path.rglob("pwned")), "a config value was run by a shell"
+
+
+@pytest.mark.parametrize(
+    ("stop_signal", "slurm_extra", "refused"),
+    [
+        ("USR1", "--signal=USR1@600", False),
+        ("USR2", "--signal=USR2@600 --ntasks-per-node=1", False),
+        ("HUP", "'--signal=SIGHUP@600 --container-image=x'", False),
+        ("USR2", "--signal=12@600", False),  # by number
+        ("USR1", None, False),  # no warning asked for (only SIGTERM at the limit): nothing to mismatch
+        ("USR2", "--signal=USR1@600", True),
+        ("USR1", "--signal=B:USR2@300", True),
+        ("HUP", "--signal=10@600", True),
+    ],
+)
+def test_the_profiles_wall_time_signal_must_be_the_one_the_trainer_listens_for(stop_signal, slurm_extra, refused):
+    from scratchflow.config import ConfigError, check_stop_signal
+
+    if not refused:
+        check_stop_signal(stop_signal, slurm_extra)
+        return
+    with pytest.raises(ConfigError, match=rf"checkpointing.stop_signal: the trainer listens for SIG{stop_signal}"):
+        check_stop_signal(stop_signal, slurm_extra)

@@ -123,19 +123,19 @@ def test_a_checkpoint_of_another_world_size_is_refused_with_what_to_do(tmp_path)
     run = RunCheckpoints(tmp_path / "shared", MARKER)
     write_checkpoint(run.folder, 40, world_size=4)
     with pytest.raises(WorldSizeChanged, match=r"written by 4 training process\(es\), and this job trains with 2"):
-        run.seed(tmp_path / "local", world_size=2)
-    assert run.seed(tmp_path / "local", world_size=4) == tmp_path / "local" / "checkpoint-40"
+        run.restore_newest_to(tmp_path / "local", world_size=2)
+    assert run.restore_newest_to(tmp_path / "local", world_size=4) == tmp_path / "local" / "checkpoint-40"
     # A checkpoint without world.json was written by one process, as before this existed.
     write_checkpoint(run.folder, 50)
-    assert run.seed(tmp_path / "local-2").name == "checkpoint-50"
+    assert run.restore_newest_to(tmp_path / "local-2").name == "checkpoint-50"
 
 
 def test_a_checkpoint_seeded_by_the_launcher_is_used_in_place(tmp_path):
     run = RunCheckpoints(tmp_path / "shared", MARKER)
     write_checkpoint(run.folder, 10, world_size=2)
-    seeded = run.seed(tmp_path / "local", world_size=2)
+    seeded = run.restore_newest_to(tmp_path / "local", world_size=2)
     (seeded / "written-on-scratch").touch()
-    assert run.seed(tmp_path / "local", world_size=2) == seeded
+    assert run.restore_newest_to(tmp_path / "local", world_size=2) == seeded
     assert (seeded / "written-on-scratch").exists(), "not copied again over the processes' copy"
 
 

@@ -39,7 +39,7 @@ def test_the_stop_file_is_written_by_several_processes_at_once_without_failing(t
     """Slurm signals every process of a job: the job and its node's launcher, which share a scratch
     folder, both write the stop file at the same moment (once, a scancel failed the job that way)."""
     writer = (
-        "import sys; from pathlib import Path; from scratchflow.processes import write_stop_file\n"
+        "import sys; from pathlib import Path; from scratchflow.signals import write_stop_file\n"
         "for _ in range(300): write_stop_file(Path(sys.argv[1]), 'SIGTERM')\n"
     )
     writers = [

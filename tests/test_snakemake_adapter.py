@@ -1,9 +1,19 @@
-"""Noticing a finished Slurm job at once: the markers jobs leave, and when they call for a check."""
+"""The adapter to Snakemake's internals: a rule's resources before any job exists, and noticing a
+finished Slurm job at once (the markers jobs leave, and when they call for a check)."""
 
 import os
 import time
+from types import SimpleNamespace
 
-from scratchflow.snakemake_adapter import PATIENCE_SECONDS, SETTLE_SECONDS, ended_jobs_to_check, mark_job_end
+import pytest
+from scratchflow.snakemake_adapter import (
+    PATIENCE_SECONDS,
+    SETTLE_SECONDS,
+    ended_jobs_to_check,
+    evaluated_resource,
+    mark_job_end,
+)
+from snakemake.resources import Resource
 
 
 def marked(directory, job_id, seconds_ago):
@@ -39,3 +49,31 @@ def test_a_job_still_listed_long_after_its_marker_is_left_to_the_plugins_interva
 
 def test_no_marker_folder_calls_for_no_check(tmp_path):
     assert not ended_jobs_to_check(tmp_path / "missing", {"1"}, time.time(), checked_at=0)
+
+
+def workflow_with(**resources):
+    """The part of a Snakemake workflow the adapter reads: one rule, `train`, with `resources`."""
+    rule = SimpleNamespace(resources={name: Resource(name, value) for name, value in resources.items()})
+    return SimpleNamespace(get_rule=lambda name: rule, async_run=None)
+
+
+def test_a_resource_is_evaluated_for_each_attempt_before_any_job_exists():
+    workflow = workflow_with(runtime=lambda wildcards, attempt: 60 * attempt, slurm_partition="gpu")
+    assert [evaluated_resource(workflow, "train", "runtime", attempt) for attempt in (1, 2)] == [60, 120]
+    assert evaluated_resource(workflow, "train", "slurm_partition") == "gpu"
+    assert evaluated_resource(workflow, "train", "gres") is None  # not asked for
+
+
+def test_a_resource_that_depends_on_the_job_is_not_known_yet():
+    workflow = workflow_with(
+        runtime=lambda wildcards: 10 if wildcards.run_id.startswith("0") else 20,
+        mem_mb=lambda wildcards, input: max(2 * input.size_mb, 1000),
+    )
+    assert evaluated_resource(workflow, "train", "runtime") is None
+    assert evaluated_resource(workflow, "train", "mem_mb") is None
+
+
+def test_a_mistake_in_a_profiles_expression_is_raised_not_hidden():
+    workflow = workflow_with(runtime=lambda wildcards, attempt: 60 * attempts)  # noqa: F821
+    with pytest.raises(NameError, match="attempts"):
+        evaluated_resource(workflow, "train", "runtime")

@@ -294,9 +294,9 @@ def test_scratch_is_removed_when_the_job_is_terminated(tmp_path):
     """Snakemake and Slurm cancel jobs with SIGTERM: the job's `finally` must still run."""
     code = (
         "import time\n"
-        "from scratchflow.record import stop_cleanly_on_sigterm\n"
+        "from scratchflow.signals import exit_on_sigterm\n"
         "from scratchflow.staging import scratch_directory\n"
-        "stop_cleanly_on_sigterm()\n"
+        "exit_on_sigterm()\n"
         f"with scratch_directory({str(tmp_path)!r}, 'train-abc') as scratch:\n"
         "    (scratch / 'ready').write_text('')\n"
         "    time.sleep(60)\n"

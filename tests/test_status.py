@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from scratchflow.status import NoGrid, SlurmJob, grid_status, render, slurm_jobs, summary_line, write_grid
+from scratchflow.plan import NoPlan, Plan
+from scratchflow.status import SlurmJob, grid_status, render, slurm_jobs, summary_line
 
 STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
 STAMP = "%Y-%m-%dT%H:%M:%S%z"
+MARKER = "COMPLETE"
 
 
 def write(path: Path, content) -> None:
@@ -22,6 +24,19 @@ def write(path: Path, content) -> None:
 
 def piece(number: int, outcome: str, started: float) -> dict:
     return {"piece": number, "outcome": outcome, "started_at": time.strftime(STAMP, time.localtime(started))}
+
+
+def write_grid(workdir: Path, runs: dict, metric: str, goal: str, executor: str) -> None:
+    """The grid file the workflow writes when it starts."""
+    plan = Plan(runs, {}, None, "command", metric, goal, checkpoint_marker=MARKER)
+    plan.started(executor).write(workdir)
+
+
+def checkpoint(folder: Path) -> Path:
+    """A complete checkpoint (holding the task's marker)."""
+    folder.mkdir(parents=True)
+    (folder / MARKER).touch()
+    return folder
 
 
 def dead_pid() -> int:
@@ -66,11 +81,11 @@ def grid_in_every_state(workdir: Path) -> None:
     write(checkpoints / "starting00" / "running.json", me)
     stopped = "TrainingStopped: stopped on SIGUSR1 at step 40 of 280; checkpoint-40 is saved in checkpoints/x"
     write(checkpoints / "paused0000" / "pieces.json", [piece(1, stopped, now - 900)])
-    (checkpoints / "paused0000" / "checkpoint-40").mkdir()
+    checkpoint(checkpoints / "paused0000" / "checkpoint-40")
     write(checkpoints / "killed0000" / "pieces.json", [piece(1, "running", now - 900)])
     write(checkpoints / "killed0000" / "running.json", {**me, "pid": dead_pid()})
     for step in (20, 60):
-        (checkpoints / "killed0000" / f"checkpoint-{step}").mkdir()
+        checkpoint(checkpoints / "killed0000" / f"checkpoint-{step}")
     write(checkpoints / "failed0000" / "pieces.json", [piece(1, "ValueError: the loss is NaN\nmore", now - 900)])
 
 
@@ -189,7 +204,7 @@ def test_the_command_prints_every_run_and_a_total_line(tmp_path):
 
 
 def test_where_no_grid_exists_the_command_says_so_and_fails(tmp_path):
-    with pytest.raises(NoGrid, match=r"results/grid\.json is missing"):
+    with pytest.raises(NoPlan, match=r"results/grid\.json is missing"):
         grid_status(tmp_path)
     shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True)
     assert shown.returncode == 2
@@ -206,11 +221,12 @@ def test_a_run_whose_program_reports_no_progress_is_told_by_its_newest_checkpoin
         folder = tmp_path / "checkpoints" / run_id
         write(folder / "pieces.json", [piece(1, "TrainingStopped: x", now - 3600), piece(2, "running", now - 600)])
         write(folder / "running.json", me)
-        (folder / "checkpoint-1000").mkdir()
-        os.utime(folder / "checkpoint-1000", (now - 700, now - 700))  # saved by piece 1
-    saved = tmp_path / "checkpoints" / "command000" / "checkpoint-1100"
-    saved.mkdir()
+        marker = checkpoint(folder / "checkpoint-1000") / MARKER
+        os.utime(marker, (now - 700, now - 700))  # saved by piece 1
+    saved = checkpoint(tmp_path / "checkpoints" / "command000" / "checkpoint-1100") / MARKER
     os.utime(saved, (now - 30, now - 30))
+    # Not complete (no marker): copied or written now, not yet a checkpoint to tell of.
+    (tmp_path / "checkpoints" / "command000" / "checkpoint-1200").mkdir()
     statuses = by_id(grid_status(tmp_path))
     # The pieces' start is recorded to the second.
     running = r"piece 2, running for 10 min 0[01] s; "

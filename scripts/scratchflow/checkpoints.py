@@ -24,14 +24,15 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scratchflow.files import OWNER_TAG, read_json, write_json_atomically
-from scratchflow.staging import copy_whole, remove_leftovers
+from scratchflow.files import OWNER_TAG, process_may_live, read_json, write_json_atomically
+from scratchflow.staging import StagingError, copy_whole, remove_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,9 @@ def world_size_of(checkpoint: Path) -> int:
 
 
 def complete_checkpoints(folder: Path, marker: str) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint in `folder` (holding `marker`), oldest first."""
+    """(step, path) of every complete checkpoint in `folder` (holding `marker`), oldest first: the
+    one definition of "complete", on scratch and on shared storage, for resume, mirroring and the
+    status alike."""
     found = []
     if folder.is_dir():
         for entry in folder.iterdir():
@@ -123,11 +126,11 @@ class RunCheckpoints:
         folder.mkdir(parents=True, exist_ok=True)
         write_json_atomically(owner, owner_file)
 
-    def seed(self, local_folder: Path, world_size: int = 1) -> Path | None:
+    def restore_newest_to(self, local_folder: Path, world_size: int = 1) -> Path | None:
         """Copy the newest complete checkpoint to scratch (`local_folder`), where the task resumes
         from it; None when the run starts from zero. Refused if it was written by another number of
         training processes: the global batch, the data order and the per-process random states
-        would not continue the same run. A copy already there (seeded by the node's launcher) is
+        would not continue the same run. A copy already there (restored by the node's launcher) is
         used as it is."""
         newest = self.newest()
         if newest is None:
@@ -145,6 +148,11 @@ class RunCheckpoints:
             copy_whole(newest, local)
         log.info("resuming from %s", newest)
         return local
+
+    def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
+        """The service that copies each new complete checkpoint a task writes into `local_folder`
+        (on scratch) to this shared folder; `restored_step`: the step restored from here, if any."""
+        return CheckpointMirroring(self, local_folder, restored_step)
 
     def mirror(self, local_checkpoint: Path) -> Path:
         """Copy a checkpoint the task just wrote on scratch into the shared folder, whole or not at
@@ -277,16 +285,69 @@ class RunCheckpoints:
         write_json_atomically(listed, self.folder / PIECES_FILE)
 
 
+class CheckpointMirroring:
+    """Copies each new complete checkpoint on scratch to shared storage, whole, newest only: called by
+    a task after it saves (`mirror_newest`), or from a thread that looks every `poll_seconds` while a
+    program runs that saves on its own (`watching`), and once more when it ends."""
+
+    def __init__(self, run: RunCheckpoints, local_folder: Path, restored_step: int | None = None):
+        self.run, self.local_folder = run, local_folder
+        self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
+
+    def mirror_newest(self) -> Path | None:
+        """The newest complete checkpoint on scratch, copied if it is new; None if there is none new."""
+        newest = newest_complete_checkpoint(self.local_folder, self.run.marker)
+        if newest is None or (self.mirrored_step is not None and step_of(newest) <= self.mirrored_step):
+            return None
+        try:
+            self.run.mirror(newest)
+        except StagingError:
+            if newest.exists():
+                raise
+            return None  # the task pruned it while it was copied: a newer one is there
+        self.mirrored_step = step_of(newest)
+        log.info("checkpoint %s saved to %s", newest.name, self.run.folder)
+        return newest
+
+    @contextlib.contextmanager
+    def watching(self, poll_seconds: float = 1.0) -> Iterator[CheckpointMirroring]:
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def watch() -> None:
+            while not done.wait(poll_seconds):
+                try:
+                    self.mirror_newest()
+                except BaseException as error:  # raised in the job's thread when the block ends
+                    failure.append(error)
+                    return
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            done.set()
+            thread.join()
+        if failure:
+            raise failure[0]
+        self.mirror_newest()
+
+
 def this_process() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
 
-def holder_is_alive(holder: dict[str, Any]) -> bool:
-    """Whether the job or process recorded in `running.json` may still be training."""
+def holder_is_alive(holder: dict[str, Any], active_slurm_jobs: Container[str] | None = None) -> bool:
+    """Whether the job or process recorded in `running.json` may still be training. A Slurm job is
+    looked up in `active_slurm_jobs` (the ids of the jobs that may still write, from one squeue of
+    them all: the status asks once for a whole grid), or else asked about alone."""
     job_id = holder.get("slurm_job_id")
     if job_id:
         if job_id == os.environ.get("SLURM_JOB_ID"):
             return False  # this very job, requeued: its earlier run on a node is over
+        if active_slurm_jobs is not None:
+            return job_id in active_slurm_jobs
         try:
             result = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
         except FileNotFoundError:
@@ -294,21 +355,7 @@ def holder_is_alive(holder: dict[str, Any]) -> bool:
         if result.returncode != 0 and "Invalid job id" not in result.stderr:
             return True  # Slurm did not answer (a controller restarting): ask again later
         return result.stdout.strip() in ACTIVE_SLURM_STATES
-    return process_may_live(holder)
-
-
-def process_may_live(holder: dict[str, Any]) -> bool:
-    """Whether the process a holder file names, outside Slurm, may still run: only one on this
-    machine can be asked; one on another machine is assumed alive (nothing here can tell)."""
-    if holder.get("host") != socket.gethostname():
-        return True
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_may_live(holder["host"], holder["pid"])
 
 
 def _remove_holder(holder_file: Path, gone: dict[str, Any]) -> None:

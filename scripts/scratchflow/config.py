@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -243,6 +245,28 @@ def check_training_shape(rule: str, resources: Mapping[str, Any], cluster_name: 
             )
         if "--ntasks-per-node=1" not in str(resources.get("slurm_extra") or ""):
             raise ConfigError(f"resource slurm_extra of rule train: {nodes} nodes need --ntasks-per-node=1 ({recipe})")
+
+
+# sbatch's --signal=[{R|B}:]<sig_num or name>[@sig_time]
+SLURM_SIGNAL_OPTION = re.compile(r"--signal[= ](?:[RB]+:)?(?:SIG)?(\w+)")
+
+
+def check_stop_signal(stop_signal: str, train_slurm_extra: Any) -> None:
+    """The signal a profile asks Slurm to send before a train job's wall time must be the one the
+    trainer listens for (checkpointing.stop_signal): any other would kill the job unsaved."""
+    asked = SLURM_SIGNAL_OPTION.search(str(train_slurm_extra or ""))
+    if asked is None:
+        return
+    name = asked.group(1).upper()
+    if name.isdigit():
+        name = signal.Signals(int(name)).name.removeprefix("SIG")
+    if name != stop_signal:
+        raise ConfigError(
+            f"config key checkpointing.stop_signal: the trainer listens for SIG{stop_signal}, but the profile asks "
+            f"Slurm for SIG{name} before the wall time ({asked.group(0)} in the train rule's slurm_extra), "
+            f"which would end the job without a checkpoint; set checkpointing.stop_signal: {name}, or "
+            f"--signal={stop_signal}@<s>"
+        )
 
 
 CPU_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")

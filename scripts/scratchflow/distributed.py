@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -37,17 +36,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from scratchflow import signals
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.dataset import staged_sources
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
-from scratchflow.processes import (
-    STOP_FILE_NAME,
-    STOP_SIGNALS,
-    StopForwarder,
-    run_program,
-    set_parent_death_signal,
-    write_stop_file,
-)
+from scratchflow.processes import StopForwarder, run_program, set_parent_death_signal
+from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import scratch_directory, stage_in
 from scratchflow.tasks import TrainContext, Trained, TrainingStopped, load_task
 
@@ -138,7 +132,7 @@ def train(task_name: str, context: TrainContext, staging: Staging | None = None)
     if shape.world_size == 1 or getattr(task, "LAUNCHES_OWN_PROCESSES", False):
         return task.train(context)
     # Seeded here, once for this node: the processes then find the copy in place.
-    context.checkpoints.seed(context.work_dir / "checkpoints", shape.world_size)
+    context.checkpoints.restore_newest_to(context.work_dir / "checkpoints", shape.world_size)
     spec, result = context.work_dir / "launch.json", context.work_dir / "trained.json"
     write_json_atomically(
         {
@@ -253,7 +247,7 @@ def run_node(spec_path: Path) -> int:
         log.info("node rank %d: staging into %s", node_rank, scratch)
         data = staged_sources(stage_in(Path(staging.archive), Path(staging.manifest), scratch), fields["dataset"])
         context = _context({**fields, "work_dir": str(scratch), "data": {k: str(v) for k, v in data.items()}}, 1)
-        context.checkpoints.seed(scratch / "checkpoints", shape.world_size)
+        context.checkpoints.restore_newest_to(scratch / "checkpoints", shape.world_size)
         node_spec = scratch / "launch.json"
         write_json_atomically({**spec, "context": _plain(context)}, node_spec)
         return _node_torchrun(shape, _plain(context), rendezvous, node_spec)
@@ -318,9 +312,7 @@ def main(spec_path: str) -> None:
     set_parent_death_signal()  # a worker whose torchrun is killed dies too, instead of training on as an orphan
     spec = read_json(Path(spec_path))
     # Until the trainer listens (it also looks for the stop file at every step).
-    stop_file = Path(spec["context"]["work_dir"]) / STOP_FILE_NAME
-    for number in STOP_SIGNALS:
-        signal.signal(number, lambda number, _frame: write_stop_file(stop_file, signal.Signals(number).name))
+    signals.listen_by_stop_file(Path(spec["context"]["work_dir"]) / STOP_FILE_NAME)
     me = Rank.from_environment()
     os.environ["SCRATCHFLOW_ASSEMBLY_TAG"] = spec["assembly_tag"]
     logging.basicConfig(

@@ -17,6 +17,21 @@ HOST = socket.gethostname().split(".")[0]
 OWNER_TAG = f"@{HOST}@{os.getpid()}"
 
 
+def process_may_live(host: str, pid: int) -> bool:
+    """Whether process `pid` on `host` may still run: only one on this machine can be asked; one on
+    another machine is assumed alive (nothing here can tell). The one answer to "is its owner
+    alive" for owner-tagged names, run holders and the status."""
+    if host.split(".")[0] != HOST:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def written_whole(path: Path) -> Iterator[Path]:
     """Yield a hidden partial name to write `path` under; rename it into place only if the writing

@@ -19,9 +19,10 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.integrations import TensorBoardCallback, WandbCallback
 from transformers.utils import is_torch_tf32_available
 
-from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
+from scratchflow import signals
+from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.distributed import Rank
-from scratchflow.processes import STOP_FILE_NAME, STOP_SIGNALS
+from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.tasks import TrainContext, TrainingStopped
 from scratchflow.tracking import open_writer, progress_line, wandb_environment, wandb_run
 
@@ -40,15 +41,13 @@ class MirrorCheckpointsToShared(TrainerCallback):
     every rank's random state is there and gives the checkpoint its name. A checkpoint on shared
     storage is therefore complete, or hidden and removed later."""
 
-    def __init__(self, checkpoints: RunCheckpoints, me: Rank):
+    def __init__(self, checkpoints: RunCheckpoints, local_folder: Path, me: Rank):
         self.checkpoints, self.me = checkpoints, me
+        self.mirroring = checkpoints.mirroring(local_folder)
 
     def on_save(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.me.world_size == 1:
-            newest = newest_complete_checkpoint(Path(args.output_dir), CHECKPOINT_MARKER)
-            if newest is not None:
-                self.checkpoints.mirror(newest)
-                log.info("checkpoint %s saved to %s", newest.name, self.checkpoints.folder)
+            self.mirroring.mirror_newest()
             return
         local = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         assembly = self.checkpoints.assembly(local.name, os.environ["SCRATCHFLOW_ASSEMBLY_TAG"])
@@ -119,14 +118,8 @@ class StopOnSignal(TrainerCallback):
 
     @contextmanager
     def listening(self) -> Iterator[None]:
-        previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
-        for number in STOP_SIGNALS:
-            signal.signal(number, self._receive)
-        try:
+        with signals.listening(self._receive):
             yield
-        finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
 
     def _receive(self, number: int, _frame: Any) -> None:
         self.received = signal.Signals(number).name
@@ -274,20 +267,22 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
     )
 
 
-def train(context: TrainContext, **trainer_arguments: Any) -> tuple[Trainer, dict[str, Any]]:
-    """Build the Trainer (model, args, datasets, collator: `trainer_arguments`), resume it from the
+def train(context: TrainContext, args: TrainingArguments, **trainer_arguments: Any) -> tuple[Trainer, dict[str, Any]]:
+    """Build the Trainer (`args`, and model, datasets, collator: `trainer_arguments`), resume it from the
     newest complete shared checkpoint, train until done or asked to stop, and return it with the
     training figures. A stop raises TrainingStopped once its checkpoint is on shared storage."""
     torch.set_num_threads(context.threads)
     me = Rank.from_environment()
+    local = Path(args.output_dir)  # the checkpoints on scratch
     stop = StopOnSignal(context.work_dir / STOP_FILE_NAME if me.world_size > 1 else None)
     trainer = ExactlyResumableTrainer(
+        args=args,
         compute_metrics=accuracy,
         # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
-        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, me), ProgressLog(context.checkpoints)],
+        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, local, me), ProgressLog(context.checkpoints)],
         **trainer_arguments,
     )
-    resume_from = context.checkpoints.seed(context.work_dir / "checkpoints", me.world_size)
+    resume_from = context.checkpoints.restore_newest_to(local, me.world_size)
     with stop.listening(), curves_logged(trainer, context, resume_from, me.rank == 0):
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if result.global_step < trainer.state.max_steps:

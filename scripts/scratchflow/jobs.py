@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation, distributed, report, tracking
+from scratchflow import aggregation, distributed, report, signals, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.distributed import Shape
@@ -26,7 +26,6 @@ from scratchflow.record import (
     environment_record,
     keep_piece_log,
     output_to_log,
-    stop_cleanly_on_sigterm,
 )
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
@@ -41,7 +40,7 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
     number of CPU threads, and a failure told where people look. The rule's log gets the failure
     with its traceback (users read it first); the console (Snakemake's output, on a cluster the
     plugin's Slurm log) gets the failure in one line and where its log is, with no traceback first."""
-    stop_cleanly_on_sigterm()
+    signals.exit_on_sigterm()
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(threads)
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # progress bars make unreadable log files
@@ -131,6 +130,7 @@ def train_job(job: TrainJob) -> None:
     the next attempt resumes. `record_out` is written last: its presence means the outputs are complete.
     """
     task = load_task(job.task)
+    signals.use_stop_signal(job.checkpointing["stop_signal"])
     switch_hub_off()
     timer = PhaseTimer()
     params = job.identity["training"]

@@ -18,24 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from scratchflow import signals
+from scratchflow.signals import write_stop_file
+
 log = logging.getLogger(__name__)
 
-# USR1: Slurm's warning before the wall time (--signal=USR1@<seconds>). TERM: scancel, preemption,
-# the time limit itself.
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 TAIL_LINES = 30
-
-
-STOP_FILE_NAME = "stop-requested"
-
-
-def write_stop_file(stop_file: Path, signal_name: str) -> None:
-    """The stop file, holding the signal's name; never seen empty. Several processes of a job may
-    write it at once (Slurm signals them all; the job and its node's launcher share a scratch
-    folder): each through a partial file of its own."""
-    partial = stop_file.with_name(f".{stop_file.name}.partial{os.getpid()}")
-    partial.write_text(signal_name)
-    os.replace(partial, stop_file)
 
 
 def child_pids(parent: int) -> list[int]:
@@ -54,8 +42,9 @@ def child_pids(parent: int) -> list[int]:
 
 
 class StopForwarder:
-    """While a program runs, USR1/TERM to the job go on to the program's process group, or, with
-    `to_children`, to the program's own child processes only (torchrun's workers); the first one
+    """While a program runs, the stop signals (`scratchflow.signals`) to the job go on to the
+    program's process group, or, with `to_children`, to the program's own child processes only
+    (torchrun's workers); the first one
     also creates `stop_file`, holding the signal's name (for code that cannot take signals, or had
     no handler yet)."""
 
@@ -68,14 +57,8 @@ class StopForwarder:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopForwarder]:
-        previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
-        for number in STOP_SIGNALS:
-            signal.signal(number, self._receive)
-        try:
+        with signals.listening(self._receive):
             yield self
-        finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
 
     def _receive(self, number: int, _frame: Any) -> None:
         if self.received is None:
@@ -113,7 +96,7 @@ def set_parent_death_signal() -> None:
 
 def _start_as_launcher() -> None:
     set_parent_death_signal()
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signals.ignore_stop_signal()
 
 
 def run_program(

@@ -6,7 +6,6 @@ import contextlib
 import importlib.metadata
 import os
 import platform
-import signal
 import socket
 import subprocess
 import sys
@@ -71,16 +70,6 @@ def environment_record(workflow_dir: Path) -> dict[str, Any]:
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def stop_cleanly_on_sigterm() -> None:
-    """Make SIGTERM (Snakemake or Slurm cancelling a job) unwind the stack like an exception, so that
-    `finally` blocks remove scratch directories. SIGKILL cannot be caught; see remove_leftovers."""
-
-    def raise_system_exit(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, raise_system_exit)
 
 
 def keep_piece_log(log_path: Path, piece: int) -> Path | None:

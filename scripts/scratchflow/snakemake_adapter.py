@@ -1,5 +1,10 @@
 """The one place that reaches into Snakemake's internals (beyond its documented workflow object)
-and works around what its Slurm plugins do.
+and works around what its Slurm plugins do. Where an internal has moved, it fails loudly.
+
+A rule's resources as Snakemake computes them, before any job exists (`evaluated_resource`): the
+start-up checks read the profile's partition, shape and runtimes through it. A resource that depends
+on a job (its wildcards or input) is not known then, and reads as None; any other error is the
+profile's, and is raised.
 
 The Slurm variables of a several-node job reach its rule (`keep_job_variables`).
 
@@ -21,8 +26,15 @@ import contextlib
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from scratchflow import signals
+
+# Resources the start-up checks read: a job's shape (nodes, launchers, GPUs) and its strings for Slurm.
+SHAPE_RESOURCES = ("nodes", "processes_per_node", "gres", "gpu", "slurm_extra", "mpi", "tasks", "tasks_per_gpu")
+SLURM_STRING_RESOURCES = ("slurm_partition", "slurm_account", "qos", "constraint", "clusters")
 
 # The Slurm variables of the batch step, kept by the job's Snakemake under this name.
 JOB_VARIABLES = "SCRATCHFLOW_SLURM_VARIABLES"
@@ -33,6 +45,101 @@ SETTLE_SECONDS = 2.0
 # A marked job the plugin still lists after this long (the next run of a pack in the same Slurm
 # job, a slow epilog) is left to the plugin's own interval.
 PATIENCE_SECONDS = 120.0
+
+
+class DependsOnJob(LookupError):
+    """A resource read a job's wildcards or input, which do not exist before the job does."""
+
+
+class _NoJobYet:
+    """Stands for a job's wildcards and input while a rule's resources are evaluated without a job."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise DependsOnJob(name)
+
+    def __getitem__(self, key: Any) -> Any:
+        raise DependsOnJob(key)
+
+    def __iter__(self) -> Any:
+        raise DependsOnJob("input")
+
+    def __len__(self) -> int:
+        raise DependsOnJob("input")
+
+
+def evaluated_resource(workflow: Any, rule: str, name: str, attempt: int = 1) -> Any:
+    """Resource `name` of `rule` for `attempt`, as Snakemake computes it (a profile's expression
+    evaluated), or None where the rule has none or it depends on the job."""
+    resource = workflow.get_rule(rule).resources.get(name)
+    if resource is None:
+        return None
+    try:
+        return resource.evaluate(
+            _NoJobYet(),
+            input=_NoJobYet(),
+            attempt=attempt,
+            threads=1,
+            rulename=rule,
+            async_run=workflow.async_run,
+        ).value
+    except DependsOnJob:
+        return None
+
+
+def string_resources_of(workflow: Any, rule: str) -> dict[str, str]:
+    """The strings a profile gives the Slurm jobs of `rule` (partition, account, ...)."""
+    evaluated = {name: evaluated_resource(workflow, rule, name) for name in SLURM_STRING_RESOURCES}
+    return {name: value for name, value in evaluated.items() if isinstance(value, str)}
+
+
+@dataclass(frozen=True)
+class RuleRequests:
+    """What the profile asks for each rule: its resources' names, the shape its first attempt
+    asks for, and its runtime for every attempt up to --retries (minutes; only where known)."""
+
+    names: dict[str, set[str]]
+    shapes: dict[str, dict[str, Any]]
+    runtimes: dict[str, list[int]]
+
+
+def rule_requests(workflow: Any) -> RuleRequests:
+    """Read while the workflow is read (--retries not known yet: first attempts only) and again
+    when it starts."""
+    names, shapes, runtimes = {}, {}, {}
+    for rule in workflow.rules:
+        names[rule.name] = set(rule.resources)
+        requested = {name: evaluated_resource(workflow, rule.name, name) for name in SHAPE_RESOURCES}
+        shapes[rule.name] = {name: value for name, value in requested.items() if value is not None}
+        if rule.resources.get("runtime") is None:
+            continue
+        retries = rule.restart_times if workflow.execution_settings else 0
+        minutes = [evaluated_resource(workflow, rule.name, "runtime", attempt) for attempt in range(1, retries + 2)]
+        if None not in minutes:
+            runtimes[rule.name] = minutes
+    return RuleRequests(names, shapes, runtimes)
+
+
+def executor_name(workflow: Any) -> str:
+    """Snakemake's executor ("local", "slurm", "dryrun"); known once the workflow starts."""
+    return workflow.executor_plugin.name
+
+
+def register_pack_slot(workflow: Any) -> None:
+    """What --resources pack_slot=1 would set, here and in each packed job's own Snakemake: the
+    one slot of a packed job, which its train (or predict) jobs take one after another."""
+    workflow.register_resource("pack_slot", 1)
+
+
+def prepare_job_step(stop_signal: str) -> None:
+    """In the Snakemake a Slurm job step runs (which reads the workflow, then runs the rule's script):
+    the stop signal ignored, and the job's Slurm variables kept.
+
+    Slurm's warning before the wall time (--signal=<name>@<s>) reaches every process of the job
+    step, this Snakemake included, which the signal would kill, and the step with it. Ignored here
+    (and so in the rule's script, which inherits it) until the task listens for it."""
+    signals.use_stop_signal(stop_signal)
+    signals.ignore_stop_signal()
+    keep_job_variables()
 
 
 def keep_job_variables(environ: dict[str, str] | os._Environ = os.environ) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from scratchflow.dataset import WHOLE, data_sources, list_files
-from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically, written_whole
+from scratchflow.files import HOST, OWNER_TAG, process_may_live, read_json, write_json_atomically, written_whole
 from scratchflow.record import PhaseTimer
 from scratchflow.snakemake_adapter import JOB_VARIABLES
 
@@ -437,13 +437,7 @@ def _owner_is_gone(name: str) -> bool:
     parts = name.split("@")
     if len(parts) < 3 or parts[1] != HOST or not parts[2].isdigit():
         return False
-    try:
-        os.kill(int(parts[2]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not process_may_live(parts[1], int(parts[2]))
 
 
 def remove_leftovers(folder: Path, prefix: str = "") -> list[Path]:

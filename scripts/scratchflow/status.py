@@ -9,7 +9,6 @@ is trained and waits for or runs its prediction, or is finished (its test metric
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -20,25 +19,21 @@ from typing import Any
 
 from scratchflow.checkpoints import (
     ACTIVE_SLURM_STATES,
-    CHECKPOINT_NAME,
     HOLDER_FILE,
     PIECES_FILE,
     PROGRESS_FILE,
-    process_may_live,
+    RunCheckpoints,
+    holder_is_alive,
+    step_of,
 )
-from scratchflow.files import write_json_atomically
+from scratchflow.plan import Plan
 from scratchflow.tracking import duration
 
-GRID_FILE = Path("results/grid.json")
 STATES = ("finished", "predicts", "trains", "paused", "interrupted", "waits", "failed")
 # The Slurm plugin's job comment: rule_<rule>_wildcards_<run_id>, or rule_<group> for a group job
 # (cluster.pack_runs: the runs of a pack are found through the job id their checkpoints name).
 COMMENT_PREFIX = "rule_"
 FAILED_MARK = "ERROR scratchflow: job failed: "
-
-
-class NoGrid(RuntimeError):
-    """The directory holds no grid the workflow has started."""
 
 
 @dataclass(frozen=True)
@@ -60,23 +55,6 @@ class RunStatus:
     state: str  # one of STATES
     detail: str
     log: str | None = None  # the log to read, for a failure
-
-
-def write_grid(workdir: Path, runs: dict[str, dict[str, Any]], metric: str, goal: str, executor: str) -> None:
-    """The grid's runs, written when the workflow starts, so that the status knows the runs that
-    have not started yet, and whether to ask Slurm about them (`executor`: Snakemake's)."""
-    grid = {"metric": metric, "goal": goal, "executor": executor, "runs": runs}
-    write_json_atomically(grid, workdir / GRID_FILE)
-
-
-def read_grid(workdir: Path) -> dict[str, Any]:
-    path = workdir / GRID_FILE
-    if not path.is_file():
-        raise NoGrid(
-            f"no grid in {workdir.resolve()}: {GRID_FILE} is missing. The workflow writes it when it starts; "
-            "run this in the directory you run snakemake in, or name that directory."
-        )
-    return json.loads(path.read_text())
 
 
 def slurm_jobs(squeue: str | None = None) -> dict[tuple[str, str], SlurmJob] | None:
@@ -110,31 +88,16 @@ def _read(path: Path) -> Any:
         return None
 
 
-def _holder_alive(holder: dict[str, Any], active_jobs: dict[str, SlurmJob] | None) -> bool:
-    """Like checkpoints.holder_is_alive, but from one squeue of all jobs (`active_jobs`: those that
-    may still write, by id; None: no Slurm to ask, so the holder file is trusted)."""
-    job_id = holder.get("slurm_job_id")
-    if job_id:
-        return active_jobs is None or job_id in active_jobs
-    return process_may_live(holder)
-
-
-def _newest_step(folder: Path) -> int | None:
-    steps = [int(match.group(1)) for entry in os.listdir(folder) if (match := CHECKPOINT_NAME.fullmatch(entry))]
-    return max(steps) if steps else None
-
-
-def _newest_checkpoint(folder: Path) -> tuple[int, float] | None:
-    """The step of the newest checkpoint in a run's folder and when it was saved (the time its
-    folder was last written: a checkpoint appears on shared storage whole, by a rename). Only that
-    one checkpoint is looked at."""
-    step = _newest_step(folder)
-    if step is None:
+def _newest_checkpoint(run: RunCheckpoints) -> tuple[int, float] | None:
+    """The step of the run's newest complete checkpoint and when it was saved (when its marker was
+    written, last)."""
+    newest = run.newest()
+    if newest is None:
         return None
     try:
-        return step, (folder / f"checkpoint-{step}").stat().st_mtime
+        return step_of(newest), (newest / run.marker).stat().st_mtime
     except FileNotFoundError:  # dropped meanwhile for a newer one
-        return _newest_checkpoint(folder)
+        return _newest_checkpoint(run)
 
 
 def _failure(log: Path) -> str | None:
@@ -152,46 +115,52 @@ def _failure(log: Path) -> str | None:
 def run_status(
     workdir: Path,
     run_id: str,
-    grid: dict[str, Any],
+    plan: Plan,
     jobs: dict[tuple[str, str], SlurmJob] | None,
     active_jobs: dict[str, SlurmJob] | None,
     now: float,
 ) -> RunStatus:
-    results = workdir / "results" / "runs" / run_id
-    metrics = _read(results / "metrics.json")
+    paths = plan.paths(run_id)
+    metrics = _read(workdir / paths.metrics)
     if metrics is not None:
-        value = metrics.get(grid["metric"])
+        value = metrics.get(plan.metric)
         shown = f"{value:.4f}" if isinstance(value, int | float) else "not reported"
-        return RunStatus(run_id, "finished", f"test {grid['metric']} {shown}")
-    if (results / "record.json").is_file():
+        return RunStatus(run_id, "finished", f"test {plan.metric} {shown}")
+    if (workdir / paths.record).is_file():
         job = (jobs or {}).get(("predict", run_id))
         if job is not None:
             return RunStatus(run_id, "predicts", f"trained; prediction: {job.describe()}")
-        failure = _failure(workdir / "logs" / "predict" / f"{run_id}.log")
+        failure = _failure(workdir / paths.predict_log)
         if failure:
-            return RunStatus(run_id, "failed", f"prediction failed: {failure}", f"logs/predict/{run_id}.log")
+            return RunStatus(run_id, "failed", f"prediction failed: {failure}", paths.predict_log)
         return RunStatus(run_id, "predicts", "trained; prediction waits")
-    return _training_status(workdir, run_id, (jobs or {}).get(("train", run_id)), active_jobs, now)
+    run = RunCheckpoints(workdir / paths.checkpoints, plan.checkpoint_marker)
+    return _training_status(run, run_id, paths.train_log, (jobs or {}).get(("train", run_id)), active_jobs, now)
 
 
 def _training_status(
-    workdir: Path, run_id: str, job: SlurmJob | None, active_jobs: dict[str, SlurmJob] | None, now: float
+    run: RunCheckpoints,
+    run_id: str,
+    train_log: str,
+    job: SlurmJob | None,
+    active_jobs: dict[str, SlurmJob] | None,
+    now: float,
 ) -> RunStatus:
-    folder = workdir / "checkpoints" / run_id
+    folder = run.folder
     queued = f" ({job.describe()})" if job else ""
     pieces = _read(folder / PIECES_FILE) if folder.is_dir() else None
     if not pieces:
         return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
     last = pieces[-1]
     holder = _read(folder / HOLDER_FILE)
-    if last["outcome"] == "running" and holder is not None and _holder_alive(holder, active_jobs):
+    if last["outcome"] == "running" and holder is not None and holder_is_alive(holder, active_jobs):
         if job is None and active_jobs:  # a packed run: its pack's job
             packed = active_jobs.get(holder.get("slurm_job_id"))
             queued = f" ({packed.describe()})" if packed else ""
-        return RunStatus(run_id, "trains", _training_detail(folder, last, now) + queued)
-    newest = _newest_step(folder)
+        return RunStatus(run_id, "trains", _training_detail(run, last, now) + queued)
+    newest = run.newest_step()
     resumes = f"resumes from checkpoint-{newest}" if newest is not None else "starts again from step 0"
-    piece_log = last.get("log") or f"logs/train/{run_id}.log"
+    piece_log = last.get("log") or train_log
     if last["outcome"].startswith("TrainingStopped"):
         stopped = last["outcome"].split(": ", 1)[1].split(";", 1)[0]
         return RunStatus(
@@ -206,12 +175,12 @@ def _training_status(
     return RunStatus(run_id, "failed", f"piece {last['piece']}: {last['outcome'].splitlines()[0][:300]}", piece_log)
 
 
-def _training_detail(folder: Path, piece: dict[str, Any], now: float) -> str:
+def _training_detail(run: RunCheckpoints, piece: dict[str, Any], now: float) -> str:
     """Where a training piece is: its progress line (the Hugging Face tasks write one every 10 steps),
     or else what the run's folder shows (a command task's program reports no progress): how long the
     piece has run and its newest checkpoint."""
     where = f"piece {piece['piece']}"
-    progress = _read(folder / PROGRESS_FILE)
+    progress = _read(run.folder / PROGRESS_FILE)
     started = time.mktime(time.strptime(piece["started_at"], "%Y-%m-%dT%H:%M:%S%z"))
     if progress is not None and progress["at"] >= started:
         step, total = progress["step"], progress["max_steps"]
@@ -221,7 +190,7 @@ def _training_detail(folder: Path, piece: dict[str, Any], now: float) -> str:
             f"{duration(progress['seconds_left'])} left at that speed (as of {duration(now - progress['at'])} ago)"
         )
     running = f"{where}, running for {duration(now - started)}"
-    newest = _newest_checkpoint(folder)
+    newest = _newest_checkpoint(run)
     if newest is None:
         return f"{running}; no checkpoint yet"
     step, saved_at = newest
@@ -233,19 +202,31 @@ def _training_detail(folder: Path, piece: dict[str, Any], now: float) -> str:
 def current_status(workdir: Path) -> list[RunStatus]:
     """The status as scripts/status.py tells it: Slurm is asked (once) only when the grid's jobs go
     there; a Slurm client with no controller to answer waits 9 s."""
-    grid = read_grid(workdir)
-    return _statuses(workdir, grid, slurm_jobs() if grid["executor"] == "slurm" else None)
+    plan = Plan.read(workdir)
+    return _statuses(workdir, plan, slurm_jobs() if plan.executor == "slurm" else None)
 
 
 def grid_status(workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = None) -> list[RunStatus]:
     """Every run's status; `jobs`: Slurm's (slurm_jobs()), None where the grid has no Slurm."""
-    return _statuses(workdir, read_grid(workdir), jobs)
+    return _statuses(workdir, Plan.read(workdir), jobs)
 
 
-def _statuses(workdir: Path, grid: dict[str, Any], jobs: dict[tuple[str, str], SlurmJob] | None) -> list[RunStatus]:
-    active = None if jobs is None else {job.job_id: job for job in jobs.values() if job.state in ACTIVE_SLURM_STATES}
+class _UnknownJobs(dict):
+    """No squeue answered: every holder's job may still write (a failing controller is not asked again
+    for each run)."""
+
+    def __contains__(self, _job_id: object) -> bool:
+        return True
+
+
+def _statuses(workdir: Path, plan: Plan, jobs: dict[tuple[str, str], SlurmJob] | None) -> list[RunStatus]:
+    active = (
+        _UnknownJobs()
+        if jobs is None
+        else {job.job_id: job for job in jobs.values() if job.state in ACTIVE_SLURM_STATES}
+    )
     now = time.time()
-    return [run_status(workdir, run_id, grid, jobs, active, now) for run_id in grid["runs"]]
+    return [run_status(workdir, run_id, plan, jobs, active, now) for run_id in plan.runs]
 
 
 def summary_line(statuses: list[RunStatus]) -> str:

@@ -38,15 +38,14 @@ import os
 import re
 import shutil
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
 from scratchflow import tracking
-from scratchflow.checkpoints import RunCheckpoints, newest_complete_checkpoint, step_of
+from scratchflow.checkpoints import step_of
 from scratchflow.files import read_json
-from scratchflow.processes import STOP_FILE_NAME, StopForwarder, run_program
-from scratchflow.staging import StagingError
+from scratchflow.processes import StopForwarder, run_program
+from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained, TrainingStopped
 
 log = logging.getLogger(__name__)
@@ -58,7 +57,6 @@ LAUNCHES_OWN_PROCESSES = True
 METRICS = None  # whatever the program writes into metrics.json
 WRITES_PREDICTIONS = False
 METRICS_FILE = "metrics.json"
-MIRROR_POLL_SECONDS = 1.0
 
 
 class CommandFailed(RuntimeError):
@@ -165,51 +163,6 @@ def read_metrics(path: Path) -> dict[str, float]:
     return metrics
 
 
-class CheckpointMirror:
-    """Copies every new complete checkpoint the program writes on scratch to shared storage, from a
-    thread that looks every second, and once more when the program has ended."""
-
-    def __init__(self, local: Path, run: RunCheckpoints, seeded_step: int | None = None):
-        self.local, self.run = local, run
-        # The checkpoint seeded from shared storage is there already.
-        self.mirrored_step: int | None = seeded_step
-        self.error: BaseException | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self) -> CheckpointMirror:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._done.set()
-        self._thread.join()
-        self.mirror_newest()
-        if self.error is not None:
-            raise self.error
-
-    def _watch(self) -> None:
-        while not self._done.wait(MIRROR_POLL_SECONDS):
-            try:
-                self.mirror_newest()
-            except BaseException as error:  # raised in the job's thread on exit
-                self.error = error
-                return
-
-    def mirror_newest(self) -> None:
-        newest = newest_complete_checkpoint(self.local, CHECKPOINT_MARKER)
-        if newest is None or (self.mirrored_step is not None and step_of(newest) <= self.mirrored_step):
-            return
-        try:
-            self.run.mirror(newest)
-        except StagingError:
-            if newest.exists():
-                raise
-            return  # the program pruned it while it was copied: a newer one is there
-        self.mirrored_step = step_of(newest)
-        log.info("checkpoint %s saved to %s", newest.name, self.run.folder)
-
-
 def data_locations(data: dict[str, Path]) -> tuple[Path, Path | None]:
     """SCRATCHFLOW_DATA_DIR, always a folder (the dataset's own folder, the one holding its single
     file, or the one holding its split files), and SCRATCHFLOW_DATA_FILE, that single file or None."""
@@ -227,7 +180,7 @@ def train(context: TrainContext) -> Trained:
     output_dir.mkdir()
     params_file = context.work_dir / "params.json"
     params_file.write_text(json.dumps(params, indent=2, sort_keys=True))
-    resume_from = context.checkpoints.seed(checkpoint_dir)
+    resume_from = context.checkpoints.restore_newest_to(checkpoint_dir)
     stop_file = context.work_dir / STOP_FILE_NAME
     data_dir, data_file = data_locations(context.data)
     env = {
@@ -252,9 +205,9 @@ def train(context: TrainContext) -> Trained:
     argv = context.params["command"]
     log.info("running %s", argv)
     resumed_step = step_of(resume_from) if resume_from else None
-    mirror = CheckpointMirror(checkpoint_dir, context.checkpoints, seeded_step=resumed_step)
+    mirror = context.checkpoints.mirroring(checkpoint_dir, resumed_step)
     stop = StopForwarder(stop_file)
-    code, tail = run_program(argv, env, stop, context.stop_grace_seconds, alongside=mirror)
+    code, tail = run_program(argv, env, stop, context.stop_grace_seconds, alongside=mirror.watching())
     finished = code == 0 and (output_dir / METRICS_FILE).is_file()
     if stop.received and not finished:
         step = mirror.mirrored_step

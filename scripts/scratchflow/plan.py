@@ -1,0 +1,178 @@
+"""The grid's plan: its runs, their settings and packs, and where each run writes, as one plain object.
+
+Built once from the validated config (`Plan.from_config`) when the workflow is read, written to
+`results/grid.json` when it starts, and read back from there by `scripts/status.py` (`Plan.read`).
+The rules declare the paths named here (`RUN_PATHS`), so the rules, the status, the aggregation and
+the benchmarks agree on them by construction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scratchflow.files import write_json_atomically
+from scratchflow.grid import build_run_table, run_identity
+
+GRID_FILE = Path("results/grid.json")
+# The parameter whose values are replicates of one setting, not settings of their own.
+REPLICATE_KEY = "seed"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path of one run, relative to the directory Snakemake runs in. `RUN_PATHS` holds the
+    templates (with `{run_id}`) that the rules declare; `RUN_PATHS.of(run_id)` a run's own."""
+
+    checkpoints: str = "checkpoints/{run_id}"
+    model: str = "results/runs/{run_id}/model"
+    params: str = "results/runs/{run_id}/params.json"
+    record: str = "results/runs/{run_id}/record.json"
+    metrics: str = "results/runs/{run_id}/metrics.json"
+    predict_record: str = "results/runs/{run_id}/predict_record.json"
+    curves: str = "results/runs/{run_id}/curves.png"
+    predictions: str = "results/runs/{run_id}/predictions.csv"
+    train_log: str = "logs/train/{run_id}.log"
+    predict_log: str = "logs/predict/{run_id}.log"
+    train_benchmark: str = "results/benchmarks/train/{run_id}.tsv"
+    predict_benchmark: str = "results/benchmarks/predict/{run_id}.tsv"
+
+    def of(self, run_id: str) -> RunPaths:
+        return RunPaths(**{name: template.format(run_id=run_id) for name, template in asdict(self).items()})
+
+
+RUN_PATHS = RunPaths()
+PACK_OUTPUT = "results/packs/{stage}-{pack}.json"
+PACK_STAGES = ("train", "predict")
+# What the aggregate rule writes, in the order the workflow's last message lists them.
+GRID_OUTPUTS = {
+    "summary": "results/summary.tsv",
+    "runs": "results/runs.tsv",
+    "best": "results/best_run.json",
+    "plot": "results/comparison.png",
+    "curves": "results/curves.png",
+    "page": "results/summary.html",
+    "confusion": "results/best_confusion_matrix.png",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the workflow will do for a validated config. `runs`: run id -> that run's complete
+    training parameters, in grid order (the id is a hash of the run's identity, so it never depends
+    on that order). With `pack_runs` > 1, train and predict jobs go to Slurm that many to a job."""
+
+    runs: dict[str, dict[str, Any]]
+    dataset: dict[str, Any]
+    model_name: str | None
+    task: str
+    metric: str
+    goal: str
+    # The file the task writes last into a checkpoint (what makes it complete, `RunCheckpoints`).
+    checkpoint_marker: str
+    pack_runs: int = 1
+    executor: str | None = None  # Snakemake's executor, once the workflow starts
+    _packs: list[list[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ids = list(self.runs)
+        object.__setattr__(
+            self, "_packs", [ids[first : first + self.pack_runs] for first in range(0, len(ids), self.pack_runs)]
+        )
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], checkpoint_marker: str) -> Plan:
+        """The plan of a config that has passed validation (the task's defaults filled in)."""
+        model = config.get("model")
+        return cls(
+            runs=build_run_table(config),
+            dataset=config["dataset"],
+            model_name=model["name"] if model else None,
+            task=config["task"],
+            metric=config["aggregate"]["metric"],
+            goal=config["aggregate"]["goal"],
+            pack_runs=config["cluster"]["pack_runs"],
+            checkpoint_marker=checkpoint_marker,
+        )
+
+    @property
+    def run_ids(self) -> list[str]:
+        return list(self.runs)
+
+    @property
+    def packed(self) -> bool:
+        return self.pack_runs > 1
+
+    @property
+    def packs(self) -> list[list[str]]:
+        """The run ids of each pack, in grid order (one run each when runs are not packed)."""
+        return self._packs
+
+    def settings(self) -> dict[str, list[str]]:
+        """Runs that differ only in their seed are one setting, replicated: a label of the setting's
+        parameters (seed left out) -> its run ids, in grid order."""
+        settings: dict[str, list[str]] = {}
+        for run_id, params in self.runs.items():
+            label = json.dumps({key: value for key, value in params.items() if key != REPLICATE_KEY}, sort_keys=True)
+            settings.setdefault(label, []).append(run_id)
+        return settings
+
+    def identity(self, run_id: str) -> dict[str, Any]:
+        """What determines the run's result (dataset settings, model, training parameters, task)."""
+        return run_identity(self.runs[run_id], self.dataset, self.model_name, self.task)
+
+    def paths(self, run_id: str) -> RunPaths:
+        return RUN_PATHS.of(run_id)
+
+    def pack_outputs(self) -> list[str]:
+        """The pack jobs' outputs, when runs are packed."""
+        if not self.packed:
+            return []
+        return [PACK_OUTPUT.format(stage=stage, pack=pack) for stage in PACK_STAGES for pack in range(len(self.packs))]
+
+    def pack_inputs(self, stage: str, pack: int) -> list[str]:
+        """What the jobs of a pack write last: each run's record (train) or metrics (predict)."""
+        name = {"train": "record", "predict": "metrics"}[stage]
+        return [getattr(RUN_PATHS, name).format(run_id=run_id) for run_id in self.packs[pack]]
+
+    def run_results(self) -> dict[str, list[str]]:
+        """The params, test metrics and records of every run, in grid order, for the comparison."""
+
+        def every_run(template: str) -> list[str]:
+            return [template.format(run_id=run_id) for run_id in self.runs]
+
+        return {
+            "params": every_run(RUN_PATHS.params),
+            "metrics": every_run(RUN_PATHS.metrics),
+            "records": every_run(RUN_PATHS.record),
+        }
+
+    def final_outputs(self) -> list[str]:
+        return self.pack_outputs() + list(GRID_OUTPUTS.values())
+
+    def started(self, executor: str) -> Plan:
+        """The plan as the workflow runs it, with the executor that submits its jobs."""
+        return Plan(**{**self._fields(), "executor": executor})
+
+    def write(self, workdir: Path) -> None:
+        """`results/grid.json`: the plan, for the status (which knows the runs not started yet from it)."""
+        write_json_atomically(self._fields(), workdir / GRID_FILE)
+
+    @classmethod
+    def read(cls, workdir: Path) -> Plan:
+        path = workdir / GRID_FILE
+        if not path.is_file():
+            raise NoPlan(
+                f"no grid in {workdir.resolve()}: {GRID_FILE} is missing. The workflow writes it when it starts; "
+                "run this in the directory you run snakemake in, or name that directory."
+            )
+        return cls(**json.loads(path.read_text()))
+
+    def _fields(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__ if not name.startswith("_")}
+
+
+class NoPlan(RuntimeError):
+    """The directory holds no grid the workflow has started."""

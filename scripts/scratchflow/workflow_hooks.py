@@ -1,0 +1,106 @@
+"""What the workflow does besides its rules: the checks when it is read and when it starts (before any
+job is submitted), the grid file for the status, and what it does once it has succeeded. The Snakefile
+and `rules/common.smk` call one function each; Snakemake's internals are reached only through
+`scratchflow.snakemake_adapter`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from scratchflow import snakemake_adapter
+from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.config import (
+    check_compression,
+    check_dataset,
+    check_packing,
+    check_paths,
+    check_precision,
+    check_resources,
+    check_split_fractions,
+    check_stop_signal,
+    check_tracking,
+    cpu_flags,
+    validate_task,
+)
+from scratchflow.dataset import data_sources, fingerprint_sources
+from scratchflow.plan import GRID_OUTPUTS, Plan
+from scratchflow.tracking import wandb_sync_command
+
+CHECKED_DATA = Path(".snakemake/scratchflow/checked-data")
+
+
+def read_config(
+    config: dict[str, Any], workflow_dir: Path, main_process: bool
+) -> tuple[Any, Plan, dict[str, Path], str]:
+    """Check a config that passed the schema, fill in its task's defaults, and plan it: the task's
+    module, the plan, the data's files (name -> path) and their fingerprint (names, sizes and times,
+    listed once per start: the data check and the archive rule's rebuild trigger both use it). The
+    data itself is read once per version of it, by the main process only."""
+    task = validate_task(config)
+    check_paths(config, workflow_dir)
+    check_split_fractions(config)
+    check_tracking(config)
+    check_compression(config)
+    sources = data_sources(config["dataset"])
+    data_fingerprint = fingerprint_sources(sources)
+    if main_process:
+        check_dataset(config, task, data_fingerprint, CHECKED_DATA)
+    return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
+
+
+def check_rule_resources(workflow: Any, config: dict[str, Any]) -> None:
+    """Profile resources checked before any job is submitted: unknown names, the training shape,
+    FSDP and bf16 on a CPU-only run, and runtimes above cluster.max_runtime_minutes. Called when
+    the workflow is read (first attempts: --retries is not known yet) and again when it starts, for
+    every attempt up to --retries."""
+    if not workflow.is_main_process:
+        return
+    requests = snakemake_adapter.rule_requests(workflow)
+    check_resources(requests.names, requests.runtimes, requests.shapes, config["cluster"])
+    check_precision(config, requests.shapes["train"], shutil.which("nvidia-smi") is not None, cpu_flags())
+    check_stop_signal(config["checkpointing"]["stop_signal"], requests.shapes["train"].get("slurm_extra"))
+
+
+def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
+    """Once the executor is known: every check again, packing (which needs a cluster), the grid file
+    for the status, and on Slurm, the next job of a run sent seconds after the last one ends."""
+    check_rule_resources(workflow, config)
+    executor = snakemake_adapter.executor_name(workflow)
+    runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
+    check_packing(plan.pack_runs, executor, runtimes, config["cluster"])
+    plan.started(executor).write(Path("."))
+    if executor == "slurm":
+        snakemake_adapter.notice_job_ends_at_once(workflow)
+
+
+def on_success(config: dict[str, Any], plan: Plan) -> str:
+    """Release the checkpoints of trained runs, and say where the results are.
+
+    The checkpoints are deleted here, after the workflow succeeded, not by the train job: until
+    Snakemake has seen a job finish, a rerun may delete its outputs as incomplete, and the final
+    checkpoint saves retraining."""
+    if not config["checkpointing"]["keep_after_training"]:
+        for run_id in plan.runs:
+            paths = plan.paths(run_id)
+            if Path(paths.record).is_file():
+                RunCheckpoints(Path(paths.checkpoints), plan.checkpoint_marker).release()
+    return describe_results(plan, config["tracking"])
+
+
+def describe_results(plan: Plan, tracking: str) -> str:
+    """Where the comparison is, printed when the workflow succeeds."""
+    found = [Path(path).resolve() for path in plan.final_outputs() if Path(path).exists()]
+    if not found:
+        return "scratchflow: done."
+    runs = Path(GRID_OUTPUTS["summary"]).parent.resolve() / "runs"
+    lines = [
+        "scratchflow: done. The comparison of the runs:",
+        *(f"  {path}" for path in found),
+        f"Every run's curves, also while a grid trains: tensorboard --logdir {runs}",
+        "Its report, one HTML file: the same command with --report results/report.html",
+    ]
+    if tracking == "wandb":
+        lines.append(f"W&B (offline): upload the grid's runs from a login node with\n  {wandb_sync_command(runs)}")
+    return "\n".join(lines)
