@@ -129,7 +129,7 @@ def train(task_name: str, context: TrainContext, staging: Staging | None = None)
     nodes need `staging`: every other node stages the data in itself."""
     task = load_task(task_name)
     shape = Shape(context.nodes, context.processes_per_node)
-    if shape.world_size == 1 or getattr(task, "LAUNCHES_OWN_PROCESSES", False):
+    if shape.world_size == 1 or task.LAUNCHES_OWN_PROCESSES:
         return task.train(context)
     # Seeded here, once for this node: the processes then find the copy in place.
     context.checkpoints.restore_newest_to(context.work_dir / "checkpoints", shape.world_size)

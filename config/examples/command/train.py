@@ -3,7 +3,8 @@ classifier for a folder-per-label text dataset (BBC News in the example config).
 
 What makes it fit the lifecycle (README, "Your own training code"):
 - it reads its data from $SCRATCHFLOW_DATA_DIR and its parameters from the JSON file $SCRATCHFLOW_PARAMS;
-- every $SCRATCHFLOW_SAVE_EVERY_STEPS steps, and when asked to stop (SIGUSR1/SIGTERM), it saves
+- every $SCRATCHFLOW_SAVE_EVERY_STEPS steps, and when asked to stop ($SCRATCHFLOW_STOP_SIGNAL, USR1
+  unless the config says otherwise, or SIGTERM), it saves
   checkpoint-<step>/ under $SCRATCHFLOW_CHECKPOINT_DIR with everything that determines the rest of
   the run (weights, optimizer, step), and writes the file COMPLETE into it last;
 - it resumes from $SCRATCHFLOW_RESUME_FROM, and because batches depend only on (seed, epoch), a
@@ -39,7 +40,7 @@ def request_stop(signum, _frame):
     stop_requested = True
 
 
-signal.signal(signal.SIGUSR1, request_stop)
+signal.signal(signal.Signals["SIG" + environment.get("SCRATCHFLOW_STOP_SIGNAL", "USR1")], request_stop)
 signal.signal(signal.SIGTERM, request_stop)
 
 # The data: one sub-folder per label, one text file per article. A fixed fifth of each label (by a

@@ -1,25 +1,12 @@
 """Tasks: what the lifecycle trains. The lifecycle (stage in, run lock, pieces, checkpoints mirrored to
 shared storage, stop signals, sync back, cleanup, records) lives in `scratchflow.jobs` and knows
-nothing about models or kinds of data; a task knows nothing about Slurm, scratch or shared storage.
+nothing about models or kinds of data; a task knows nothing about Slurm, scratch or shared storage:
+it trains in `TrainContext.work_dir` and hands each checkpoint it saves to `TrainContext.checkpoints`.
 
 A task is one module here, `scratchflow.tasks.<name with _ for ->`, beside its schema fragment
 `<module>.schema.yaml` (the JSON schema of the `training:` section; `grid:` accepts exactly the same
-keys, as lists). The module defines:
-
-    CHECKPOINT_MARKER   the file the task writes last into `checkpoint-<step>/`: its presence makes
-                        the checkpoint complete (mirrored to shared storage, resumable)
-    NEEDS_MODEL         whether `model:` is required (prefetched to models/<name>/)
-    METRICS             the test metrics it reports (None: whatever the task's code reports)
-    WRITES_PREDICTIONS  whether predict writes predictions.csv
-    check_settings(config)              start-up checks of its settings (every start)
-    check_data(dataset, sources)        start-up checks of the data (once per version of it)
-    check_model(model_dir)              proves a prefetched model loads offline (if NEEDS_MODEL)
-    train(TrainContext) -> Trained      raises TrainingStopped when asked to stop (progress saved)
-
-and may define LAUNCHES_OWN_PROCESSES = True: `train` then runs once per job whatever the job's
-shape (it starts its own processes); otherwise a job with several training processes runs `train`
-in each of them under torchrun (`scratchflow.distributed`).
-    predict(PredictContext) -> Predicted
+keys, as lists). What the module must define is the `Task` protocol below; `load_task` checks a
+module against it (and for its schema fragment) when the workflow starts, and names what is missing.
 """
 
 from __future__ import annotations
@@ -30,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -40,7 +27,7 @@ DEFAULT_TASK = "text-classification"
 
 
 class UnknownTask(ValueError):
-    """The config names a task that has no module."""
+    """The config names a task that has no module, or a module that is not a whole task."""
 
 
 class TrainingStopped(RuntimeError):
@@ -89,6 +76,52 @@ class Predicted:
     predictions: Any = None  # a pandas DataFrame when WRITES_PREDICTIONS
 
 
+class Task(Protocol):
+    """What a task module defines (module-level names; the functions as plain functions)."""
+
+    # The file the task writes last into `checkpoint-<step>/`: its presence makes the checkpoint
+    # complete (mirrored to shared storage, resumable).
+    CHECKPOINT_MARKER: str
+    NEEDS_MODEL: bool  # whether `model:` is required (prefetched to models/<name>/)
+    METRICS: tuple[str, ...] | None  # the test metrics it reports (None: whatever its code reports)
+    WRITES_PREDICTIONS: bool  # whether predict writes predictions.csv
+    # True: `train` runs once per job whatever the job's shape (it starts its own processes);
+    # False: a job with several training processes runs `train` in each, under torchrun.
+    LAUNCHES_OWN_PROCESSES: bool
+
+    def check_settings(self, config: dict[str, Any]) -> None:
+        """Start-up checks of its settings (every start); raises ValueError naming the key."""
+
+    def check_data(self, dataset: dict[str, Any], sources: dict[str, Path]) -> None:
+        """Start-up checks of the data (once per version of it); raises DatasetError."""
+
+    def check_model(self, model_dir: Path) -> None:
+        """Proves a prefetched model loads offline (if NEEDS_MODEL)."""
+
+    def train(self, context: TrainContext) -> Trained:
+        """Trains, resuming from `context.checkpoints`; raises TrainingStopped when asked to stop
+        (its progress saved)."""
+
+    def predict(self, context: PredictContext) -> Predicted:
+        """Tests what `train` made."""
+
+
+TASK_NAMES = tuple(Task.__annotations__) + tuple(
+    name for name, value in vars(Task).items() if callable(value) and not name.startswith("_")
+)
+
+
+def missing_names(module: ModuleType) -> list[str]:
+    """The names of the `Task` protocol that `module` lacks (or has, but not callable where they
+    must be functions)."""
+    functions = set(TASK_NAMES) - set(Task.__annotations__)
+    return [
+        name
+        for name in TASK_NAMES
+        if not hasattr(module, name) or (name in functions and not callable(getattr(module, name)))
+    ]
+
+
 def module_name(task: str) -> str:
     return f"{__name__}.{task.replace('-', '_')}"
 
@@ -101,7 +134,17 @@ def available_tasks() -> list[str]:
 def load_task(task: str) -> ModuleType:
     if task not in available_tasks():
         raise UnknownTask(f"config key task: unknown task {task!r}; the tasks are: {', '.join(available_tasks())}")
-    return importlib.import_module(module_name(task))
+    module = importlib.import_module(module_name(task))
+    missing = missing_names(module)
+    schema = Path(module.__file__).with_suffix(".schema.yaml")
+    if not schema.is_file():
+        missing.append(f"its schema fragment {schema.name} beside it")
+    if missing:
+        raise UnknownTask(
+            f"config key task: {task!r} ({module.__file__}) is not a whole task; it lacks "
+            f"{', '.join(missing)} (what a task defines: the Task protocol in scratchflow/tasks/__init__.py)"
+        )
+    return module
 
 
 @cache

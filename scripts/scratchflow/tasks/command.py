@@ -43,6 +43,7 @@ from typing import Any
 
 from scratchflow import tracking
 from scratchflow.checkpoints import step_of
+from scratchflow.dataset import DatasetError
 from scratchflow.files import read_json
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.signals import STOP_FILE_NAME
@@ -136,7 +137,11 @@ def interpreted_script(argv: list[str]) -> str | None:
 
 
 def check_data(dataset: dict[str, Any], sources: dict[str, Path]) -> None:
-    """The program reads the data itself; that it exists was checked with the paths."""
+    """The program reads the data itself, in its own format; that each location holds a file to read
+    is all that can be checked here."""
+    for name, location in sources.items():
+        if location.is_dir() and not any(path.is_file() for path in location.rglob("*")):
+            raise DatasetError(f"{location} ({name}): the dataset has no files")
 
 
 def check_model(model_dir: Path) -> None:

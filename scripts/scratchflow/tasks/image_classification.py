@@ -16,6 +16,7 @@ CHECKPOINT_MARKER = "trainer_state.json"
 NEEDS_MODEL = True
 METRICS = ("macro_f1", "accuracy")
 WRITES_PREDICTIONS = True
+LAUNCHES_OWN_PROCESSES = False  # several training processes: torchrun runs train in each
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
