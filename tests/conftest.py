@@ -461,3 +461,17 @@ def wandb_records(path: Path):
 
 def wandb_items(items) -> dict:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+
+
+def drawn_figure(path: Path) -> tuple[int, int]:
+    """A figure's size in pixels, once it is known to be a whole PNG with something drawn on it: more
+    than a few colours, and more than 1 % of it not the background."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG", path
+        pixels = image.convert("RGB")
+    colours = pixels.getcolors(maxcolors=pixels.width * pixels.height)
+    background = max(colours)[0] / (pixels.width * pixels.height)
+    assert len(colours) >= 8 and background < 0.99, f"{path} is blank ({len(colours)} colours, {background:.1%} one)"
+    return pixels.size

@@ -2,6 +2,7 @@ import json
 import math
 
 import pytest
+from conftest import drawn_figure
 from scratchflow.aggregation import (
     UnknownMetric,
     best,
@@ -84,14 +85,15 @@ def test_a_loss_is_compared_by_its_lowest_value(tmp_path):
     assert chosen["setting"]["run_ids"] == ["bbb", "ccc"]
     assert chosen["run"]["run_id"] == "ccc"
     plot_comparison(table, settings, "accuracy", "min", tmp_path / "plot.png")
-    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    # 9 x (1.2 + 0.45 per setting) inches at 110 dpi.
+    assert drawn_figure(tmp_path / "plot.png") == (990, round((1.2 + 0.45 * 2) * 110))
 
 
 def test_the_plot_is_a_png_written_whole(tmp_path):
     plot = tmp_path / "out" / "comparison.png"
     table = summarize(runs(tmp_path))
     plot_comparison(table, by_setting(table), "macro_f1", "max", plot)
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn_figure(plot) == (990, round((1.2 + 0.45 * 2) * 110))
     assert [p.name for p in plot.parent.iterdir()] == ["comparison.png"]
 
 

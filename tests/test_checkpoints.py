@@ -97,16 +97,21 @@ def test_a_second_copy_of_a_run_waits_for_the_first_to_finish(tmp_path):
     assert not (folder / "running.json").exists()
 
 
-def test_a_holder_that_is_gone_is_taken_over(tmp_path, monkeypatch):
+def test_a_holder_that_is_gone_is_taken_over_at_once(tmp_path, monkeypatch):
+    def never_wait(seconds):
+        raise AssertionError(f"waited {seconds} s for a holder that is gone")
+
+    monkeypatch.setattr(checkpoints.time, "sleep", never_wait)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / "running.json").write_text(json.dumps({**this_process(), "pid": int(dead.stdout)}))
     with RunCheckpoints(tmp_path, MARKER).held(poll_seconds=0.1):
-        assert json.loads((tmp_path / "running.json").read_text())["pid"] == os.getpid()
+        assert json.loads((tmp_path / "running.json").read_text()) == this_process()
     # A requeued job finds its own job id, left by its first start on a node: that start is over.
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     (tmp_path / "running.json").write_text(json.dumps({**this_process(), "host": "node-that-died"}))
     with RunCheckpoints(tmp_path, MARKER).held(poll_seconds=0.1):
-        pass
+        assert json.loads((tmp_path / "running.json").read_text()) == this_process()
+    assert not (tmp_path / "running.json").exists()
 
 
 def test_a_holder_that_replaced_the_dead_one_meanwhile_is_kept(tmp_path):

@@ -1,20 +1,29 @@
 """What every cluster profile must keep, whatever a lab edits: choices made on measurements
 (benchmarks/README.md, "Submission at scale")."""
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-CLUSTER_PROFILES = sorted(
-    path
-    for path in (Path(__file__).resolve().parents[1] / "profiles").glob("*/config.v8+.yaml")
-    if path.parent.name != "local"
-)
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER_PROFILES = sorted(path for path in (REPO / "profiles").glob("*/config.v8+.yaml") if path.parent.name != "local")
 
 
-def test_there_are_five_cluster_profiles():
-    assert [path.parent.name for path in CLUSTER_PROFILES] == ["dfki", "edinburgh", "lrz", "narval", "oscer"]
+@pytest.mark.parametrize("profile", CLUSTER_PROFILES, ids=lambda path: path.parent.name)
+def test_a_cluster_profile_submits_to_slurm_with_its_clusters_facts_and_a_wall_time_warning(profile):
+    """The shape every cluster profile has: the Slurm executor, the facts file of its cluster (merged
+    over config/config.yaml), retries for the pieces of a long training, and the stop signal asked
+    for before a train job's wall time, the one the trainer listens for by default."""
+    settings = yaml.safe_load(profile.read_text())
+    assert settings["executor"] == "slurm"
+    facts = (profile.parent / settings["configfile"]).resolve()
+    assert facts == REPO / "config" / "clusters" / f"{profile.parent.name}.yaml"
+    assert yaml.safe_load(facts.read_text())["cluster"]["name"] == profile.parent.name
+    assert settings["retries"] >= 1 and settings["rerun-incomplete"] is True
+    train = settings["set-resources"]["train"]
+    assert re.search(r"--signal=USR1@\d+", train["slurm_extra"]), "checkpointing.stop_signal's default"
 
 
 @pytest.mark.parametrize("profile", CLUSTER_PROFILES, ids=lambda path: path.parent.name)

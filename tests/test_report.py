@@ -3,6 +3,7 @@ run's confusion matrix. (tests/test_workflow.py opens the whole report in a brow
 
 import json
 
+from conftest import drawn_figure
 from scratchflow.aggregation import best, by_setting, summarize
 from scratchflow.report import plot_confusion_matrix, provenance, write_summary_page
 
@@ -61,5 +62,6 @@ def test_the_confusion_matrix_is_drawn_and_a_task_without_one_says_so(tmp_path):
     matrix = {"labels": ["a", "b"], "rows_true_columns_predicted": [[3, 1], [0, 4]]}
     plot_confusion_matrix({"confusion_matrix": matrix}, "aaa", tmp_path / "matrix.png")
     plot_confusion_matrix({"test_loss": 0.1}, "bbb", tmp_path / "none.png")
-    for name in ("matrix.png", "none.png"):
-        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    # (2.5 + 0.6 per label) x (2 + 0.6 per label) inches at 100 dpi; a small note without a matrix.
+    assert drawn_figure(tmp_path / "matrix.png") == (370, 320)
+    assert drawn_figure(tmp_path / "none.png") == (500, 200)

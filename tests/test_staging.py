@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -181,17 +182,25 @@ def test_a_damaged_part_stops_stage_in_naming_it_and_leaves_nothing_extracted(da
 
 def test_parts_are_extracted_at_once_as_many_as_the_job_has_cpus(uneven, tmp_path, monkeypatch):
     archive_dataset({**DATASET, "path": str(uneven), "archive_parts": 5}, tmp_path / "toy.tar", tmp_path / "toy.json")
-    running, most = [], []
+    running, most, started = [], [], []
     extract_part = staging._extract_part
+    lock = threading.Lock()
+    # The first three parts meet here: it opens only if three are extracted at once (no sleep to race).
+    three_at_once = threading.Barrier(3, timeout=60)
 
     def watched(*args):
-        running.append(args[0])
-        most.append(len(running))
-        time.sleep(0.3)
+        with lock:
+            running.append(args[0])
+            most.append(len(running))
+            started.append(args[0])
+            among_first_three = len(started) <= 3
+        if among_first_three:
+            three_at_once.wait()
         try:
             return extract_part(*args)
         finally:
-            running.remove(args[0])
+            with lock:
+                running.remove(args[0])
 
     monkeypatch.setattr(staging, "_extract_part", watched)
     monkeypatch.setattr(staging, "available_cpus", lambda: 3)

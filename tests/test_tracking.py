@@ -1,6 +1,7 @@
 """Training curves on shared storage: continuous across pieces, read back as TensorBoard shows them."""
 
 import pytest
+from conftest import drawn_figure
 from scratchflow.tracking import (
     duration,
     learning_curves,
@@ -74,5 +75,6 @@ def test_the_figure_is_drawn_with_curves_and_without(tmp_path):
     log_piece(tmp_path / "tb", None, range(1, 11), scale=1.0)
     plot_curves({"run-a": read_curves(tmp_path / "tb"), "run-b": {}}, tmp_path / "curves.png", "t", "run-a")
     plot_curves({"run-c": {}}, tmp_path / "empty.png", "nothing logged")
-    for name in ("curves.png", "empty.png"):
-        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+    # A panel of 4.2 x 3.4 inches at 100 dpi per curve worth one (or for the note that there is none).
+    assert drawn_figure(tmp_path / "curves.png")[1] == 340
+    assert drawn_figure(tmp_path / "empty.png") == (420, 340)
