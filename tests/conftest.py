@@ -372,22 +372,20 @@ def uninterrupted_image_run(tmp_path_factory, animal_images, tiny_resnet) -> Pat
     return workdir
 
 
-def same_metrics(workdir: Path, reference: Path, rel: float = 0) -> bool:
-    """Whether the one run of `workdir` ended with the test metrics of `reference`'s: exactly, or
-    each number equal to `rel`."""
-    mine, theirs = metrics_of(workdir, reference), metrics_of(reference, reference)
-    return mine == theirs if not rel else json.loads(mine) == pytest.approx(json.loads(theirs), rel=rel)
+def same_metrics(workdir: Path, reference: Path) -> bool:
+    """Whether the one run of `workdir` ended with exactly the test metrics of `reference`'s."""
+    return metrics_of(workdir, reference) == metrics_of(reference, reference)
 
 
-# The command example in the whole suite: once in several runs of the suite, a run of it inside the
-# workflow, uninterrupted, ends 3e-5 (relative) off the value every other run of it gives, its loss
-# off from the first logged step on, so not where it resumed; run alone, a dozen times, under load,
-# by hand or by the workflow, it always gives the same value (the cause is not found). Its logged
-# minibatch loss then differs now and then by up to 4e-7 (absolute) at values down to 1e-4, a
-# relative 2e-3 there (seen in CI, 2026-11-23), while most logged steps stay equal to the last bit.
-# A resume from the wrong state is off by orders of magnitude more; the steps are compared exactly.
-COMMAND_EXAMPLE_REL = 1e-4
-COMMAND_EXAMPLE_ABS = 1e-6
+def same_weights(workdir: Path, reference: Path, name: str) -> bool:
+    """Whether the one run of `workdir` ended with exactly the weights of `reference`'s (a state dict
+    saved by torch, results/runs/<run>/model/<name>), tensor for tensor."""
+    import torch
+
+    (run,) = (reference / "results" / "runs").iterdir()
+    mine = torch.load(workdir / "results" / "runs" / run.name / "model" / name)
+    theirs = torch.load(run / "model" / name)
+    return mine.keys() == theirs.keys() and all(torch.equal(mine[key], theirs[key]) for key in theirs)
 
 
 def metrics_of(workdir: Path, reference: Path) -> str:

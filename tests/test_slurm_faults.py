@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import (
-    COMMAND_EXAMPLE_REL,
     USER,
     command_config,
     different_curves,
@@ -30,6 +29,7 @@ from conftest import (
     processes_in,
     same_metrics,
     same_results,
+    same_weights,
     sbatch_lines,
     slurm_workflow_command,
     slurm_workflow_env,
@@ -334,7 +334,8 @@ def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_re
     first, second = pieces_of(tmp_path)
     assert "stopped on SIGTERM at step" in first["outcome"] and "paused" in first["outcome"]
     assert second["resumed_from_step"] == stopped_at(first, "SIGTERM") and second["outcome"] == "finished"
-    assert same_metrics(tmp_path, uninterrupted_command_run, rel=COMMAND_EXAMPLE_REL)
+    assert same_metrics(tmp_path, uninterrupted_command_run)
+    assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
 
 
 def ended_at(piece: dict) -> float:
