@@ -16,7 +16,7 @@ define install_missing
 	fi
 endef
 
-.PHONY: demo test status setup setup-dev .debian-tools lint format clean example-image example-command
+.PHONY: demo test check status setup setup-dev .debian-tools lint format clean example-image example-command
 
 demo: setup  ## Run the demo grid on this machine, then build its report and say where it is.
 	scripts/run_local.sh
@@ -29,8 +29,11 @@ example-%: setup  ## Run config/examples/<name>/ in example-runs/<name>/ (image,
 status: setup  ## Where every run of the grid in DIR (default: here) stands; changes nothing.
 	$(PYTHON) scripts/status.py $(or $(DIR),.)
 
-test: setup-dev  ## Run the whole test suite (slow end-to-end tests included).
+test: setup-dev  ## Run the whole test suite (slow end-to-end tests included), as CI does.
 	$(PYTHON) -m pytest
+
+check: lint  ## While working (under 3 minutes): the lint, and every test that runs no job and needs no Slurm.
+	$(PYTHON) -m pytest -m "not slow" -q
 
 lint: setup-dev  ## The checks CI runs besides the tests.
 	$(VENV)/bin/snakemake --lint

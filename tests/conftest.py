@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
-from scratchflow.dataset import load_examples, resolve_location
+from scratchflow.dataset import load_examples, resolve_location, split_examples
 from scratchflow.tracking import TENSORBOARD_FOLDER, learning_curves, read_curves
 
 REPO = Path(__file__).resolve().parents[1]
@@ -321,39 +322,26 @@ def tiny_resnet(tmp_path_factory) -> Path:
 
 
 def image_config(data: Path, model: Path, scratch: Path | None, **training) -> dict:
-    """An image-classification grid of one run on the tiny ResNet, long enough to interrupt."""
-    return {
-        "task": "image-classification",
-        "dataset": {"name": "animals", "path": str(data), "format": "folder", "split_seed": 1},
-        "model": {"name": "tiny-resnet", "source": str(model)},
-        "training": {"learning_rate": 3.0e-3, "batch_size": 16, "epochs": 12, "seed": 0, **training},
-        "grid": {"seed": [3]},
-        "checkpointing": {"every_steps": 10, "keep": 2},
-        "cluster": {"scratch_root": str(scratch) if scratch else None},
-    }
+    """The README's image recipe (config/tests/image-folders.yaml): one run on the tiny ResNet, long
+    enough to interrupt, with its data and model where they are here."""
+    config = recipe("image-folders.yaml")
+    config["dataset"]["path"] = str(data)
+    config["model"]["source"] = str(model)
+    config["training"].update(training)
+    config["cluster"] = {"scratch_root": str(scratch) if scratch else None}
+    return config
 
 
 def command_config(data: Path, scratch: Path | None, **training) -> dict:
-    """The command example (plain PyTorch, config/examples/command/train.py) as one run on the BBC
-    subset, about 900 steps with a checkpoint every 20."""
-    return {
-        "task": "command",
-        "dataset": {"name": "bbc-subset", "path": str(data), "format": "folder"},
-        "training": {
-            "command": ["python", str(COMMAND_EXAMPLE)],
-            "features": 4096,
-            "hidden": 64,
-            "batch_size": 8,
-            "epochs": 30,
-            "learning_rate": 1.0e-3,
-            "seed": 0,
-            **training,
-        },
-        "grid": {"seed": [5]},
-        "checkpointing": {"every_steps": 20, "keep": 2, "stop_grace_seconds": 30},
-        "aggregate": {"metric": "test_loss", "goal": "min"},
-        "cluster": {"scratch_root": str(scratch) if scratch else None},
-    }
+    """The README's command recipe (config/tests/command.yaml, the command example in plain PyTorch)
+    as one run on the BBC subset, about 900 steps with a checkpoint every 20."""
+    config = recipe("command.yaml")
+    config["dataset"]["path"] = str(data)
+    config["training"].update(command=["python", str(COMMAND_EXAMPLE)], **training)
+    config["grid"] = {"seed": [5]}
+    config["checkpointing"] = {"every_steps": 20, "keep": 2, "stop_grace_seconds": 30}
+    config["cluster"] = {"scratch_root": str(scratch) if scratch else None}
+    return config
 
 
 @pytest.fixture(scope="session")
@@ -473,3 +461,40 @@ def drawn_figure(path: Path) -> tuple[int, int]:
     background = max(colours)[0] / (pixels.width * pixels.height)
     assert len(colours) >= 8 and background < 0.99, f"{path} is blank ({len(colours)} colours, {background:.1%} one)"
     return pixels.size
+
+
+# -- the README's recipes (config/tests/): documented config shapes, planned and run by the tests ----
+
+RECIPES = REPO / "config" / "tests"
+
+
+def recipe(name: str) -> dict:
+    """A documented config shape, config/tests/<name>, as the README shows it."""
+    return yaml.safe_load((RECIPES / name).read_text())
+
+
+def write_recipe_data(workdir: Path, articles: Path, images: Path | None = None, image_model: Path | None = None):
+    """The data the recipes name, at their relative paths under `workdir`, from the tests' BBC articles
+    (and animal images and model): a table, split files with and without validation, the articles'
+    own folders, the command example's program. Returns the split files' examples by split."""
+    data = workdir / "data"
+    examples = load_examples(articles, "folder", "text", "label")
+
+    def table(part) -> pd.DataFrame:
+        return pd.DataFrame({"story": [e.text for e in part], "topic": [e.label for e in part]})
+
+    (data / "news-splits").mkdir(parents=True, exist_ok=True)
+    table(examples).to_csv(data / "news.csv", index=False)
+    splits = split_examples(examples, 0.2, 0.1, 4)
+    for name, part in splits.items():
+        table(part).to_parquet(data / "news-splits" / f"{name}.parquet")
+    without_validation = split_examples(examples, 0.2, 0.0, 4)
+    for name in ("train", "test"):
+        table(without_validation[name]).to_csv(data / f"news-{name}.csv", index=False)
+    shutil.copytree(articles, data / "news", dirs_exist_ok=True)
+    shutil.copy(COMMAND_EXAMPLE, workdir / "train.py")
+    if images is not None:
+        shutil.copytree(images, data / "animals", dirs_exist_ok=True)
+    if image_model is not None:
+        shutil.copytree(image_model, workdir / "inputs" / "tiny-resnet", dirs_exist_ok=True)
+    return {"with_validation": splits, "without_validation": without_validation}

@@ -27,6 +27,7 @@ from conftest import (
     live_pieces,
     long_run,
     processes_in,
+    recipe,
     same_metrics,
     same_results,
     same_weights,
@@ -156,7 +157,7 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
     ends as if never interrupted."""
     config = configure_long_run(tmp_path, bbc_subset, tiny_model)
     config["grid"]["seed"] = [7, 8]
-    config["cluster"] = {"pack_runs": 2}
+    config["cluster"] = recipe("packed-runs.yaml")["cluster"]  # the README's recipe: pack_runs: 2
     write_config(tmp_path, config)
     workflow = start(slurm, tmp_path)
 

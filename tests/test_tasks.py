@@ -19,15 +19,16 @@ from conftest import (
     image_config,
     job_process,
     metrics_of,
+    recipe,
     run_workflow,
     same_metrics,
     same_weights,
     start_workflow,
     workflow_config,
     write_config,
+    write_recipe_data,
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
-from scratchflow.dataset import load_examples, split_examples
 
 pytestmark = pytest.mark.slow
 
@@ -134,19 +135,19 @@ def test_a_command_that_writes_no_metrics_fails_naming_the_file(tmp_path, bbc_su
     assert "metrics.json is missing" in run_log(tmp_path)
 
 
+def recipe_on_tiny_data(name: str, workdir: Path, bbc_subset: Path, tiny_model: Path, epochs: int) -> dict:
+    """A README recipe of a text dataset (config/tests/<name>) as it is, on the tests' data, with the
+    tiny model and a few epochs."""
+    splits = write_recipe_data(workdir, bbc_subset)
+    config = {**workflow_config(bbc_subset, tiny_model, workdir / "scratch"), **recipe(name)}
+    config["model"] = {"name": "tiny-bert", "source": str(tiny_model)}
+    config["training"] = {**workflow_config(bbc_subset, tiny_model, None)["training"], "epochs": epochs}
+    write_config(workdir, config)
+    return splits
+
+
 def test_a_dataset_with_its_own_parquet_split_files_trains_and_tests_on_them(tmp_path, bbc_subset, tiny_model):
-    examples = load_examples(bbc_subset, "folder", "text", "label")
-    splits = split_examples(examples, 0.2, 0.1, 4)
-    paths = {}
-    for name, part in splits.items():
-        paths[name] = tmp_path / "benchmark" / name / f"{name}.parquet"
-        paths[name].parent.mkdir(parents=True)
-        pd.DataFrame({"body": [e.text for e in part], "topic": [e.label for e in part]}).to_parquet(paths[name])
-    dataset = {"name": "bbc-splits", "format": "parquet", "text_column": "body", "label_column": "topic"}
-    dataset["splits"] = {name: str(path) for name, path in paths.items()}
-    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", dataset=dataset, grid={"seed": [0]})
-    config["training"]["epochs"] = 2
-    write_config(tmp_path, config)
+    splits = recipe_on_tiny_data("split-files.yaml", tmp_path, bbc_subset, tiny_model, epochs=2)["with_validation"]
     run_workflow(tmp_path)
     (run,) = (tmp_path / "results" / "runs").iterdir()
     predictions = pd.read_csv(run / "predictions.csv")
@@ -159,18 +160,8 @@ def test_a_dataset_with_its_own_parquet_split_files_trains_and_tests_on_them(tmp
 
 def test_a_text_dataset_of_train_and_test_files_only_trains_without_validation(tmp_path, bbc_subset, tiny_model):
     """dataset.splits with no validation file (it is optional): nothing is evaluated during training."""
-    splits = split_examples(load_examples(bbc_subset, "folder", "text", "label"), 0.2, 0.0, 4)
-    paths = {}
-    for name in ("train", "test"):
-        paths[name] = tmp_path / "data" / f"{name}.csv"
-        paths[name].parent.mkdir(exist_ok=True)
-        pd.DataFrame({"text": [e.text for e in splits[name]], "label": [e.label for e in splits[name]]}).to_csv(
-            paths[name], index=False
-        )
-    dataset = {"name": "bbc-no-validation", "format": "csv", "splits": {k: str(v) for k, v in paths.items()}}
-    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", dataset=dataset, grid={"seed": [0]})
-    config["training"]["epochs"] = 1
-    write_config(tmp_path, config)
+    shape = "split-files-without-validation.yaml"
+    splits = recipe_on_tiny_data(shape, tmp_path, bbc_subset, tiny_model, epochs=1)["without_validation"]
     run_workflow(tmp_path)
     record = record_of(tmp_path)
     assert record["training"]["validation_examples"] == 0

@@ -21,12 +21,14 @@ from conftest import (
     drawn_figure,
     job_process,
     long_run,
+    recipe,
     run_workflow,
     same_results,
     start_workflow,
     wandb_offline_runs,
     workflow_config,
     write_config,
+    write_recipe_data,
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.dataset import load_examples
@@ -51,8 +53,10 @@ def finished(tmp_path_factory, bbc_subset, tiny_model):
     workdir = tmp_path_factory.mktemp("workflow")
     scratch = workdir / "scratch"
     config = workflow_config(bbc_subset, tiny_model, scratch)
-    # The archive in two compressed parts: every job stages both at once (one archive elsewhere).
-    config["dataset"].update(compression="zstd", archive_parts=2)
+    # The archive in two compressed parts, as the README's recipe has it: every job stages both at
+    # once (one archive elsewhere).
+    shape = recipe("tracked-parts-zstd.yaml")["dataset"]
+    config["dataset"].update(compression=shape["compression"], archive_parts=shape["archive_parts"])
     write_config(workdir, config)
     # No network namespace: proves that no step needs the internet (compute nodes may have none).
     result = run_workflow(workdir, offline=True)
@@ -211,12 +215,11 @@ def test_a_new_grid_value_runs_only_the_new_runs(finished):
 
 
 def test_a_table_dataset_runs_the_same_lifecycle(tmp_path, bbc_subset, tiny_model):
-    """Nothing in the rules assumes a folder per label (or BBC): a CSV with named columns works."""
+    """Nothing in the rules assumes a folder per label (or BBC): a CSV with named columns works (the
+    README's recipe, config/tests/text-table.yaml, with the tiny model and one run)."""
+    write_recipe_data(tmp_path, bbc_subset)
     examples = load_examples(bbc_subset, "folder", "text", "label")
-    table = pd.DataFrame({"body": [e.text for e in examples], "topic": [e.label for e in examples]})
-    table.to_csv(tmp_path / "news.csv", index=False)
-    dataset = {"name": "news-csv", "path": str(tmp_path / "news.csv"), "format": "csv"}
-    dataset.update(text_column="body", label_column="topic")
+    dataset = recipe("text-table.yaml")["dataset"]
     config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", dataset=dataset, grid={"seed": [0]})
     write_config(tmp_path, config)
     run_workflow(tmp_path)
@@ -341,7 +344,7 @@ def test_a_run_killed_then_paused_between_logging_steps_ends_like_an_uninterrupt
 def test_with_tracking_wandb_sigterm_to_every_process_of_a_job_still_pauses_it(tmp_path, bbc_subset, tiny_model):
     """scancel signals every process of a job, W&B's service process too, which dies of it; logging to
     it then fails. The piece must still save its checkpoint and pause, as without W&B."""
-    long_run(tmp_path, bbc_subset, tiny_model, tracking="wandb")
+    long_run(tmp_path, bbc_subset, tiny_model, tracking=recipe("tracked-parts-zstd.yaml")["tracking"])
     workflow = start_workflow(tmp_path)
     try:
         checkpoints = wait_for_first_checkpoint(tmp_path, workflow)

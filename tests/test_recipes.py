@@ -1,0 +1,55 @@
+"""Every config shape the README documents is a file in config/tests/ that the README shows verbatim,
+and every one of them plans (`snakemake -n`, on the tests' small data); the tests named in each
+file's header run it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import RECIPES, REPO, run_workflow, write_recipe_data
+
+RECIPE_FILES = sorted(path.name for path in RECIPES.glob("*.yaml"))
+# Recipes that need a cluster profile (packing is refused where jobs run on this machine).
+PROFILE = {"packed-runs.yaml": "edinburgh"}
+
+
+def readme_blocks() -> dict[str, str]:
+    """The README's YAML blocks that name a recipe on their first line, by the recipe's file name."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+    named = {}
+    for block in blocks:
+        first = re.match(r"# config/tests/([\w.-]+\.yaml)", block)
+        if first:
+            named[first.group(1)] = block
+    return named
+
+
+def test_the_readme_shows_every_recipe_as_its_file_holds_it():
+    shown = readme_blocks()
+    assert sorted(shown) == RECIPE_FILES, "every recipe in the README, and every README recipe a file"
+    for name, block in shown.items():
+        assert block == (RECIPES / name).read_text(), f"README's {name} differs from config/tests/{name}"
+
+
+@pytest.fixture(scope="module")
+def recipe_workdir(tmp_path_factory, bbc_subset, animal_images, tiny_resnet) -> Path:
+    workdir = tmp_path_factory.mktemp("recipes")
+    write_recipe_data(workdir, bbc_subset, animal_images, tiny_resnet)
+    return workdir
+
+
+@pytest.mark.parametrize("name", RECIPE_FILES)
+def test_every_recipe_plans(name, recipe_workdir):
+    config = recipe_workdir / "config" / "config.yaml"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text((RECIPES / name).read_text())
+    arguments = ["--profile", str(REPO / "profiles" / PROFILE[name])] if name in PROFILE else []
+    planned = run_workflow(recipe_workdir, "-n", *arguments)
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", planned.stdout.split("Job stats:", 1)[1], re.MULTILINE))
+    runs = 1
+    for values in (yaml.safe_load(config.read_text()).get("grid") or {}).values():
+        runs *= len(values)
+    assert int(jobs["train"]) == int(jobs["predict"]) == runs
