@@ -206,19 +206,21 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
 def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resumes(
     slurm, tmp_path, bbc_subset, tiny_model
 ):
+    """With USR2 as the stop signal (checkpointing.stop_signal), as where NCCL takes USR1 for itself."""
     config = configure_long_run(tmp_path, bbc_subset, tiny_model)
     config["training"]["epochs"] = 180  # about 100 s of training: longer than the first job's 2 minutes
+    config["checkpointing"]["stop_signal"] = "USR2"
     write_config(tmp_path, config)
-    # Two minutes for the first attempt, four for the second; USR1 40 s before the end, which Slurm
+    # Two minutes for the first attempt, four for the second; USR2 40 s before the end, which Slurm
     # may send up to 60 s early: 20 to 80 s into the first job, after the trainer started listening.
     workflow = start(
-        slurm, tmp_path, "--set-resources", "train:runtime=2*attempt", "train:slurm_extra='--signal=USR1@40'"
+        slurm, tmp_path, "--set-resources", "train:runtime=2*attempt", "train:slurm_extra='--signal=USR2@40'"
     )
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
 
     first, second = pieces_of(tmp_path)
-    step = stopped_at(first, "SIGUSR1")
+    step = stopped_at(first, "SIGUSR2")
     assert step > 20, "it trained on until the warning"
     assert second["resumed_from_step"] == step and second["outcome"] == "finished"
     # The first job ended itself, before Slurm's kill, so that its checkpoint was complete.
