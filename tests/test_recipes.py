@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RECIPES, REPO, run_workflow, write_recipe_data
+from conftest import RECIPES, REPO, run_workflow, switched_profile, write_recipe_data
 
 RECIPE_FILES = sorted(path.name for path in RECIPES.glob("*.yaml"))
+PROFILE_SWITCHES = sorted(path.name for path in (RECIPES / "profiles").glob("*.yaml"))
 # Recipes that need a cluster profile (packing is refused where jobs run on this machine).
 PROFILE = {"packed-runs.yaml": "edinburgh"}
 
@@ -53,3 +54,33 @@ def test_every_recipe_plans(name, recipe_workdir):
     for values in (yaml.safe_load(config.read_text()).get("grid") or {}).values():
         runs *= len(values)
     assert int(jobs["train"]) == int(jobs["predict"]) == runs
+
+
+def test_the_readme_names_every_profile_switch_and_each_it_names_is_a_file_the_tests_plan():
+    named = re.findall(r"\(config/tests/profiles/([\w.-]+\.yaml)\)", (REPO / "README.md").read_text())
+    assert sorted(set(named)) == PROFILE_SWITCHES
+
+
+def test_the_readme_shows_narvals_several_node_switch_as_its_file_holds_it():
+    text = (RECIPES / "profiles" / "narval-several-nodes.yaml").read_text()
+    assert f"```yaml\n{text}```" in (REPO / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", PROFILE_SWITCHES)
+def test_every_profile_switch_plans(name, recipe_workdir, tmp_path):
+    config = recipe_workdir / "config" / "config.yaml"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text((RECIPES / "text-table.yaml").read_text())
+    profile = switched_profile(name, tmp_path / "profile")
+    planned = run_workflow(recipe_workdir, "-n", "--profile", str(profile))
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", planned.stdout.split("Job stats:", 1)[1], re.MULTILINE))
+    assert int(jobs["train"]) == 6
+
+
+def test_the_readmes_several_node_form_is_oscers_profile():
+    """The README's generic several-node train entry ("Several nodes") is what OSCER's profile,
+    which the tests run on two nodes, has."""
+    section = (REPO / "README.md").read_text().split("### Several nodes", 1)[1]
+    shown = yaml.safe_load(re.search(r"```yaml\n(  train:\n.*?)```", section, re.DOTALL).group(1))["train"]
+    oscer = yaml.safe_load((REPO / "profiles" / "oscer" / "config.v8+.yaml").read_text())["set-resources"]["train"]
+    assert shown == {key: oscer[key] for key in shown}

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 from conftest import (
     OVERLAY,
     REPO,
@@ -27,6 +26,7 @@ from conftest import (
     image_config,
     run_on_slurm,
     sbatch_lines,
+    switched_profile,
     workflow_config,
     workflow_env,
     write_config,
@@ -305,25 +305,6 @@ def test_a_grid_larger_than_jobs_never_has_more_jobs_than_that_in_the_queue(slur
     assert max(queued) == 2, f"the queue filled up to jobs: and never past it ({sorted(set(queued))})"
 
 
-def narval_on_several_nodes(folder: Path, shared_venv: Path) -> Path:
-    """The narval profile with the README's switch to several nodes ("Several nodes", Narval's row),
-    2 nodes x 2 GPUs here (the test nodes have 2 each; Narval's have 4), in `folder`."""
-    profile = yaml.safe_load((REPO / "profiles" / "narval" / "config.v8+.yaml").read_text())
-    profile["configfile"] = str(REPO / "config" / "clusters" / "narval.yaml")
-    train = profile["set-resources"]["train"]
-    del train["gpu"], train["gpu_model"]
-    train.update(nodes=2, mpi="srun", tasks=2, cpus_per_task=48)
-    train["slurm_extra"] += " --ntasks-per-node=1 --gpus-per-node=a100:2"
-    # Every node runs the job's Python: a venv on shared storage, not one built on the batch host.
-    profile["precommand"] = (
-        "unset HF_TOKEN HUGGING_FACE_HUB_TOKEN WANDB_API_KEY && . $LMOD_PKG/init/sh && module load python/3.11 && "
-        f". {shared_venv}/bin/activate"
-    )
-    folder.mkdir()
-    (folder / "config.v8+.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
-    return folder
-
-
 def test_an_image_task_trains_on_two_nodes_with_narvals_several_node_recipe_and_its_slurm_tmpdir(
     slurm, tmp_path, animal_images, tiny_resnet, alliance_modules
 ):
@@ -333,7 +314,13 @@ def test_an_image_task_trains_on_two_nodes_with_narvals_several_node_recipe_and_
     config = image_config(animal_images, tiny_resnet, scratch=None, epochs=2)
     del config["cluster"]
     write_config(tmp_path, config)
-    profile = narval_on_several_nodes(tmp_path / "narval-2-nodes", Path(sys.executable).parents[1])
+    # The README's switch, with the test nodes' 2 GPUs (Narval's have 4) and the venv on shared
+    # storage that it asks for (here: the tests' own).
+    profile = switched_profile(
+        "narval-several-nodes.yaml",
+        tmp_path / "narval-2-nodes",
+        {"a100:4": "a100:2", "/project/def-<PI>/$USER/scratchflow-env": str(Path(sys.executable).parents[1])},
+    )
     env = {**alliance_modules, "SBATCH_ACCOUNT": ACCOUNT}
     result = run_on_slurm(slurm, tmp_path, str(profile), env)
     assert result.returncode == 0, result.stdout[-6000:]
@@ -358,16 +345,15 @@ def test_an_image_task_trains_on_two_nodes_with_narvals_several_node_recipe_and_
 def test_a_train_job_given_two_gpus_of_one_node_trains_with_two_processes_on_slurm(
     slurm, tmp_path, bbc_subset, tiny_model
 ):
-    """The OSCER profile switched to one node from the command line: Slurm lists two (fake) GPUs in
-    the job's CUDA_VISIBLE_DEVICES, and the job trains with one torchrun process per GPU (gloo on
-    this CPU)."""
+    """The OSCER profile with the README's switch to one node (config/tests/profiles/oscer-one-node.yaml):
+    Slurm lists two (fake) GPUs in the job's CUDA_VISIBLE_DEVICES, and the job trains with one
+    torchrun process per GPU (gloo on this CPU)."""
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     config["training"]["epochs"] = 2
     del config["cluster"]
     write_config(tmp_path, config)
-    # As the README says, this replaces the profile's whole train entry.
-    one_node = ["train:slurm_partition='gpu'", "train:gres='gpu:2'", "train:slurm_extra='--signal=USR1@600'"]
-    result = run_on_slurm(slurm, tmp_path, "oscer", {}, "--set-resources", *one_node)
+    profile = switched_profile("oscer-one-node.yaml", tmp_path / "oscer-one-node")
+    result = run_on_slurm(slurm, tmp_path, str(profile), {})
     assert result.returncode == 0, result.stdout[-6000:]
     (train_line,) = sbatch_lines(result.stdout, "train")
     for flag in ("--gres=gpu:2", "-p gpu", "--signal=USR1@600"):
