@@ -524,3 +524,16 @@ def switched_profile(name: str, folder: Path, replace: dict[str, str] | None = N
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.v8+.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
     return folder
+
+
+def start_on_slurm(slurm, workdir: Path, profile: str, env: dict[str, str]) -> subprocess.Popen:
+    """`run_on_slurm` in the background; its output, stderr included, goes to <workdir>.out (a file,
+    not a pipe, so that workflows run side by side never wait for their reader)."""
+    with open(workdir.with_suffix(".out"), "w") as output:
+        return subprocess.Popen(
+            slurm_workflow_command(slurm, profile),
+            cwd=workdir,
+            env=slurm_workflow_env(slurm, env),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )

@@ -26,6 +26,7 @@ from conftest import (
     image_config,
     run_on_slurm,
     sbatch_lines,
+    start_on_slurm,
     switched_profile,
     workflow_config,
     workflow_env,
@@ -99,29 +100,42 @@ CONTAINER_ARGV = {
 }
 
 
-@pytest.mark.parametrize("profile", PROFILES)
-def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
-    profile, slurm, tmp_path, bbc_subset, tiny_model, request
-):
-    expected, absent = PROFILES[profile]
-    env: dict[str, str] = {}
-    if profile == "narval":
-        env.update(request.getfixturevalue("alliance_software"), SBATCH_ACCOUNT=ACCOUNT)
-    if profile in ("dfki", "lrz"):
-        env.update(
-            SCRATCHFLOW_IMAGE="/images/scratchflow.sqsh",
-            SCRATCHFLOW_SBATCH_ARGV=str(tmp_path / "sbatch-argv"),
-            PATH=f"{OVERLAY / 'without_pyxis'}{os.pathsep}{workflow_env()['PATH']}",
-        )
-    if profile == "edinburgh":
-        Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the nodes' local disk
-    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
-    config["training"]["epochs"] = 2
-    del config["cluster"]  # the profile's cluster facts apply
-    write_config(tmp_path, config)
+@pytest.fixture(scope="module")
+def profile_lifecycles(slurm, tmp_path_factory, bbc_subset, tiny_model, alliance_software):
+    """The lifecycle with each cluster profile, the four workflows side by side on the test cluster
+    (their jobs fit at once: one GPU each, four in all): profile -> (its directory, its output)."""
+    started = {}
+    for profile in PROFILES:
+        workdir = tmp_path_factory.mktemp(profile)
+        env: dict[str, str] = {}
+        if profile == "narval":
+            env.update(alliance_software, SBATCH_ACCOUNT=ACCOUNT)
+        if profile in ("dfki", "lrz"):
+            env.update(
+                SCRATCHFLOW_IMAGE="/images/scratchflow.sqsh",
+                SCRATCHFLOW_SBATCH_ARGV=str(workdir / "sbatch-argv"),
+                PATH=f"{OVERLAY / 'without_pyxis'}{os.pathsep}{workflow_env()['PATH']}",
+            )
+        if profile == "edinburgh":
+            Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the nodes' local disk
+        config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+        config["training"]["epochs"] = 2
+        del config["cluster"]  # the profile's cluster facts apply
+        write_config(workdir, config)
+        started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env))
+    finished = {}
+    for profile, (workdir, workflow) in started.items():
+        workflow.wait(timeout=900)
+        finished[profile] = (workdir, workflow.returncode, workdir.with_suffix(".out").read_text())
+    return finished
 
-    result = run_on_slurm(slurm, tmp_path, profile, env)
-    assert result.returncode == 0, result.stdout[-6000:]
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(profile, slurm, profile_lifecycles):
+    expected, absent = PROFILES[profile]
+    tmp_path, returncode, output = profile_lifecycles[profile]
+    assert returncode == 0, output[-6000:]
+    result = subprocess.CompletedProcess([], returncode, output)
 
     (run,) = (tmp_path / "results" / "runs").iterdir()
     record = json.loads((run / "record.json").read_text())

@@ -1,4 +1,6 @@
-"""One function per workflow job: the lifecycle stage -> work -> sync back -> clean up.
+"""One function per kind of workflow job (archive, prefetch, train, predict, pack, aggregate): the
+lifecycle stage -> work -> sync back -> clean up, inside `job_context` (the rule's log, SIGTERM that
+still cleans up, a failure told where people look).
 
 Each takes plain values (the rule's entry script unpacks the `snakemake` object into them), so tests
 run a whole job without Snakemake.
