@@ -108,3 +108,11 @@ def test_every_run_is_in_exactly_one_pack(pack_runs):
     plan = Plan(runs, {}, None, "command", "loss", "min", "COMPLETE", pack_runs=pack_runs)
     assert list(itertools.chain.from_iterable(plan.packs)) == plan.run_ids
     assert all(len(pack) == pack_runs for pack in plan.packs[:-1]) and 0 < len(plan.packs[-1]) <= pack_runs
+
+
+def test_a_grid_file_of_another_version_is_refused_saying_what_to_do(tmp_path):
+    grid = tmp_path / "results" / "grid.json"
+    grid.parent.mkdir(parents=True)
+    grid.write_text('{"metric": "accuracy", "goal": "max", "executor": "local", "runs": {}}')
+    with pytest.raises(NoPlan, match="written by another version of scratchflow; run the workflow's command again"):
+        Plan.read(tmp_path)

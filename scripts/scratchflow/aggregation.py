@@ -12,11 +12,10 @@ import pandas as pd
 
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json
+from scratchflow.plan import REPLICATE_KEY
 
 # A plot stays readable up to about this many bars; larger grids show their best settings.
 MOST_SETTINGS_PLOTTED = 40
-# Runs that differ only in this parameter are replicates of one setting.
-REPLICATE_KEY = "seed"
 GOALS = ("max", "min")
 
 

@@ -168,7 +168,13 @@ class Plan:
                 f"no grid in {workdir.resolve()}: {GRID_FILE} is missing. The workflow writes it when it starts; "
                 "run this in the directory you run snakemake in, or name that directory."
             )
-        return cls(**json.loads(path.read_text()))
+        written = json.loads(path.read_text())
+        if set(written) != {name for name in cls.__dataclass_fields__ if not name.startswith("_")}:
+            raise NoPlan(
+                f"{path.resolve()} was written by another version of scratchflow; run the workflow's command "
+                "again (it writes the file anew when it starts)"
+            )
+        return cls(**written)
 
     def _fields(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__ if not name.startswith("_")}
