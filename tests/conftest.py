@@ -337,7 +337,8 @@ def command_config(data: Path, scratch: Path | None, **training) -> dict:
     as one run on the BBC subset, about 900 steps with a checkpoint every 20."""
     config = recipe("command.yaml")
     config["dataset"]["path"] = str(data)
-    config["training"].update(command=["python", str(COMMAND_EXAMPLE)], **training)
+    config["training"]["command"] = ["python", str(COMMAND_EXAMPLE)]
+    config["training"].update(training)
     config["grid"] = {"seed": [5]}
     config["checkpointing"] = {"every_steps": 20, "keep": 2, "stop_grace_seconds": 30}
     config["cluster"] = {"scratch_root": str(scratch) if scratch else None}

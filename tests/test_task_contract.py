@@ -52,11 +52,13 @@ def tiny_config(request, tmp_path):
             request.getfixturevalue("animal_images"), request.getfixturevalue("tiny_resnet"), None, epochs=1
         )
     else:
-        # Checkpoints are mirrored once a second: epochs long enough to stop midway. This interpreter
-        # (with torch), as the jobs would find it first on PATH.
-        config = command_config(request.getfixturevalue("bbc_subset"), None, epochs=6)
+        # The program's checkpoints are mirrored once a second: its whole run (about 900 steps, a
+        # checkpoint every 20) lasts long enough to stop midway. This interpreter (with torch), as
+        # the jobs would find it first on PATH.
+        config = command_config(request.getfixturevalue("bbc_subset"), None)
         config["training"]["command"][0] = sys.executable
-    config["checkpointing"]["every_steps"] = 2
+    if task != "command":
+        config["checkpointing"]["every_steps"] = 2
     return validated(config)
 
 
