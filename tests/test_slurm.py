@@ -35,7 +35,8 @@ from conftest import (
 from local_slurm import ACCOUNT
 from scratchflow.dataset import load_examples
 
-pytestmark = pytest.mark.slow
+# One test cluster per session: every Slurm test runs in the same pytest process, one after another.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 
 @pytest.fixture(scope="session")
