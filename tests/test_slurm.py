@@ -35,8 +35,7 @@ from conftest import (
 from local_slurm import ACCOUNT
 from scratchflow.dataset import load_examples
 
-# One test cluster per session: every Slurm test runs in the same pytest process, one after another.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")

@@ -40,8 +40,7 @@ from conftest import (
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
 
-# One test cluster per session: every Slurm test runs in the same pytest process, one after another.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+pytestmark = pytest.mark.slow
 
 PROFILE = "edinburgh"
 STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
