@@ -30,7 +30,7 @@ status: setup  ## Where every run of the grid in DIR (default: here) stands; cha
 	$(PYTHON) scripts/status.py $(or $(DIR),.)
 
 test: setup-dev  ## Run the whole test suite (slow end-to-end tests included), as CI does.
-	PYTHON=$(PYTHON) tests/run_all.sh
+	$(PYTHON) -m pytest
 
 check: lint  ## While working (under 3 minutes): the lint, and every test that runs no job and needs no Slurm.
 	$(PYTHON) -m pytest -m "not slow" -q
