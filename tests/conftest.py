@@ -538,3 +538,14 @@ def start_on_slurm(slurm, workdir: Path, profile: str, env: dict[str, str]) -> s
             stdout=output,
             stderr=subprocess.STDOUT,
         )
+
+
+def validated(config: dict) -> dict:
+    """A config as the workflow reads it: checked against the schema and the task's fragment, their
+    defaults filled in."""
+    from scratchflow.config import validate_task
+    from snakemake.utils import validate
+
+    validate(config, str(REPO / "config" / "schemas" / "config.schema.yaml"))
+    validate_task(config)
+    return config

@@ -6,24 +6,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from scratchflow.config import validate_task
+from conftest import REPO, validated
 from scratchflow.plan import RUN_PATHS, NoPlan, Plan
-from snakemake.utils import validate
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def validated(path: Path, **cluster) -> dict:
-    """A config file as the workflow reads it: schema defaults and the task's defaults filled in."""
-    config = yaml.safe_load(path.read_text())
-    config.setdefault("cluster", {}).update(cluster)
-    validate(config, str(REPO / "config" / "schemas" / "config.schema.yaml"))
-    validate_task(config)
-    return config
 
 
 def plan_of(path: Path, **cluster) -> Plan:
-    config = validated(path, **cluster)
+    config = yaml.safe_load(path.read_text())
+    config.setdefault("cluster", {}).update(cluster)
+    validated(config)
     return Plan.from_config(config, "trainer_state.json")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import REPO, command_config, image_config, workflow_config
+from conftest import REPO, command_config, image_config, validated, workflow_config
 from scratchflow import signals
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.config import ConfigError, validate_task
@@ -28,16 +28,8 @@ from scratchflow.tasks import (
     load_task,
     training_schema,
 )
-from snakemake.utils import validate
 
 TASKS = available_tasks()
-SCHEMA = REPO / "config" / "schemas" / "config.schema.yaml"
-
-
-def validated(config: dict) -> dict:
-    validate(config, str(SCHEMA))
-    validate_task(config)
-    return config
 
 
 @pytest.fixture
