@@ -3,6 +3,7 @@ workflow in a directory of its own."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -538,6 +539,50 @@ def start_on_slurm(slurm, workdir: Path, profile: str, env: dict[str, str]) -> s
             stdout=output,
             stderr=subprocess.STDOUT,
         )
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory) -> Path:
+    """Wheels for requirements.txt, from this machine's package index, for installs with no
+    internet: a venv built in a job (narval) and the container image (dfki, lrz)."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "-r", REPO / "requirements.txt", "-d", folder],
+        check=True,
+        capture_output=True,
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def scratchflow_image(slurm, wheelhouse) -> Path:
+    """The image the container profiles run every job step in, built on the test cluster the way
+    their users build theirs (scripts/build_image.sh: pyxis starts the base image, requirements.txt
+    goes in from the wheelhouse, --container-save writes the .sqsh), from the Debian base image
+    (tests/local_containers.py). Cached per machine by what goes into it: about a minute to build."""
+    from local_containers import CACHE, base_image
+
+    base = base_image()
+    inputs = [
+        REPO / "requirements.txt",
+        REPO / "scripts" / "install_into_image.sh",
+        REPO / "scripts" / "build_image.sh",
+    ]
+    key = hashlib.sha256(b"".join(path.read_bytes() for path in inputs) + base.name.encode()).hexdigest()[:16]
+    image = CACHE / f"scratchflow-{key}.sqsh"
+    if not image.is_file():
+        partial = image.with_name(f"{image.name}.partial")
+        built = slurm.run(
+            str(REPO / "scripts" / "build_image.sh"),
+            str(base),
+            str(partial),
+            "--partition=batch",
+            check=False,
+            env={"SCRATCHFLOW_WHEELHOUSE": str(wheelhouse)},
+        )
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+        partial.rename(image)
+    return image
 
 
 def validated(config: dict) -> dict:

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from local_containers import ContainerRuntime, container_runtime
+
 # The daemons, plus what an Alliance login node offers the narval profile: Lmod and virtualenv.
 DEBIAN_PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "lmod", "virtualenv")
 CLUSTER = "scratchflow"
@@ -82,6 +84,8 @@ class LocalSlurm:
     root: Path
     host: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     daemons: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # enroot and pyxis (tests/local_containers.py): jobs take --container-image as on DFKI and LRZ.
+    containers: ContainerRuntime | None = None
 
     @property
     def conf(self) -> Path:
@@ -94,15 +98,20 @@ class LocalSlurm:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        if self.containers:  # pyxis runs `enroot` from slurmstepd's PATH
+            env["PATH"] = f"{self.containers.bin}{os.pathsep}{env['PATH']}"
+        return env
 
     def inside(self, *command: str) -> list[str]:
         """`command` run in the cluster's network namespace: only loopback, no route out. Login
         node and compute node alike live there, so every job proves it needs no network."""
         return ["nsenter", f"--net=/run/netns/{NETWORK_NAMESPACE}", *command]
 
-    def run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(self.inside(*command), env=self.env, capture_output=True, text=True, check=check)
+    def run(self, *command: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.inside(*command), env={**self.env, **(env or {})}, capture_output=True, text=True, check=check
+        )
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -166,6 +175,18 @@ class LocalSlurm:
                 for index in range(FAKE_GPUS)
             )
         )
+        # Read by sbatch and srun (the --container-* options) and by slurmd (configless: with slurm.conf).
+        (etc / "plugstack.conf").write_text(
+            f"required {self.containers.pyxis} runtime_path={self.root / 'pyxis'} use_squashfuse=1\n"
+            if self.containers
+            else ""
+        )
+        if self.containers:
+            # What this cluster's admin mounts into every container (enroot's system mounts.d): the
+            # task prolog runs inside the container (pyxis enters it first), and $SLURM_TMPDIR is there.
+            self.containers.mounts.write_text(
+                "".join(f"{path} {path} none x-create=dir,bind,rw,nosuid\n" for path in (etc, self.scratch_root))
+            )
         dbd = etc / "slurmdbd.conf"
         dbd.write_text(
             textwrap.dedent(f"""\
@@ -239,6 +260,7 @@ class LocalSlurm:
 
     def start(self) -> LocalSlurm:
         install_packages()
+        self.containers = container_runtime()
         self.write_config()
         self._clear_leftovers()
         subprocess.run(["ip", "netns", "add", NETWORK_NAMESPACE], check=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import (
-    OVERLAY,
     REPO,
     USER,
     image_config,
@@ -29,7 +29,6 @@ from conftest import (
     start_on_slurm,
     switched_profile,
     workflow_config,
-    workflow_env,
     write_config,
 )
 from local_slurm import ACCOUNT
@@ -54,15 +53,9 @@ def alliance_modules(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def alliance_software(tmp_path_factory, alliance_modules):
+def alliance_software(alliance_modules, wheelhouse):
     """Lmod's python/3.11, and a wheelhouse of local wheels for `pip install --no-index` (here: this
     repository's requirements)."""
-    wheelhouse = tmp_path_factory.mktemp("wheelhouse")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "-r", REPO / "requirements.txt", "-d", wheelhouse],
-        check=True,
-        capture_output=True,
-    )
     return {
         **alliance_modules,
         "PIP_FIND_LINKS": str(wheelhouse),
@@ -81,41 +74,33 @@ PROFILES = {
     # oscer trains on two nodes: test_the_oscer_profile_trains_on_two_nodes_of_two_gpus_with_four_processes
     # No partition in the profile; the plugin adds the cluster's default one (here `batch`) itself.
     "narval": (["--gpus=a100:1", "--mem 64000", "--cpus-per-task=12", "-t 1440", "-p batch"], [" -A "]),
-    "dfki": (["-p A100-80GB", "--gpus=1", "--container-image=/images/scratchflow.sqsh", "--container-mounts="], []),
-    "lrz": (["-p lrz-hgx-h100-94x4", "--gres=gpu:1", "--container-image=/images/scratchflow.sqsh"], []),
+    # The batch step starts on the node (no --container-* for sbatch); its job step runs in the image.
+    "dfki": (["-p A100-80GB", "--gpus=1"], ["--container-"]),
+    "lrz": (["-p lrz-hgx-h100-94x4", "--gres=gpu:1"], ["--container-"]),
 }
+CONTAINER_PROFILES = ("dfki", "lrz")
 
 
-CONTAINER_ARGV = {
-    "dfki": lambda workdir: {
-        "--container-image=/images/scratchflow.sqsh",
-        f"--container-mounts=/netscratch/{USER}:/netscratch/{USER},/ds:/ds:ro",
-        f"--container-workdir={workdir}",
-    },
-    "lrz": lambda workdir: {
-        "--container-image=/images/scratchflow.sqsh",
-        f"--container-mounts={workdir}:{workdir}",
-        f"--container-workdir={workdir}",
-    },
-}
+def netscratch() -> Path:
+    """DFKI's shared storage, where a lab runs the workflow from (its profile mounts it into the
+    image, with DFKI's read-only /ds): made here."""
+    for folder in (Path(f"/netscratch/{USER}"), Path("/ds")):
+        folder.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="scratchflow-test-", dir=f"/netscratch/{USER}"))
 
 
 @pytest.fixture(scope="module")
-def profile_lifecycles(slurm, tmp_path_factory, bbc_subset, tiny_model, alliance_software):
+def profile_lifecycles(slurm, tmp_path_factory, bbc_subset, tiny_model, alliance_software, scratchflow_image):
     """The lifecycle with each cluster profile, the four workflows side by side on the test cluster
     (their jobs fit at once: one GPU each, four in all): profile -> (its directory, its output)."""
     started = {}
     for profile in PROFILES:
-        workdir = tmp_path_factory.mktemp(profile)
         env: dict[str, str] = {}
+        workdir = netscratch() if profile == "dfki" else tmp_path_factory.mktemp(profile)
+        if profile in CONTAINER_PROFILES:
+            env["SCRATCHFLOW_IMAGE"] = str(scratchflow_image)
         if profile == "narval":
             env.update(alliance_software, SBATCH_ACCOUNT=ACCOUNT)
-        if profile in ("dfki", "lrz"):
-            env.update(
-                SCRATCHFLOW_IMAGE="/images/scratchflow.sqsh",
-                SCRATCHFLOW_SBATCH_ARGV=str(workdir / "sbatch-argv"),
-                PATH=f"{OVERLAY / 'without_pyxis'}{os.pathsep}{workflow_env()['PATH']}",
-            )
         if profile == "edinburgh":
             Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the nodes' local disk
         config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
@@ -127,11 +112,13 @@ def profile_lifecycles(slurm, tmp_path_factory, bbc_subset, tiny_model, alliance
     for profile, (workdir, workflow) in started.items():
         workflow.wait(timeout=900)
         finished[profile] = (workdir, workflow.returncode, workdir.with_suffix(".out").read_text())
-    return finished
+    yield finished
+    shutil.rmtree(finished["dfki"][0])  # outside pytest's temporary folders
+    finished["dfki"][0].with_suffix(".out").unlink()
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(profile, slurm, profile_lifecycles):
+def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(profile, slurm, profile_lifecycles, scratchflow_image):
     expected, absent = PROFILES[profile]
     tmp_path, returncode, output = profile_lifecycles[profile]
     assert returncode == 0, output[-6000:]
@@ -154,12 +141,15 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(profile, slurm, p
     accounting = [line.split("|") for line in jobs.splitlines() if line]
     assert len(accounting) == 3 and all(state == "COMPLETED" for _account, state in accounting)
 
-    if profile in ("dfki", "lrz"):
-        # What pyxis would get, as sbatch receives it: every job runs in the image, mounts expanded.
-        submissions = [path.read_text().splitlines() for path in tmp_path.glob("sbatch-argv.*")]
-        assert len(submissions) == 3  # archive_dataset, train, predict
-        for argv in submissions:
-            assert CONTAINER_ARGV[profile](tmp_path) <= set(argv)
+    environment = record["environment"]
+    if profile in CONTAINER_PROFILES:
+        # Trained in the image, with its Python, not the host's; results on the mounted storage, ours.
+        assert environment["container_image"] == str(scratchflow_image)
+        assert environment["os"].startswith("Debian GNU/Linux 12")
+        assert environment["python_executable"] == "/opt/scratchflow/bin/python"
+        assert (run / "model").stat().st_uid == os.getuid()
+    else:
+        assert environment["container_image"] is None
 
     scratch = scratch_used(tmp_path, run.name)
     if profile == "narval":
@@ -174,6 +164,35 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(profile, slurm, p
         assert scratch.parent == Path(tempfile.gettempdir())
     assert not scratch.exists()
     assert list(slurm.scratch_root.iterdir()) == [], "Slurm's epilog removed every job's scratch"
+
+
+def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image_without_python_fails_at_once(
+    slurm, tmp_path, bbc_subset, tiny_model
+):
+    """SCRATCHFLOW_IMAGE unset, missing or not a squashfs file: refused at start-up naming it, before
+    any sbatch. An image without the workflow's software (the bare base image: python3, no
+    `python`, no requirements): the first job fails within seconds, its log naming the image."""
+    from local_containers import base_image
+
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    del config["cluster"]
+    write_config(tmp_path, config)
+    (tmp_path / "image.tar").write_bytes(b"not an image")
+    for image, said in (
+        (None, "SCRATCHFLOW_IMAGE is not set"),
+        (str(tmp_path / "missing.sqsh"), "missing.sqsh: No such file or directory"),
+        (str(tmp_path / "image.tar"), "image.tar is not a squashfs image"),
+    ):
+        env = {"SCRATCHFLOW_IMAGE": image} if image else {}
+        result = run_on_slurm(slurm, tmp_path, "lrz", env)
+        assert result.returncode != 0 and said in result.stdout, result.stdout[-3000:]
+        assert "config key cluster.image_variable" in result.stdout and not sbatch_lines(result.stdout, "")
+
+    started = time.monotonic()
+    result = run_on_slurm(slurm, tmp_path, "lrz", {"SCRATCHFLOW_IMAGE": str(base_image())}, "--retries", "0")
+    assert result.returncode != 0 and time.monotonic() - started < 90
+    (log,) = (tmp_path / ".snakemake" / "slurm_logs" / "rule_archive_dataset").glob("*/*.log")
+    assert f"the image {base_image()} has no python on its PATH" in log.read_text()
 
 
 REJECTIONS = {

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -63,13 +65,15 @@ def configure_long_run(workdir: Path, data: Path, model: Path) -> dict:
     return config
 
 
-def start(slurm, workdir: Path, *arguments: str, profile: str = PROFILE) -> subprocess.Popen:
+def start(
+    slurm, workdir: Path, *arguments: str, profile: str = PROFILE, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """The profile's command in the background; its output goes to <workdir>.out."""
     output = open(workdir.with_suffix(".out"), "w")  # noqa: SIM115 (closed by finish)
     return subprocess.Popen(
         slurm_workflow_command(slurm, profile, *arguments),
         cwd=workdir,
-        env=slurm_workflow_env(slurm),
+        env=slurm_workflow_env(slurm, env),
         stdout=output,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -375,3 +379,66 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     assert different_curves(workdir, reference) == []
     (run,) = (workdir / "results" / "runs").iterdir()
     assert not list(Path("/tmp").glob(f"scratchflow-train-{run.name}*")), "every node's scratch is removed"
+
+
+@pytest.fixture
+def netscratch_workdir():
+    """A working directory on DFKI's shared storage (made here), which its profile mounts into the image."""
+    for folder in (Path(f"/netscratch/{USER}"), Path("/ds")):
+        folder.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="scratchflow-test-", dir=f"/netscratch/{USER}"))
+    yield workdir
+    shutil.rmtree(workdir)
+    workdir.with_suffix(".out").unlink(missing_ok=True)
+
+
+def test_in_dfkis_container_the_warning_signal_a_scancel_and_a_killed_trainer_end_like_an_uninterrupted_run(
+    slurm, netscratch_workdir, bbc_subset, tiny_model, uninterrupted_long_run, scratchflow_image
+):
+    """DFKI's profile, every job step in the image (pyxis, enroot). In turn: USR1 to the job's steps
+    (what `--signal=USR1@600` sends before the wall time; here at once, with `scancel --signal`),
+    a `scancel` (TERM), and SIGKILL of the trainer inside the container. USR1 and TERM reach the
+    trainer in the image, which saves and pauses; the killed one fails its job; each retry resumes,
+    and the run ends with the weights of an uninterrupted run on the host. The same command again
+    has nothing to do, and no job left a container or its files behind."""
+    workdir = netscratch_workdir
+    configure_long_run(workdir, bbc_subset, tiny_model)
+    image = {"SCRATCHFLOW_IMAGE": str(scratchflow_image)}
+    workflow = start(slurm, workdir, "--retries", "3", profile="dfki", env=image)
+
+    wait_until(lambda: first_checkpoint(workdir), workflow, workdir, "a first checkpoint")
+    (job,) = active_jobs(slurm, "train")
+    slurm.run("scancel", "--signal=USR1", job)
+    wait_until(lambda: len(live_pieces(workdir)) == 2, workflow, workdir, "a second piece")
+    after_usr1 = stopped_at(live_pieces(workdir)[0], "SIGUSR1")
+
+    wait_until(lambda: shared_checkpoint_after(workdir, after_usr1), workflow, workdir, "a checkpoint of piece 2")
+    (job,) = active_jobs(slurm, "train")
+    slurm.run("scancel", job)
+    wait_until(lambda: len(live_pieces(workdir)) == 3, workflow, workdir, "a third piece")
+    after_scancel = stopped_at(live_pieces(workdir)[1], "SIGTERM")
+
+    wait_until(lambda: shared_checkpoint_after(workdir, after_scancel), workflow, workdir, "a checkpoint of piece 3")
+    trainers = wait_until(lambda: processes_in(workdir, r"\.train\.py"), workflow, workdir, "the trainer")
+    ((pid, environ),) = trainers.items()
+    assert environ["PYXIS_CONTAINER_IMAGE"] == str(scratchflow_image), "the trainer runs in the image"
+    os.kill(pid, signal.SIGKILL)
+
+    returncode, output = finish(workflow, workdir)
+    assert returncode == 0, output[-6000:]
+    paused, cancelled, killed, finished = pieces_of(workdir)
+    assert "stopped on SIGUSR1" in paused["outcome"] and "stopped on SIGTERM" in cancelled["outcome"]
+    assert cancelled["resumed_from_step"] == after_usr1 and killed["resumed_from_step"] == after_scancel
+    assert killed["outcome"] == "killed" and finished["outcome"] == "finished"
+    assert finished["resumed_from_step"] > after_scancel
+    assert same_results(workdir, uninterrupted_long_run) == []
+    (run,) = (workdir / "results" / "runs").iterdir()
+    environment = json.loads((run / "record.json").read_text())["environment"]
+    assert environment["python_executable"] == "/opt/scratchflow/bin/python"
+
+    returncode, output = finish(start(slurm, workdir, profile="dfki", env=image), workdir)
+    assert returncode == 0 and "Nothing to be done" in output, output[-3000:]
+    from local_containers import container_runtime
+
+    assert list(container_runtime().data.glob("*/*")) == [], "no enroot container is left"
+    assert list((slurm.root / "pyxis").glob("*/*")) == [], "no pyxis runtime file is left"

@@ -65,6 +65,9 @@ def environment_record(workflow_dir: Path) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "platform": platform.platform(),
+        "os": platform.freedesktop_os_release().get("PRETTY_NAME") if Path("/etc/os-release").is_file() else None,
+        # The image a container profile's job step runs in (pyxis reads it from the job's environment).
+        "container_image": os.environ.get("PYXIS_CONTAINER_IMAGE"),
         "packages": package_versions(),
         "git": git_state(workflow_dir),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

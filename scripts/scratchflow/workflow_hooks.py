@@ -5,7 +5,9 @@ and `rules/common.smk` call one function each; Snakemake's internals are reached
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ from scratchflow.config import (
     cpu_flags,
     validate_task,
 )
-from scratchflow.dataset import data_sources, fingerprint_sources
+from scratchflow.containers import set_job_step_image, start_job_steps_in_image
+from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location
+from scratchflow.models import is_local_source
 from scratchflow.plan import GRID_OUTPUTS, Plan
 from scratchflow.tracking import wandb_sync_command
 
@@ -47,6 +51,8 @@ def read_config(
     data_fingerprint = fingerprint_sources(sources)
     if main_process:
         check_dataset(config, task, data_fingerprint, CHECKED_DATA)
+    else:
+        start_job_steps_in_image(os.environ)
     return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
 
 
@@ -70,9 +76,20 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     executor = snakemake_adapter.executor_name(workflow)
     runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
     check_packing(plan.pack_runs, executor, runtimes, config["cluster"])
+    if executor == "slurm":
+        set_job_step_image(config["cluster"], Path.cwd(), Path(workflow.basedir), read_inputs(config), sys.executable)
     plan.started(executor).write(Path("."))
     if executor == "slurm":
         snakemake_adapter.notice_job_ends_at_once(workflow)
+
+
+def read_inputs(config: dict[str, Any]) -> list[Path]:
+    """The paths outside the working directory that jobs read: the dataset's, and a local model's
+    (every job checks the config, which names them)."""
+    paths = list(data_sources(config["dataset"]).values())
+    if config.get("model") and is_local_source(config["model"]["source"]):
+        paths.append(resolve_location(config["model"]["source"]))
+    return paths
 
 
 def on_success(config: dict[str, Any], plan: Plan) -> str:

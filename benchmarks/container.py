@@ -1,0 +1,93 @@
+"""What a container adds to a job step: the same step, `python -c "import torch, transformers,
+snakemake"` (what every job step of scratchflow does first), run by srun on the test Slurm cluster
+of the tests (tests/local_slurm.py; root, about a minute to start) on the host and in the test
+image through pyxis, as DFKI's and LRZ's profiles run every job step. pyxis here mounts the image
+per step (`use_squashfuse=1`); where a cluster's pyxis unpacks it instead (`enroot create`, the
+default), each step also pays what `enroot create` of the image costs, measured beside it, with the
+page cache dropped (a node that has not read the image yet) and warm (the step before read it).
+
+The image is the tests' (scratchflow_image in tests/conftest.py), built from the cached base image
+by scripts/build_image.sh when missing (about a minute and a half).
+
+    .venv/bin/python benchmarks/container.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from measure import REPO, Timing, arguments, print_table, run_timed, save
+
+sys.path.insert(0, str(REPO / "tests"))
+from local_containers import CACHE, base_image, container_runtime
+from local_slurm import LocalSlurm
+
+STEP = ["python", "-c", "import torch, transformers, snakemake"]
+
+
+def drop_page_cache() -> None:
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def test_image(slurm: LocalSlurm, work: Path) -> Path:
+    """The tests' image if cached, else built as the tests build it."""
+    built = sorted(CACHE.glob("scratchflow-*.sqsh"), key=lambda path: path.stat().st_mtime)
+    if built:
+        return built[-1]
+    wheelhouse = work / "wheelhouse"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "-r", REPO / "requirements.txt", "-d", wheelhouse], check=True
+    )
+    image = work / "scratchflow.sqsh"
+    build = [str(REPO / "scripts" / "build_image.sh"), str(base_image()), str(image), "--partition=batch"]
+    slurm.run(*build, env={"SCRATCHFLOW_WHEELHOUSE": str(wheelhouse)})
+    return image
+
+
+def main() -> None:
+    parser = arguments(__doc__)
+    options = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    with tempfile.TemporaryDirectory(prefix="scratchflow-container-") as temporary:
+        work = Path(temporary)
+        slurm = LocalSlurm(work / "slurm").start()
+        try:
+            image = test_image(slurm, work)
+            env = {**slurm.env}
+            srun = slurm.inside("srun", "--partition=batch", "--ntasks=1", *STEP)
+            enroot = container_runtime().bin / "enroot"
+            runs: dict[str, list[Timing]] = {}
+            for _ in range(options.repeats):
+                runs.setdefault("host", []).append(run_timed(srun, work, env))
+                drop_page_cache()
+                runs.setdefault("image, cold page cache", []).append(
+                    run_timed(srun, work, {**env, "PYXIS_CONTAINER_IMAGE": str(image)})
+                )
+                runs.setdefault("image, warm", []).append(
+                    run_timed(srun, work, {**env, "PYXIS_CONTAINER_IMAGE": str(image)})
+                )
+                drop_page_cache()
+                create = [str(enroot), "create", "--force", "--name", "benchmark", str(image)]
+                runs.setdefault("enroot create, cold", []).append(run_timed(create, work))
+                runs.setdefault("enroot create, warm", []).append(run_timed(create, work))
+                subprocess.run([str(enroot), "remove", "--force", "benchmark"], check=True, capture_output=True)
+        finally:
+            slurm.stop()
+    best = {name: min(timing.seconds for timing in timings) for name, timings in runs.items()}
+    host = best["host"]
+    print_table(
+        f"one job step (srun, importing torch, transformers, snakemake) on the test cluster, image "
+        f"{image.stat().st_size / 2**30:.2f} GiB, fastest of {options.repeats}",
+        ["variant", "s", "x host", "+ s"],
+        [[name, seconds, seconds / host, seconds - host] for name, seconds in best.items()],
+    )
+    save(options.json, "container", {"image_gib": image.stat().st_size / 2**30, "seconds": best})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""What a container profile's job step is given (scratchflow.containers), without Slurm: the image
+checked, the mounts it needs, and the interpreter's path made to run the image's Python. The jobs
+themselves run in real containers in tests/test_slurm.py and tests/test_slurm_faults.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from scratchflow.config import ConfigError
+from scratchflow.containers import (
+    IMAGE_PYTHON,
+    check_image,
+    expanded_mounts,
+    job_step_environment,
+    start_job_steps_in_image,
+)
+
+
+def test_a_container_profiles_image_must_be_a_squashfs_file_named_by_its_absolute_path(tmp_path):
+    squashfs = tmp_path / "scratchflow.sqsh"
+    squashfs.write_bytes(b"hsqs" + bytes(92))  # a squashfs superblock starts with its magic
+    tarball = tmp_path / "scratchflow.tar"
+    tarball.write_bytes(b"not an image")
+    assert check_image("SCRATCHFLOW_IMAGE", {"SCRATCHFLOW_IMAGE": str(squashfs)}) == squashfs
+    assert check_image(None, {}) is None  # a cluster whose jobs run without a container
+    refused = {
+        "": "SCRATCHFLOW_IMAGE is not set: export SCRATCHFLOW_IMAGE=",
+        str(tmp_path / "missing.sqsh"): "missing.sqsh: No such file or directory",
+        str(tarball): "scratchflow.tar is not a squashfs image",
+        "scratchflow.sqsh": "is not an absolute path",
+        "nvcr.io#nvidia/pytorch:25.01-py3": "is not an absolute path",
+        str(tmp_path): "Is a directory",
+    }
+    for value, message in refused.items():
+        with pytest.raises(ConfigError, match=r"cluster\.image_variable") as error:
+            check_image("SCRATCHFLOW_IMAGE", {"SCRATCHFLOW_IMAGE": value} if value else {})
+        assert message in str(error.value) and "scripts/build_image.sh" in str(error.value)
+
+
+def test_the_clusters_mounts_name_variables_of_the_submitting_shell():
+    environ = {"USER": "ada", "PROJECT": "pn39"}
+    mounts = ["/netscratch/$USER:/netscratch/$USER", "/dss/${PROJECT}/x:/data:ro"]
+    assert expanded_mounts(mounts, environ) == ["/netscratch/ada:/netscratch/ada", "/dss/pn39/x:/data:ro"]
+    with pytest.raises(ConfigError, match=r"cluster\.image_mounts: '/scratch/\$LAB:/s' names \$LAB, which is not set"):
+        expanded_mounts(["/scratch/$LAB:/s"], environ)
+
+
+def test_a_job_step_sees_its_working_directory_the_workflow_and_the_data_and_nothing_else(tmp_path):
+    image, workdir, workflow, data = Path("/images/a.sqsh"), tmp_path / "run", tmp_path / "wf", tmp_path / "data"
+    handed_over = job_step_environment(image, ["/ds:/ds:ro"], workdir, workflow, [data, data], "/venv/bin/python")
+    assert not any(name.startswith("PYXIS_") for name in handed_over), "sbatch would run the batch step in the image"
+    env = dict(handed_over)
+    start_job_steps_in_image(env)  # in the batch step, for its srun
+    assert env["PYXIS_CONTAINER_IMAGE"] == "/images/a.sqsh"
+    assert env["PYXIS_CONTAINER_MOUNTS"].split(",") == [
+        "/ds:/ds:ro",
+        f"{workdir}:{workdir}",
+        f"{workflow}:{workflow}:ro",
+        f"{data}:{data}:ro",
+        f"{IMAGE_PYTHON}:/venv/bin/python:ro",
+    ]
+    assert env["PYXIS_CONTAINER_WORKDIR"] == str(workdir)
+    assert env["XDG_CACHE_HOME"].startswith(f"{workdir}/")
+    with pytest.raises(ConfigError, match="holds a comma"):
+        job_step_environment(image, [], tmp_path / "a,b", workflow, [], "/venv/bin/python")
+
+
+def test_the_interpreters_path_runs_the_first_python_on_the_path_but_itself(tmp_path):
+    """Inside the image, IMAGE_PYTHON sits at the path of the workflow's interpreter, which may
+    itself be on the PATH (a venv's bin): it must run the image's python, not itself."""
+    venv_bin, image_bin = tmp_path / "venv" / "bin", tmp_path / "image" / "bin"
+    for folder in (venv_bin, image_bin):
+        folder.mkdir(parents=True)
+    mounted = venv_bin / "python"
+    mounted.symlink_to(IMAGE_PYTHON)  # the mount, as the path looks inside the image
+    (image_bin / "python").write_text('#!/bin/sh\necho "image python $*"\n')
+    (image_bin / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{image_bin}"}
+    ran = subprocess.run([str(mounted), "-m", "snakemake"], env=env, capture_output=True, text=True)
+    assert ran.stdout == "image python -m snakemake\n"
+    env.update(PATH=str(venv_bin), PYXIS_CONTAINER_IMAGE="/images/base.sqsh")
+    none = subprocess.run([str(mounted)], env=env, capture_output=True, text=True)
+    assert none.returncode == 127 and "the image /images/base.sqsh has no python on its PATH" in none.stderr
