@@ -73,7 +73,7 @@ class ContainerRuntime:
     @property
     def data(self) -> Path:
         """Where enroot unpacks the containers of running jobs (ENROOT_DATA_PATH, one per user)."""
-        return CACHE / "enroot-data"
+        return Path("/dev/shm/scratchflow-enroot-data")
 
 
 def install_packages() -> None:
@@ -117,6 +117,7 @@ def container_runtime() -> ContainerRuntime:
     runtime = ContainerRuntime(CACHE / f"enroot-pyxis-{key}")
     complete = runtime.prefix / ".complete"
     if complete.is_file():
+        configure_enroot(runtime)
         return runtime
     # enroot's installed scripts name their prefix (DESTDIR included): install at the final one.
     shutil.rmtree(runtime.prefix, ignore_errors=True)
@@ -124,7 +125,7 @@ def container_runtime() -> ContainerRuntime:
     with tempfile.TemporaryDirectory(dir=CACHE) as build:
         _build_enroot(_unpack(ENROOT, Path(build)), runtime.prefix)
         _build_pyxis(_unpack(PYXIS, Path(build)), runtime.pyxis)
-    _configure_enroot(runtime)
+    configure_enroot(runtime)
     complete.touch()
     return runtime
 
@@ -193,16 +194,17 @@ def _make(source: Path, *arguments: str) -> None:
         )
 
 
-def _configure_enroot(runtime: ContainerRuntime) -> None:
-    """Paths in enroot.conf: pyxis drops ENROOT_*_PATH from a job's environment. As root, with
-    ENROOT_ALLOW_SUPERUSER unset, enroot maps root to root in a user namespace (as for any user)."""
-    conf = runtime.prefix / "etc" / "enroot" / "enroot.conf"
-    conf.write_text(
-        conf.read_text()
-        + "\n# scratchflow's test cluster (tests/local_containers.py)\n"
-        + "ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\n"
-        + f"ENROOT_CACHE_PATH {CACHE}/enroot-cache/user-$(id -u)\n"
-        + f"ENROOT_DATA_PATH {runtime.data}/user-$(id -u)\n"
+def configure_enroot(runtime: ContainerRuntime) -> None:
+    """The test cluster's enroot settings, a drop-in beside the installed enroot.conf (pyxis drops
+    ENROOT_*_PATH from a job's environment). Unpacked containers live in RAM (/dev/shm), as on
+    clusters that give enroot a tmpfs: on this machine's disk, unpacking the test image took 21 s a
+    job step, in RAM 2 s. As root, with ENROOT_ALLOW_SUPERUSER unset, enroot maps root to root in a
+    user namespace, as it maps any user."""
+    (runtime.prefix / "etc" / "enroot" / "enroot.conf.d" / "50-test-cluster.conf").write_text(
+        "# scratchflow's test cluster (tests/local_containers.py)\n"
+        "ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\n"
+        f"ENROOT_CACHE_PATH {CACHE}/enroot-cache/user-$(id -u)\n"
+        f"ENROOT_DATA_PATH {runtime.data}/user-$(id -u)\n"
     )
 
 

@@ -176,10 +176,12 @@ class LocalSlurm:
             )
         )
         # Read by sbatch and srun (the --container-* options) and by slurmd (configless: with slurm.conf).
+        # pyxis's defaults: each job step unpacks the image (enroot create). Not use_squashfuse=1,
+        # which mounts it instead: its squashfuse process belongs to the job step, and the signals
+        # Slurm sends the step (the wall-time warning, scancel's TERM) end it, taking the image's
+        # files away from the running trainer (README, "Containers").
         (etc / "plugstack.conf").write_text(
-            f"required {self.containers.pyxis} runtime_path={self.root / 'pyxis'} use_squashfuse=1\n"
-            if self.containers
-            else ""
+            f"required {self.containers.pyxis} runtime_path={self.root / 'pyxis'}\n" if self.containers else ""
         )
         if self.containers:
             # What this cluster's admin mounts into every container (enroot's system mounts.d): the

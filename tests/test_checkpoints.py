@@ -114,6 +114,18 @@ def test_a_holder_that_is_gone_is_taken_over_at_once(tmp_path, monkeypatch):
     assert not (tmp_path / "running.json").exists()
 
 
+def test_without_a_slurm_client_a_holders_job_is_judged_by_its_process(tmp_path, monkeypatch):
+    """In a job step inside a container image there is no squeue: a holder's Slurm job cannot be
+    asked about, its process on this node can (a killed trainer's retry must not wait for it
+    forever); one on another node is assumed alive, rather than train the run twice at once."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = {**this_process(), "pid": int(dead.stdout), "slurm_job_id": "41"}
+    assert not checkpoints.holder_is_alive(gone)
+    assert checkpoints.holder_is_alive({**this_process(), "slurm_job_id": "41"})  # this very process: alive
+    assert checkpoints.holder_is_alive({**gone, "host": "another-node"})
+
+
 def test_a_holder_that_replaced_the_dead_one_meanwhile_is_kept(tmp_path):
     """Two waiters judge the same dead holder; the first takes over. The second must not remove
     the first's new holder file, or two jobs would train the run at once."""

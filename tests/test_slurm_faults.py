@@ -146,7 +146,7 @@ def states(slurm, job_ids: list[str]) -> list[str]:
 
 def stopped_at(piece: dict, signal_name: str) -> int:
     match = re.search(rf"stopped on {signal_name} at step (\d+)", piece["outcome"])
-    assert match, piece
+    assert match, f"{piece['outcome']!r} in {piece}"
     return int(match.group(1))
 
 
@@ -381,6 +381,21 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     assert not list(Path("/tmp").glob(f"scratchflow-train-{run.name}*")), "every node's scratch is removed"
 
 
+def trainer_of(job: str) -> tuple[int, dict[str, str]] | None:
+    """The pid and environment of Slurm job `job`'s trainer (the train rule's script), in a
+    container or not (a container's processes show their working directory under its root)."""
+    found = subprocess.run(["pgrep", "-f", r"\.train\.py"], capture_output=True, text=True)
+    for pid in map(int, found.stdout.split()):
+        try:
+            listed = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # ended meanwhile
+            continue
+        environ = dict(line.split("=", 1) for line in listed if "=" in line)
+        if environ.get("SLURM_JOB_ID") == job:
+            return pid, environ
+    return None
+
+
 @pytest.fixture
 def netscratch_workdir():
     """A working directory on DFKI's shared storage (made here), which its profile mounts into the image."""
@@ -419,8 +434,8 @@ def test_in_dfkis_container_the_warning_signal_a_scancel_and_a_killed_trainer_en
     after_scancel = stopped_at(live_pieces(workdir)[1], "SIGTERM")
 
     wait_until(lambda: shared_checkpoint_after(workdir, after_scancel), workflow, workdir, "a checkpoint of piece 3")
-    trainers = wait_until(lambda: processes_in(workdir, r"\.train\.py"), workflow, workdir, "the trainer")
-    ((pid, environ),) = trainers.items()
+    (job,) = active_jobs(slurm, "train")
+    pid, environ = wait_until(lambda: trainer_of(job), workflow, workdir, "the trainer")
     assert environ["PYXIS_CONTAINER_IMAGE"] == str(scratchflow_image), "the trainer runs in the image"
     os.kill(pid, signal.SIGKILL)
 

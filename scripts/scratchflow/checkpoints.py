@@ -351,7 +351,9 @@ def holder_is_alive(holder: dict[str, Any], active_slurm_jobs: Container[str] | 
         try:
             result = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
         except FileNotFoundError:
-            return True  # cannot ask Slurm: assume it is alive rather than train twice at once
+            # No Slurm client here (a job step in a container image): the holder's process is all
+            # that can be asked, on this node; one elsewhere is assumed alive rather than train twice.
+            return process_may_live(holder["host"], holder["pid"])
         if result.returncode != 0 and "Invalid job id" not in result.stderr:
             return True  # Slurm did not answer (a controller restarting): ask again later
         return result.stdout.strip() in ACTIVE_SLURM_STATES

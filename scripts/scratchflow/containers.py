@@ -86,7 +86,11 @@ def job_step_environment(
     own = [
         f"{workdir}:{workdir}",
         f"{workflow_dir}:{workflow_dir}:ro",
-        *(f"{path}:{path}:ro" for path in sorted({Path(location).resolve() for location in inputs})),
+        # Seen in the image where the config names them, whatever links lead there on the host.
+        *(
+            f"{Path(path).resolve()}:{path}:ro"
+            for path in sorted({str(Path(location).absolute()) for location in inputs})
+        ),
         f"{IMAGE_PYTHON}:{interpreter}:ro",
     ]
     # pyxis splits the list at commas; a path with one would be cut in two.

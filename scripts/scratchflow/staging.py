@@ -78,7 +78,8 @@ def require_tools(*names: str) -> None:
     missing = missing_tools(*names)
     if missing:
         raise StagingError(
-            f"{', '.join(missing)} not found on PATH; install it (Debian: apt-get install {' '.join(missing)})"
+            f"{', '.join(missing)} not found on PATH ({os.environ.get('PATH', '')}); "
+            f"install it (Debian: apt-get install {' '.join(missing)})"
         )
 
 
