@@ -3,8 +3,9 @@ snakemake"` (what every job step of scratchflow does first), run by srun on the 
 of the tests (tests/local_slurm.py; root, about a minute to start) on the host and in the test
 image through pyxis, as DFKI's and LRZ's profiles run every job step. pyxis here unpacks the image
 for each step (`enroot create`, its default); its part of the cost, `enroot create` alone, is
-measured beside it. Each in-image variant runs with the page cache dropped (a node that has not
-read the image yet) and warm (the step before read it).
+measured beside it, into the test cluster's ENROOT_DATA_PATH (a tmpfs) and into a folder on disk.
+Each in-image variant runs with the page cache dropped (a node that has not read the image yet)
+and warm (the step before read it).
 
 The image is the tests' (scratchflow_image in tests/conftest.py), built from the cached base image
 by scripts/build_image.sh when missing (about a minute and a half).
@@ -14,6 +15,7 @@ by scripts/build_image.sh when missing (about a minute and a half).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -25,8 +27,11 @@ from measure import REPO, Timing, arguments, print_table, run_timed, save
 sys.path.insert(0, str(REPO / "tests"))
 from local_containers import CACHE, base_image, container_runtime
 from local_slurm import LocalSlurm
+from scratchflow.containers import IMAGE_PYTHON
 
-STEP = ["python", "-c", "import torch, transformers, snakemake"]
+# As the plugin starts a job step: the workflow's interpreter by its path; in the image, that path
+# runs the image's python (scratchflow.containers mounts scripts/image_python there).
+STEP = [sys.executable, "-c", "import torch, transformers, snakemake"]
 
 
 def drop_page_cache() -> None:
@@ -59,22 +64,31 @@ def main() -> None:
         try:
             image = test_image(slurm, work)
             env = {**slurm.env}
+            in_image = {
+                **env,
+                "PYXIS_CONTAINER_IMAGE": str(image),
+                "PYXIS_CONTAINER_MOUNTS": f"{IMAGE_PYTHON}:{STEP[0]}:ro",
+            }
             srun = slurm.inside("srun", "--partition=batch", "--ntasks=1", *STEP)
             enroot = container_runtime().bin / "enroot"
             runs: dict[str, list[Timing]] = {}
             for _ in range(options.repeats):
                 runs.setdefault("host", []).append(run_timed(srun, work, env))
                 drop_page_cache()
-                runs.setdefault("image, cold page cache", []).append(
-                    run_timed(srun, work, {**env, "PYXIS_CONTAINER_IMAGE": str(image)})
-                )
-                runs.setdefault("image, warm page cache", []).append(
-                    run_timed(srun, work, {**env, "PYXIS_CONTAINER_IMAGE": str(image)})
-                )
+                runs.setdefault("image, cold page cache", []).append(run_timed(srun, work, in_image))
+                runs.setdefault("image, warm page cache", []).append(run_timed(srun, work, in_image))
                 drop_page_cache()
                 create = [str(enroot), "create", "--force", "--name", "benchmark", str(image)]
                 runs.setdefault("enroot create alone, cold", []).append(run_timed(create, work))
                 runs.setdefault("enroot create alone, warm", []).append(run_timed(create, work))
+                on_disk = {"ENROOT_DATA_PATH": str(work / "enroot-data")}  # instead of the test cluster's tmpfs
+                runs.setdefault("enroot create alone, warm, on disk", []).append(run_timed(create, work, on_disk))
+                subprocess.run(
+                    [str(enroot), "remove", "--force", "benchmark"],
+                    env={**os.environ, **on_disk},
+                    check=True,
+                    capture_output=True,
+                )
                 subprocess.run([str(enroot), "remove", "--force", "benchmark"], check=True, capture_output=True)
         finally:
             slurm.stop()

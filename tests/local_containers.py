@@ -197,9 +197,8 @@ def _make(source: Path, *arguments: str) -> None:
 def configure_enroot(runtime: ContainerRuntime) -> None:
     """The test cluster's enroot settings, a drop-in beside the installed enroot.conf (pyxis drops
     ENROOT_*_PATH from a job's environment). Unpacked containers live in RAM (/dev/shm), as on
-    clusters that give enroot a tmpfs: on this machine's disk, unpacking the test image took 21 s a
-    job step, in RAM 2 s. As root, with ENROOT_ALLOW_SUPERUSER unset, enroot maps root to root in a
-    user namespace, as it maps any user."""
+    clusters that give enroot a tmpfs, and nothing of a job's is left on disk. As root, with
+    ENROOT_ALLOW_SUPERUSER unset, enroot maps root to root in a user namespace, as it maps any user."""
     (runtime.prefix / "etc" / "enroot" / "enroot.conf.d" / "50-test-cluster.conf").write_text(
         "# scratchflow's test cluster (tests/local_containers.py)\n"
         "ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\n"
