@@ -327,6 +327,17 @@ def shared_checkpoint_after(workdir: Path, step: int) -> bool:
     return any(int(path.name.split("-")[1]) > step for path in workdir.glob("checkpoints/*/checkpoint-*"))
 
 
+def cancelled_after_a_checkpoint(slurm, workflow: subprocess.Popen, workdir: Path, step: int) -> int:
+    """`scancel` the (only) train job once it has saved a checkpoint after `step`, wait for its
+    retry to start, and return the step its piece stopped at on SIGTERM."""
+    pieces = len(live_pieces(workdir))
+    wait_until(lambda: shared_checkpoint_after(workdir, step), workflow, workdir, f"a checkpoint of piece {pieces}")
+    (job,) = active_jobs(slurm, "train")
+    slurm.run("scancel", job)
+    wait_until(lambda: len(live_pieces(workdir)) == pieces + 1, workflow, workdir, f"piece {pieces + 1}")
+    return stopped_at(live_pieces(workdir)[pieces - 1], "SIGTERM")
+
+
 def node_launcher(workdir: Path, node: str) -> int | None:
     """The pid of the launcher (srun's task) of `node` training in `workdir`."""
     launchers = processes_in(workdir, "scratchflow.distributed node")
@@ -351,11 +362,7 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     first = live_pieces(workdir)[0]
     after_usr1 = stopped_at(first, "a stop signal to another process")
 
-    wait_until(lambda: shared_checkpoint_after(workdir, after_usr1), workflow, workdir, "a checkpoint of piece 2")
-    (job,) = active_jobs(slurm, "train")
-    slurm.run("scancel", job)
-    wait_until(lambda: len(live_pieces(workdir)) == 3, workflow, workdir, "a third piece")
-    after_scancel = stopped_at(live_pieces(workdir)[1], "SIGTERM")
+    after_scancel = cancelled_after_a_checkpoint(slurm, workflow, workdir, after_usr1)
 
     wait_until(lambda: shared_checkpoint_after(workdir, after_scancel), workflow, workdir, "a checkpoint of piece 3")
     os.kill(wait_until(lambda: node_launcher(workdir, "n2"), workflow, workdir, "n2's launcher"), signal.SIGKILL)
@@ -427,11 +434,7 @@ def test_in_dfkis_container_the_warning_signal_a_scancel_and_a_killed_trainer_en
     wait_until(lambda: len(live_pieces(workdir)) == 2, workflow, workdir, "a second piece")
     after_usr1 = stopped_at(live_pieces(workdir)[0], "SIGUSR1")
 
-    wait_until(lambda: shared_checkpoint_after(workdir, after_usr1), workflow, workdir, "a checkpoint of piece 2")
-    (job,) = active_jobs(slurm, "train")
-    slurm.run("scancel", job)
-    wait_until(lambda: len(live_pieces(workdir)) == 3, workflow, workdir, "a third piece")
-    after_scancel = stopped_at(live_pieces(workdir)[1], "SIGTERM")
+    after_scancel = cancelled_after_a_checkpoint(slurm, workflow, workdir, after_usr1)
 
     wait_until(lambda: shared_checkpoint_after(workdir, after_scancel), workflow, workdir, "a checkpoint of piece 3")
     (job,) = active_jobs(slurm, "train")
