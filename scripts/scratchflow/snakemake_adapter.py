@@ -22,6 +22,7 @@ ending add a few checks each, not one per job per second (benchmarks/job_end_lag
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -132,7 +133,8 @@ def register_pack_slot(workflow: Any) -> None:
 
 def prepare_job_step(stop_signal: str) -> None:
     """In the Snakemake a Slurm job step runs (which reads the workflow, then runs the rule's script):
-    the stop signal ignored, and the job's Slurm variables kept.
+    the stop signal ignored, the job's Slurm variables kept, and the job's end marked when this
+    Snakemake exits, also after a rule whose script could not mark it (a SIGKILLed trainer).
 
     Slurm's warning before the wall time (--signal=<name>@<s>) reaches every process of the job
     step, this Snakemake included, which the signal would kill, and the step with it. Ignored here
@@ -140,6 +142,12 @@ def prepare_job_step(stop_signal: str) -> None:
     signals.use_stop_signal(stop_signal)
     signals.ignore_stop_signal()
     keep_job_variables()
+    atexit.register(_mark_job_end_if_possible)
+
+
+def _mark_job_end_if_possible() -> None:
+    with contextlib.suppress(OSError):  # only a speed-up: never a job's failure
+        mark_job_end()
 
 
 def keep_job_variables(environ: dict[str, str] | os._Environ = os.environ) -> None:
