@@ -2,11 +2,15 @@
 finished Slurm job at once (the markers jobs leave, and when they call for a check)."""
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from scratchflow.snakemake_adapter import (
+    JOB_ENDS,
     PATIENCE_SECONDS,
     SETTLE_SECONDS,
     ended_jobs_to_check,
@@ -77,3 +81,13 @@ def test_a_mistake_in_a_profiles_expression_is_raised_not_hidden():
     workflow = workflow_with(runtime=lambda wildcards, attempt: 60 * attempts)  # noqa: F821
     with pytest.raises(NameError, match="attempts"):
         evaluated_resource(workflow, "train", "runtime")
+
+
+def test_a_job_steps_snakemake_marks_the_job_end_as_it_exits_whatever_its_rule_did(tmp_path):
+    """A SIGKILLed trainer cannot mark its job's end; the job step's Snakemake, which read the
+    workflow (prepare_job_step), marks it as it exits, so the retry goes out within seconds."""
+    step = "from scratchflow.snakemake_adapter import prepare_job_step; prepare_job_step('USR1'); raise SystemExit(1)"
+    env = {**os.environ, "SLURM_JOB_ID": "77", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "scripts")}
+    ended = subprocess.run([sys.executable, "-c", step], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert ended.returncode == 1, ended.stderr
+    assert (tmp_path / JOB_ENDS / "77").is_file()
