@@ -25,7 +25,7 @@ from pathlib import Path
 from measure import REPO, Timing, arguments, print_table, run_timed, save
 
 sys.path.insert(0, str(REPO / "tests"))
-from local_containers import CACHE, base_image, container_runtime
+from local_containers import container_runtime, scratchflow_image
 from local_slurm import LocalSlurm
 from scratchflow.containers import IMAGE_PYTHON
 
@@ -40,18 +40,12 @@ def drop_page_cache() -> None:
 
 
 def test_image(slurm: LocalSlurm, work: Path) -> Path:
-    """The tests' image if cached, else built as the tests build it."""
-    built = sorted(CACHE.glob("scratchflow-*.sqsh"), key=lambda path: path.stat().st_mtime)
-    if built:
-        return built[-1]
+    """The tests' image, built as the tests build it when it is not cached."""
     wheelhouse = work / "wheelhouse"
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "-r", REPO / "requirements.txt", "-d", wheelhouse], check=True
     )
-    image = work / "scratchflow.sqsh"
-    build = [str(REPO / "scripts" / "build_image.sh"), str(base_image()), str(image), "--partition=batch"]
-    slurm.run(*build, env={"SCRATCHFLOW_WHEELHOUSE": str(wheelhouse)})
-    return image
+    return scratchflow_image(slurm, wheelhouse)
 
 
 def main() -> None:

@@ -3,13 +3,13 @@ workflow in a directory of its own."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -556,33 +556,18 @@ def wheelhouse(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def scratchflow_image(slurm, wheelhouse) -> Path:
-    """The image the container profiles run every job step in, built on the test cluster the way
-    their users build theirs (scripts/build_image.sh: pyxis starts the base image, requirements.txt
-    goes in from the wheelhouse, --container-save writes the .sqsh), from the Debian base image
-    (tests/local_containers.py). Cached per machine by what goes into it: about a minute to build."""
-    from local_containers import CACHE, base_image
+    """The image the container profiles run every job step in (tests/local_containers.py)."""
+    from local_containers import scratchflow_image as built
 
-    base = base_image()
-    inputs = [
-        REPO / "requirements.txt",
-        REPO / "scripts" / "install_into_image.sh",
-        REPO / "scripts" / "build_image.sh",
-    ]
-    key = hashlib.sha256(b"".join(path.read_bytes() for path in inputs) + base.name.encode()).hexdigest()[:16]
-    image = CACHE / f"scratchflow-{key}.sqsh"
-    if not image.is_file():
-        partial = image.with_name(f"{image.name}.partial")
-        built = slurm.run(
-            str(REPO / "scripts" / "build_image.sh"),
-            str(base),
-            str(partial),
-            "--partition=batch",
-            check=False,
-            env={"SCRATCHFLOW_WHEELHOUSE": str(wheelhouse)},
-        )
-        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-        partial.rename(image)
-    return image
+    return built(slurm, wheelhouse)
+
+
+def netscratch_directory() -> Path:
+    """A new directory on DFKI's shared storage, where a lab runs the workflow from (its profile
+    mounts /netscratch/$USER into the image, with DFKI's read-only /ds): both made here."""
+    for folder in (Path(f"/netscratch/{USER}"), Path("/ds")):
+        folder.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="scratchflow-test-", dir=f"/netscratch/{USER}"))
 
 
 def validated(config: dict) -> dict:

@@ -24,6 +24,7 @@ from conftest import (
     REPO,
     USER,
     image_config,
+    netscratch_directory,
     run_on_slurm,
     sbatch_lines,
     start_on_slurm,
@@ -81,14 +82,6 @@ PROFILES = {
 CONTAINER_PROFILES = ("dfki", "lrz")
 
 
-def netscratch() -> Path:
-    """DFKI's shared storage, where a lab runs the workflow from (its profile mounts it into the
-    image, with DFKI's read-only /ds): made here."""
-    for folder in (Path(f"/netscratch/{USER}"), Path("/ds")):
-        folder.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="scratchflow-test-", dir=f"/netscratch/{USER}"))
-
-
 @pytest.fixture(scope="module")
 def profile_lifecycles(slurm, tmp_path_factory, bbc_subset, tiny_model, alliance_software, scratchflow_image):
     """The lifecycle with each cluster profile, the four workflows side by side on the test cluster
@@ -96,7 +89,7 @@ def profile_lifecycles(slurm, tmp_path_factory, bbc_subset, tiny_model, alliance
     started = {}
     for profile in PROFILES:
         env: dict[str, str] = {}
-        workdir = netscratch() if profile == "dfki" else tmp_path_factory.mktemp(profile)
+        workdir = netscratch_directory() if profile == "dfki" else tmp_path_factory.mktemp(profile)
         if profile in CONTAINER_PROFILES:
             env["SCRATCHFLOW_IMAGE"] = str(scratchflow_image)
         if profile == "narval":

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +27,7 @@ from conftest import (
     different_curves,
     live_pieces,
     long_run,
+    netscratch_directory,
     processes_in,
     recipe,
     same_metrics,
@@ -406,9 +406,7 @@ def trainer_of(job: str) -> tuple[int, dict[str, str]] | None:
 @pytest.fixture
 def netscratch_workdir():
     """A working directory on DFKI's shared storage (made here), which its profile mounts into the image."""
-    for folder in (Path(f"/netscratch/{USER}"), Path("/ds")):
-        folder.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="scratchflow-test-", dir=f"/netscratch/{USER}"))
+    workdir = netscratch_directory()
     yield workdir
     shutil.rmtree(workdir)
     workdir.with_suffix(".out").unlink(missing_ok=True)
