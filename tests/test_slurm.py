@@ -83,15 +83,17 @@ CONTAINER_PROFILES = ("dfki", "lrz")
 
 
 @pytest.fixture(scope="module")
-def profile_lifecycles(slurm, tmp_path_factory, bbc_subset, tiny_model, alliance_software, scratchflow_image):
+def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model, alliance_software):
     """The lifecycle with each cluster profile, the four workflows side by side on the test cluster
-    (their jobs fit at once: one GPU each, four in all): profile -> (its directory, its output)."""
+    (their jobs fit at once: one GPU each, four in all): profile -> (its directory, its output).
+    The host profiles start first; the container image is built while they run (narval's jobs each
+    build a venv with one pip, which leaves the second core to the image's build)."""
     started = {}
-    for profile in PROFILES:
+    for profile in sorted(PROFILES, key=lambda name: name in CONTAINER_PROFILES):
         env: dict[str, str] = {}
         workdir = netscratch_directory() if profile == "dfki" else tmp_path_factory.mktemp(profile)
         if profile in CONTAINER_PROFILES:
-            env["SCRATCHFLOW_IMAGE"] = str(scratchflow_image)
+            env["SCRATCHFLOW_IMAGE"] = str(request.getfixturevalue("scratchflow_image"))
         if profile == "narval":
             env.update(alliance_software, SBATCH_ACCOUNT=ACCOUNT)
         if profile == "edinburgh":
@@ -261,9 +263,17 @@ def test_a_profile_resource_error_stops_before_any_submission(case, slurm, tmp_p
 SECRETS = {"HF_TOKEN": "hf_secret_from_the_environment", "WANDB_API_KEY": "wandb_secret_from_the_environment"}
 
 
-def test_tokens_and_shell_characters_in_data_stay_data(slurm, tmp_path, bbc_subset, tiny_model):
+def test_tokens_and_shell_characters_in_data_stay_data_and_a_grid_larger_than_jobs_never_queues_more(
+    slurm, tmp_path, bbc_subset, tiny_model
+):
     """A token in the environment or in a file outside the repo reaches no log, record or result;
-    a dataset whose columns and labels are shell code is read as data, never run."""
+    a dataset whose columns and labels are shell code is read as data, never run.
+
+    Queue limits (the Alliance: 1,000 queued jobs per user): `jobs:` bounds this workflow's jobs in
+    Slurm's queue, pending and running together; the rest of the grid follows as jobs end. Here
+    `--jobs 2` on the command line, over the profile's `jobs:` as any command-line option is, for
+    the same grid of three runs."""
+    Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)
     token_file = tmp_path.parent / f"{tmp_path.name}-hf-token"  # outside the workflow's directory
     token_file.write_text("hf_secret_from_a_file\n")
     labels = ["$(touch pwned)", "`touch pwned`; touch pwned"]
@@ -272,7 +282,7 @@ def test_tokens_and_shell_characters_in_data_stay_data(slurm, tmp_path, bbc_subs
         {"story $(touch pwned)": [e.text for e in examples], "'; touch pwned": [labels[i % 2] for i in range(60)]}
     )
     rows.to_csv(tmp_path / "stories.csv", index=False)
-    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0, 1, 2]})
     config["dataset"].update(
         path=str(tmp_path / "stories.csv"),
         format="csv",
@@ -280,32 +290,6 @@ def test_tokens_and_shell_characters_in_data_stay_data(slurm, tmp_path, bbc_subs
         label_column="'; touch pwned",
     )
     config["model"]["token_file"] = str(token_file)
-    config["training"]["epochs"] = 1
-    del config["cluster"]
-    write_config(tmp_path, config)
-
-    result = run_on_slurm(slurm, tmp_path, "edinburgh", SECRETS, "--slurm-keep-successful-logs")
-    assert result.returncode == 0, result.stdout[-6000:]
-    (run,) = (tmp_path / "results" / "runs").iterdir()
-    assert set(json.loads((run / "metrics.json").read_text())["per_class"]) == set(labels)
-
-    assert not list(tmp_path.parent.rglob("pwned")), "a value from the data was run by a shell"
-    job_logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
-    assert len(job_logs) == 3, "every job's Slurm log is kept, to be searched"
-    assert "environment: environ(" in job_logs[0].read_text(), "the plugin printed the job's environment"
-    secrets = [*SECRETS.values(), "hf_secret_from_a_file"]
-    written = [path for path in tmp_path.rglob("*") if path.is_file() and path.suffix not in (".tar", ".safetensors")]
-    for path in written:
-        text = path.read_bytes().decode(errors="replace")
-        assert not [secret for secret in secrets if secret in text], f"a token was written to {path}"
-
-
-def test_a_grid_larger_than_jobs_never_has_more_jobs_than_that_in_the_queue(slurm, tmp_path, bbc_subset, tiny_model):
-    """Queue limits (the Alliance: 1,000 queued jobs per user): `jobs:` bounds this workflow's jobs
-    in Slurm's queue, pending and running together; the rest of the grid follows as jobs end. Here
-    `--jobs 2` on the command line, over the profile's `jobs:` as any command-line option is."""
-    Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)
-    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0, 1, 2]})
     config["training"]["epochs"] = 1
     del config["cluster"]
     write_config(tmp_path, config)
@@ -321,14 +305,26 @@ def test_a_grid_larger_than_jobs_never_has_more_jobs_than_that_in_the_queue(slur
     watcher = threading.Thread(target=count_queued_jobs)
     watcher.start()
     try:
-        result = run_on_slurm(slurm, tmp_path, "edinburgh", {}, "--jobs", "2")
+        result = run_on_slurm(slurm, tmp_path, "edinburgh", SECRETS, "--slurm-keep-successful-logs", "--jobs", "2")
     finally:
         finished.set()
         watcher.join()
     assert result.returncode == 0, result.stdout[-6000:]
-    assert len(list((tmp_path / "results" / "runs").glob("*/metrics.json"))) == 3
-    assert len(sbatch_lines(result.stdout, "train")) == 3
+    runs = list((tmp_path / "results" / "runs").iterdir())
+    assert len(runs) == 3 and len(sbatch_lines(result.stdout, "train")) == 3
+    for run in runs:
+        assert set(json.loads((run / "metrics.json").read_text())["per_class"]) == set(labels)
     assert max(queued) == 2, f"the queue filled up to jobs: and never past it ({sorted(set(queued))})"
+
+    assert not list(tmp_path.parent.rglob("pwned")), "a value from the data was run by a shell"
+    job_logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
+    assert len(job_logs) == 1 + 2 * len(runs), "every job's Slurm log is kept (the archive, each train and predict)"
+    assert "environment: environ(" in job_logs[0].read_text(), "the plugin printed the job's environment"
+    secrets = [*SECRETS.values(), "hf_secret_from_a_file"]
+    written = [path for path in tmp_path.rglob("*") if path.is_file() and path.suffix not in (".tar", ".safetensors")]
+    for path in written:
+        text = path.read_bytes().decode(errors="replace")
+        assert not [secret for secret in secrets if secret in text], f"a token was written to {path}"
 
 
 def test_an_image_task_trains_on_two_nodes_with_narvals_several_node_recipe_and_its_slurm_tmpdir(
