@@ -211,13 +211,15 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
 ):
     """With USR2 as the stop signal (checkpointing.stop_signal), as where NCCL takes USR1 for itself."""
     config = configure_long_run(tmp_path, bbc_subset, tiny_model)
-    config["training"]["epochs"] = 150  # about 85 s of training: past the warning, 20 to 80 s into the first job
+    config["training"]["epochs"] = 90  # about 50 s of training, from about 10 s into the job
     config["checkpointing"]["stop_signal"] = "USR2"
     write_config(tmp_path, config)
-    # Two minutes for the first attempt, four for the second; USR2 40 s before the end, which Slurm
-    # may send up to 60 s early: 20 to 80 s into the first job, after the trainer started listening.
+    # One minute for the first attempt, two for the second; USR2 15 s before the end. slurmctld
+    # checks time limits every 30 s and sends the warning at the first check that finds fewer than
+    # 15 + 30 s left: 15 to 45 s into the first job (measured on the test cluster), after the
+    # trainer started listening and before it would finish.
     workflow = start(
-        slurm, tmp_path, "--set-resources", "train:runtime=2*attempt", "train:slurm_extra='--signal=USR2@40'"
+        slurm, tmp_path, "--set-resources", "train:runtime=attempt", "train:slurm_extra='--signal=USR2@15'"
     )
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
