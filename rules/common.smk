@@ -7,7 +7,12 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
-from scratchflow import workflow_hooks
+from scratchflow.software import missing_module_message
+
+try:
+    from scratchflow import workflow_hooks
+except ModuleNotFoundError as error:  # a job's image or venv without requirements.txt
+    raise WorkflowError(missing_module_message(error)) from None
 from scratchflow.config import ConfigError, check_dataset_layout, explain_schema_error
 from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.models import is_local_source
@@ -16,6 +21,7 @@ from scratchflow.snakemake_adapter import (
     prepare_job_step,
     register_pack_slot,
     string_resources_of,
+    target_rules,
 )
 from scratchflow.staging import archive_suffix
 
@@ -25,7 +31,7 @@ try:
 except WorkflowError as error:
     raise ConfigError(explain_schema_error(error) or str(error)) from None
 TASK, PLAN, DATA_SOURCES, DATA_FINGERPRINT = workflow_hooks.read_config(
-    config, Path(workflow.basedir), workflow.is_main_process
+    config, Path(workflow.basedir), workflow.is_main_process, target_rules()
 )
 if workflow.remote_exec:
     prepare_job_step(config["checkpointing"]["stop_signal"])

@@ -8,17 +8,19 @@
 # BASE is what --container-image takes (nvcr.io#nvidia/pytorch:25.01-py3, or a .sqsh path starting
 # with / or ./). Where the nodes have no internet, set SCRATCHFLOW_WHEELHOUSE to a directory of
 # wheels for requirements.txt (`pip download -r requirements.txt -d DIR` on a login node): pip then
-# installs from it alone.
+# installs from it alone. SCRATCHFLOW_REQUIREMENTS=FILE installs another file instead
+# (requirements-cpu.txt: a small image for the rules that do not train).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n '2,12s/^# \{0,1\}//p' "$0" >&2
+    sed -n '2,13s/^# \{0,1\}//p' "$0" >&2
     exit 2
 fi
 base=$1
 output=$(realpath -m "$2")
 shift 2
 source=$(cd "$(dirname "$0")/.." && pwd)
-mounts="$source:/scratchflow-source:ro"
+requirements=$(realpath "${SCRATCHFLOW_REQUIREMENTS:-$source/requirements.txt}")
+mounts="$source:/scratchflow-source:ro,$requirements:/scratchflow-requirements.txt:ro"
 if [ -n "${SCRATCHFLOW_WHEELHOUSE:-}" ]; then
     mounts="$mounts,$(realpath "$SCRATCHFLOW_WHEELHOUSE"):/scratchflow-wheelhouse:ro"
     export PIP_NO_INDEX=1 PIP_FIND_LINKS=/scratchflow-wheelhouse
@@ -27,4 +29,4 @@ fi
 exec srun --ntasks=1 "$@" \
     --container-image="$base" --container-save="$output" --container-remap-root --container-writable \
     --container-mounts="$mounts" \
-    sh /scratchflow-source/scripts/install_into_image.sh /scratchflow-source/requirements.txt
+    sh /scratchflow-source/scripts/install_into_image.sh /scratchflow-requirements.txt

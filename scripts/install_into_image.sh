@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs inside the base image, as its root (srun --container-remap-root), by scripts/build_image.sh:
-# installs requirements.txt into a virtual environment at /opt/scratchflow and puts it first on the
+# installs the requirements file it is given into a virtual environment at /opt/scratchflow and puts it first on the
 # image's PATH, so that a job's `python` is this environment's. pip reads PIP_* from the environment
 # (PIP_NO_INDEX and PIP_FIND_LINKS for a wheelhouse, where compute nodes have no internet).
 set -eu
@@ -23,4 +23,4 @@ sed -i '/^PATH=/d' /etc/environment 2>/dev/null || true
 echo "PATH=/opt/scratchflow/bin:$path" >> /etc/environment
 mkdir -p /etc/profile.d
 echo 'case ":$PATH:" in *:/opt/scratchflow/bin:*) ;; *) PATH="/opt/scratchflow/bin:$PATH" ;; esac' > /etc/profile.d/scratchflow.sh
-/opt/scratchflow/bin/python -c "import snakemake, torch, transformers; print('scratchflow image: python', __import__('sys').version.split()[0], 'torch', torch.__version__)"
+/opt/scratchflow/bin/python -c "import sys, snakemake; print('scratchflow image: python', sys.version.split()[0], 'snakemake', snakemake.__version__)"

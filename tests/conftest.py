@@ -562,6 +562,14 @@ def scratchflow_image(slurm, wheelhouse) -> Path:
     return built(slurm, wheelhouse)
 
 
+@pytest.fixture(scope="session")
+def scratchflow_cpu_image(slurm, wheelhouse) -> Path:
+    """A small image of requirements-cpu.txt (no torch): enough for the archive's job, not to train."""
+    from local_containers import scratchflow_image as built
+
+    return built(slurm, wheelhouse, REPO / "requirements-cpu.txt")
+
+
 def netscratch_directory() -> Path:
     """A new directory on DFKI's shared storage, where a lab runs the workflow from (its profile
     mounts /netscratch/$USER into the image, with DFKI's read-only /ds): both made here."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from scratchflow.config import ConfigError
@@ -15,8 +16,12 @@ from scratchflow.containers import (
     check_image,
     expanded_mounts,
     job_step_environment,
+    set_job_step_image,
     start_job_steps_in_image,
 )
+from scratchflow.snakemake_adapter import target_rules
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_container_profiles_image_must_be_a_squashfs_file_named_by_its_absolute_path(tmp_path):
@@ -68,6 +73,39 @@ def test_a_job_step_sees_its_working_directory_the_workflow_and_the_data_and_not
         job_step_environment(image, [], tmp_path / "a,b", workflow, [], "/venv/bin/python")
 
 
+@mock.patch.dict(os.environ)  # set_job_step_image writes the hand-over into this process's environment
+def test_a_rule_given_its_own_image_runs_its_job_steps_in_it_and_the_other_rules_in_the_clusters(tmp_path):
+    """cluster.rule_image_variables: the archive in a small CPU image, train and predict in the
+    training image. The batch step knows its rule from its --target-jobs (packs: one rule)."""
+    for name in ("training", "cpu"):
+        (tmp_path / f"{name}.sqsh").write_bytes(b"hsqs" + bytes(92))
+    os.environ.update(
+        SCRATCHFLOW_IMAGE=str(tmp_path / "training.sqsh"), SCRATCHFLOW_CPU_IMAGE=str(tmp_path / "cpu.sqsh")
+    )
+    cluster = {
+        "image_variable": "SCRATCHFLOW_IMAGE",
+        "image_mounts": [],
+        "rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"},
+    }
+    rules = {"archive_dataset", "train", "predict"}
+    set_job_step_image(cluster, tmp_path / "run", tmp_path / "wf", [], "/venv/bin/python", rules)
+    for argv, image in (
+        (["snakemake", "--target-jobs", "archive_dataset:", "--cores", "1"], "cpu.sqsh"),
+        (["snakemake", "--target-jobs", "train:run_id=a1", "train:run_id=b2", "--mode", "remote"], "training.sqsh"),
+    ):
+        env = dict(os.environ)
+        start_job_steps_in_image(env, target_rules(argv))
+        assert env["PYXIS_CONTAINER_IMAGE"] == str(tmp_path / image), argv
+
+    for variables, message in (
+        ({"archve_dataset": "SCRATCHFLOW_CPU_IMAGE"}, "'archve_dataset' is not a rule that runs as a job"),
+        ({"archive_dataset": "SCRATCHFLOW_SMALL_IMAGE"}, "rule_image_variables.archive_dataset: the jobs run in"),
+    ):
+        with pytest.raises(ConfigError, match=r"cluster\.rule_image_variables") as error:
+            set_job_step_image({**cluster, "rule_image_variables": variables}, tmp_path, tmp_path, [], "/p", rules)
+        assert message in str(error.value)
+
+
 def test_the_interpreters_path_runs_the_first_python_on_the_path_but_itself(tmp_path):
     """Inside the image, IMAGE_PYTHON sits at the path of the workflow's interpreter, which may
     itself be on the PATH (a venv's bin): it must run the image's python, not itself."""
@@ -81,6 +119,25 @@ def test_the_interpreters_path_runs_the_first_python_on_the_path_but_itself(tmp_
     env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{image_bin}"}
     ran = subprocess.run([str(mounted), "-m", "snakemake"], env=env, capture_output=True, text=True)
     assert ran.stdout == "image python -m snakemake\n"
-    env.update(PATH=str(venv_bin), PYXIS_CONTAINER_IMAGE="/images/base.sqsh")
+    env["PYXIS_CONTAINER_IMAGE"] = "/images/base.sqsh"
+    # A python without Snakemake (its import check fails): the job step stops before it starts.
+    (image_bin / "python").write_text('#!/bin/sh\n[ "$1" = -c ] && exit 1\necho "image python $*"\n')
+    bare = subprocess.run([str(mounted), "-m", "snakemake"], env=env, capture_output=True, text=True)
+    assert bare.returncode == 1 and bare.stdout == ""
+    assert f"the image /images/base.sqsh has no Python module 'snakemake' ({image_bin}/python)" in bare.stderr
+    env["PATH"] = str(venv_bin)
     none = subprocess.run([str(mounted)], env=env, capture_output=True, text=True)
     assert none.returncode == 127 and "the image /images/base.sqsh has no python on its PATH" in none.stderr
+
+
+def test_the_small_images_requirements_are_pinned_as_the_workflows():
+    """requirements-cpu.txt (an image for the rules that do not train) pins what requirements.txt
+    pins, so that both images read the workflow with the same Snakemake, pandas and pyarrow."""
+
+    def pins(name: str) -> dict[str, str]:
+        lines = (REPO / name).read_text().splitlines()
+        return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+    small, full = pins("requirements-cpu.txt"), pins("requirements.txt")
+    assert {package: full.get(package) for package in small} == small
+    assert "torch" not in small and "snakemake" in small

@@ -35,6 +35,30 @@ with job_context({str(log)!r}):
     assert "in tokenize\n    return texts[0]" in written
 
 
+def test_a_job_whose_python_lacks_a_module_names_the_module_and_the_image_or_environment(tmp_path):
+    """An image (or venv) built without requirements.txt: the job fails at its first import of the
+    missing package, saying which package and where it is missing, not with an import traceback."""
+    log = tmp_path / "run.log"
+    script = tmp_path / "job.py"
+    script.write_text(
+        f"from scratchflow.jobs import job_context\nwith job_context({str(log)!r}):\n    import transformers_absent\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SCRIPTS)}
+    on_the_host = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env)
+    assert on_the_host.returncode == 1
+    assert on_the_host.stderr.splitlines()[0] == (
+        f"scratchflow: job failed: the Python environment of {sys.executable} has no module "
+        "'transformers_absent', which this job imports; install requirements.txt into it (README, \"Clusters\")"
+    )
+    image = {**env, "PYXIS_CONTAINER_IMAGE": "/images/cpu.sqsh"}
+    in_an_image = subprocess.run([sys.executable, script], capture_output=True, text=True, env=image)
+    said = in_an_image.stderr.splitlines()[0]
+    assert said.startswith(
+        "scratchflow: job failed: the image /images/cpu.sqsh has no Python module 'transformers_absent'"
+    )
+    assert "scripts/build_image.sh" in said and "Traceback" in log.read_text()
+
+
 def test_the_stop_file_is_written_by_several_processes_at_once_without_failing(tmp_path):
     """Slurm signals every process of a job: the job and its node's launcher, which share a scratch
     folder, both write the stop file at the same moment (once, a scancel failed the job that way)."""

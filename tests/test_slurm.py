@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -94,6 +95,8 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
         workdir = netscratch_directory() if profile == "dfki" else tmp_path_factory.mktemp(profile)
         if profile in CONTAINER_PROFILES:
             env["SCRATCHFLOW_IMAGE"] = str(request.getfixturevalue("scratchflow_image"))
+        if profile == "lrz":  # the archive in a small image of its own (cluster.rule_image_variables)
+            env["SCRATCHFLOW_CPU_IMAGE"] = str(request.getfixturevalue("scratchflow_cpu_image"))
         if profile == "narval":
             env.update(alliance_software, SBATCH_ACCOUNT=ACCOUNT)
         if profile == "edinburgh":
@@ -101,6 +104,8 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
         config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
         config["training"]["epochs"] = 2
         del config["cluster"]  # the profile's cluster facts apply
+        if profile == "lrz":
+            config["cluster"] = {"rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"}}
         write_config(workdir, config)
         started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env))
     finished = {}
@@ -113,7 +118,9 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(profile, slurm, profile_lifecycles, scratchflow_image):
+def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
+    profile, slurm, profile_lifecycles, scratchflow_image, scratchflow_cpu_image
+):
     expected, absent = PROFILES[profile]
     tmp_path, returncode, output = profile_lifecycles[profile]
     assert returncode == 0, output[-6000:]
@@ -143,6 +150,9 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(profile, slurm, p
         assert environment["os"].startswith("Debian GNU/Linux 12")
         assert environment["python_executable"] == "/opt/scratchflow/bin/python"
         assert (run / "model").stat().st_uid == os.getuid()
+        (archive_log,) = (tmp_path / "logs" / "archive_dataset").glob("*.log")
+        archived_in = scratchflow_cpu_image if profile == "lrz" else scratchflow_image
+        assert f"python /opt/scratchflow/bin/python in the image {archived_in}\n" in archive_log.read_text()
     else:
         assert environment["container_image"] is None
 
@@ -161,14 +171,13 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(profile, slurm, p
     assert list(slurm.scratch_root.iterdir()) == [], "Slurm's epilog removed every job's scratch"
 
 
-def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image_without_python_fails_at_once(
-    slurm, tmp_path, bbc_subset, tiny_model
+def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image_without_transformers_fails_at_once(
+    slurm, tmp_path, bbc_subset, tiny_model, scratchflow_cpu_image
 ):
     """SCRATCHFLOW_IMAGE unset, missing or not a squashfs file: refused at start-up naming it, before
-    any sbatch. An image without the workflow's software (the bare base image: python3, no
-    `python`, no requirements): the first job fails within seconds, its log naming the image."""
-    from local_containers import base_image
-
+    any sbatch. An image without the training's software (requirements-cpu.txt: no transformers,
+    no torch): the archive's job runs in it, and the train job fails within seconds, its log naming
+    the image and the missing module."""
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     del config["cluster"]
     write_config(tmp_path, config)
@@ -183,11 +192,16 @@ def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image
         assert result.returncode != 0 and said in result.stdout, result.stdout[-3000:]
         assert "config key cluster.image_variable" in result.stdout and not sbatch_lines(result.stdout, "")
 
-    started = time.monotonic()
-    result = run_on_slurm(slurm, tmp_path, "lrz", {"SCRATCHFLOW_IMAGE": str(base_image())}, "--retries", "0")
-    assert result.returncode != 0 and time.monotonic() - started < 90
-    (log,) = (tmp_path / ".snakemake" / "slurm_logs" / "rule_archive_dataset").glob("*/*.log")
-    assert f"the image {base_image()} has no python on its PATH" in log.read_text()
+    result = run_on_slurm(slurm, tmp_path, "lrz", {"SCRATCHFLOW_IMAGE": str(scratchflow_cpu_image)}, "--retries", "0")
+    assert result.returncode != 0
+    (log,) = (path for path in (tmp_path / "logs" / "train").glob("*.log") if ".piece-" not in path.name)
+    said = f"job failed: the image {scratchflow_cpu_image} has no Python module 'transformers', which this job imports"
+    assert said in log.read_text(), result.stdout[-3000:]
+    (slurm_log,) = (tmp_path / ".snakemake" / "slurm_logs" / "rule_train").glob("*/*.log")
+    assert said in slurm_log.read_text(), "the job's Slurm log says it in one line"
+    logged = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ ", log.read_text(), re.MULTILINE)
+    first, last = (datetime.strptime(time_, "%Y-%m-%d %H:%M:%S") for time_ in (logged[0], logged[-1]))
+    assert (last - first).total_seconds() < 10, "it fails at its first import, before any training"
 
 
 REJECTIONS = {

@@ -17,6 +17,7 @@ there): the job step then uses the image's software, whatever the workflow's ven
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -28,11 +29,12 @@ SQUASHFS_MAGIC = b"hsqs"
 # Mounted over the workflow's interpreter inside the image: `exec python "$@"`, the image's.
 IMAGE_PYTHON = Path(__file__).resolve().parents[1] / "image_python"
 HANDED_OVER = "SCRATCHFLOW_"  # the prefix that keeps sbatch from reading PYXIS_CONTAINER_* itself
+RULE_IMAGES = "SCRATCHFLOW_RULE_IMAGES"  # rule -> its own image (cluster.rule_image_variables), JSON
 JOB_STEP_CACHE = Path(".snakemake/scratchflow/job-step-cache")
 BUILD_HINT = 'scripts/build_image.sh builds one (README, "Containers")'
 
 
-def check_image(variable: str | None, environ: Mapping[str, str]) -> Path | None:
+def check_image(variable: str | None, environ: Mapping[str, str], key: str = "cluster.image_variable") -> Path | None:
     """The image the variable names (cluster.image_variable; None: no container), which must be a
     squashfs file named by its absolute path: pyxis reads a relative path from the job's directory
     and a name without a path as a registry image that every job would import again, and an image
@@ -40,7 +42,7 @@ def check_image(variable: str | None, environ: Mapping[str, str]) -> Path | None
     if variable is None:
         return None
     value = environ.get(variable, "")
-    where = f"config key cluster.image_variable: the jobs run in the image ${variable} names"
+    where = f"config key {key}: the jobs run in the image ${variable} names"
     if not value:
         raise ConfigError(f"{where}, but {variable} is not set: export {variable}=/path/to/image.sqsh; {BUILD_HINT}")
     path = Path(value)
@@ -105,22 +107,53 @@ def job_step_environment(
     }
 
 
-def start_job_steps_in_image(environ: MutableMapping[str, str]) -> None:
+def rule_images(variables: Mapping[str, str], rules: Iterable[str], environ: Mapping[str, str]) -> dict[str, Path]:
+    """cluster.rule_image_variables checked: each rule one of the workflow's Slurm jobs, each
+    variable naming an image as cluster.image_variable must."""
+    known = sorted(rules)
+    images = {}
+    for rule, variable in variables.items():
+        if rule not in known:
+            raise ConfigError(
+                f"config key cluster.rule_image_variables: {rule!r} is not a rule that runs as a job "
+                f"(the rules: {', '.join(known)})"
+            )
+        images[rule] = check_image(variable, environ, f"cluster.rule_image_variables.{rule}")
+    return images
+
+
+def start_job_steps_in_image(environ: MutableMapping[str, str], rules: Iterable[str] = ()) -> None:
     """In a job's batch step (its Snakemake reads the workflow before it starts the job step): the
-    container the workflow handed over, as the PYXIS_CONTAINER_* variables srun reads."""
+    container the workflow handed over, as the PYXIS_CONTAINER_* variables srun reads; the image of
+    the job's rule where it has its own (`rules`: the rules of the jobs it runs, one but in a pack)."""
     for name, value in list(environ.items()):
         if name.startswith(HANDED_OVER + "PYXIS_CONTAINER_"):
             environ[name.removeprefix(HANDED_OVER)] = value
+    own = json.loads(environ.get(RULE_IMAGES, "{}"))
+    images = {own[rule] for rule in rules if rule in own}
+    if len(images) == 1:
+        environ["PYXIS_CONTAINER_IMAGE"] = images.pop()
 
 
 def set_job_step_image(
-    cluster: Mapping, workdir: Path, workflow_dir: Path, inputs: Iterable[Path], interpreter: str
+    cluster: Mapping,
+    workdir: Path,
+    workflow_dir: Path,
+    inputs: Iterable[Path],
+    interpreter: str,
+    job_rules: Iterable[str],
 ) -> Path | None:
-    """At start-up, with the Slurm executor: check the image, and put the job steps' container into
+    """At start-up, with the Slurm executor: check the images, and put the job steps' container into
     this process's environment, which every sbatch passes on. None where jobs run without one."""
     image = check_image(cluster["image_variable"], os.environ)
     if image is None:
+        if cluster["rule_image_variables"]:
+            raise ConfigError(
+                "config key cluster.rule_image_variables needs cluster.image_variable (the other rules' image)"
+            )
         return None
     mounts = expanded_mounts(cluster["image_mounts"], os.environ)
+    own = rule_images(cluster["rule_image_variables"], job_rules, os.environ)
     os.environ.update(job_step_environment(image, mounts, workdir, workflow_dir, inputs, interpreter))
+    os.environ[RULE_IMAGES] = json.dumps({rule: str(path) for rule, path in own.items()})
     return image

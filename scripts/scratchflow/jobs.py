@@ -30,6 +30,7 @@ from scratchflow.record import (
     output_to_log,
 )
 from scratchflow.snakemake_adapter import mark_job_end
+from scratchflow.software import describe_failure
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
 from scratchflow.tasks import PredictContext, TrainContext, load_task
 
@@ -38,8 +39,9 @@ log = logging.getLogger("scratchflow")
 
 @contextlib.contextmanager
 def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
-    """What every job needs: its output in the rule's log, SIGTERM that still cleans up, a fixed
-    number of CPU threads, and a failure told where people look. The rule's log gets the failure
+    """What every job needs: its output in the rule's log (first, the Python that runs it and, in a
+    container, its image), SIGTERM that still cleans up, a fixed number of CPU threads, and a
+    failure told where people look. The rule's log gets the failure
     with its traceback (users read it first); the console (Snakemake's output, on a cluster the
     plugin's Slurm log) gets the failure in one line and where its log is, with no traceback first."""
     signals.exit_on_sigterm()
@@ -49,17 +51,19 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
     failure: BaseException | None = None
     with output_to_log(log_path):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+        image = os.environ.get("PYXIS_CONTAINER_IMAGE")
+        log.info("python %s%s", sys.executable, f" in the image {image}" if image else "")
         try:
             yield
         except BaseException as error:
-            log.exception("job failed: %s: %s", type(error).__name__, error)
+            log.exception("job failed: %s", describe_failure(error))
             failure = error
         finally:
             with contextlib.suppress(OSError):  # only a speed-up: never a job's failure
                 mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
     if failure is not None:
         print(
-            f"scratchflow: job failed: {type(failure).__name__}: {failure}\n"
+            f"scratchflow: job failed: {describe_failure(failure)}\n"
             f"  its log, with the traceback: {Path(log_path).resolve()}",
             file=sys.stderr,
             flush=True,

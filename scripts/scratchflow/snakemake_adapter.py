@@ -26,6 +26,7 @@ import atexit
 import contextlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,24 @@ def rule_requests(workflow: Any) -> RuleRequests:
         if None not in minutes:
             runtimes[rule.name] = minutes
     return RuleRequests(names, shapes, runtimes)
+
+
+def job_rules(workflow: Any) -> set[str]:
+    """The rules whose jobs go to the executor (not the local rules)."""
+    return {rule.name for rule in workflow.rules if not workflow.is_local(rule)}
+
+
+def target_rules(argv: list[str] = sys.argv) -> set[str]:
+    """In a job's own Snakemake: the rules of the jobs it was started for, from its `--target-jobs
+    RULE:WILDCARDS ...` (read from the command line: Snakemake sets its DAG settings only after it
+    has read the workflow). Empty in the main process."""
+    rules, taking = set(), False
+    for argument in argv[1:]:
+        if argument.startswith("-"):
+            taking = argument == "--target-jobs"
+        elif taking:
+            rules.add(argument.split(":", 1)[0])
+    return rules
 
 
 def executor_name(workflow: Any) -> str:

@@ -36,12 +36,13 @@ CHECKED_DATA = Path(".snakemake/scratchflow/checked-data")
 
 
 def read_config(
-    config: dict[str, Any], workflow_dir: Path, main_process: bool
+    config: dict[str, Any], workflow_dir: Path, main_process: bool, job_rules: set[str] = frozenset()
 ) -> tuple[Any, Plan, dict[str, Path], str]:
     """Check a config that passed the schema, fill in its task's defaults, and plan it: the task's
     module, the plan, the data's files (name -> path) and their fingerprint (names, sizes and times,
     listed once per start: the data check and the archive rule's rebuild trigger both use it). The
-    data itself is read once per version of it, by the main process only."""
+    data itself is read once per version of it, by the main process only. `job_rules`: in a job's
+    own Snakemake, the rules of the jobs it runs."""
     task = validate_task(config)
     check_paths(config, workflow_dir)
     check_split_fractions(config)
@@ -52,7 +53,7 @@ def read_config(
     if main_process:
         check_dataset(config, task, data_fingerprint, CHECKED_DATA)
     else:
-        start_job_steps_in_image(os.environ)
+        start_job_steps_in_image(os.environ, job_rules)
     return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
 
 
@@ -77,7 +78,14 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
     check_packing(plan.pack_runs, executor, runtimes, config["cluster"])
     if executor == "slurm":
-        set_job_step_image(config["cluster"], Path.cwd(), Path(workflow.basedir), read_inputs(config), sys.executable)
+        set_job_step_image(
+            config["cluster"],
+            Path.cwd(),
+            Path(workflow.basedir),
+            read_inputs(config),
+            sys.executable,
+            snakemake_adapter.job_rules(workflow),
+        )
     plan.started(executor).write(Path("."))
     if executor == "slurm":
         snakemake_adapter.notice_job_ends_at_once(workflow)
