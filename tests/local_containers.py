@@ -201,9 +201,13 @@ def configure_enroot(runtime: ContainerRuntime) -> None:
     ENROOT_ALLOW_SUPERUSER unset, enroot maps root to root in a user namespace, as it maps any user."""
     (runtime.prefix / "etc" / "enroot" / "enroot.conf.d" / "50-test-cluster.conf").write_text(
         "# scratchflow's test cluster (tests/local_containers.py)\n"
-        "ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\n"
         f"ENROOT_CACHE_PATH {CACHE}/enroot-cache/user-$(id -u)\n"
-        f"ENROOT_DATA_PATH {runtime.data}/user-$(id -u)\n"
+        # Per node: the test cluster's two nodes share this machine, and pyxis names a job step's
+        # container after the job and step alone (a several-node step's, the same on both). Each
+        # node's slurmd has a folder named after the node first on its PATH
+        # (local_slurm.LocalSlurm.node_env), the one variable slurmstepd hands to enroot.
+        f'ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)-$(basename "${{PATH%%:*}}")\n'
+        f'ENROOT_DATA_PATH {runtime.data}/user-$(id -u)-$(basename "${{PATH%%:*}}")\n'
     )
 
 

@@ -221,13 +221,21 @@ class LocalSlurm:
 
     # -- daemons -------------------------------------------------------------------------------
 
-    def _start(self, name: str, command: list[str], user: str | None = None) -> None:
+    def _start(self, name: str, command: list[str], user: str | None = None, env: dict[str, str] | None = None) -> None:
         log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 (lives as long as the daemon)
         if user:
             command = ["runuser", "-u", user, "--", *command]
         self.daemons[name] = subprocess.Popen(
-            self.inside(*command), env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.inside(*command), env=env or self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+    def node_env(self, node: str) -> dict[str, str]:
+        """A node's slurmd: first on its PATH, a folder named after the node. slurmstepd hands its
+        PATH, and no other variable of its own, to the enroot that pyxis runs, whose settings read
+        the node's name from it (local_containers.configure_enroot): both nodes share this machine."""
+        marker = self.root / "nodes" / node
+        marker.mkdir(parents=True, exist_ok=True)
+        return {**self.env, "PATH": f"{marker}{os.pathsep}{self.env['PATH']}"}
 
     def _wait(self, what: str, ready, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -297,7 +305,8 @@ class LocalSlurm:
         # every SLURM_* variable, $SLURM_CONF included, before its nested srun).
         for node in NODES:
             (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
-            self._start(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"])
+            command = ["slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"]
+            self._start(f"slurmd-{node}", command, env=self.node_env(node))
         self._wait("the nodes", self._nodes_idle)
         return self
 

@@ -26,7 +26,7 @@ from conftest import (
 )
 from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
 from scratchflow.config import ConfigError, check_precision, check_resources
-from scratchflow.distributed import Shape, requested_gpus_per_node, shape_of
+from scratchflow.distributed import Shape, requested_gpus_per_node, seeing_in_image, shape_of
 from scratchflow.processes import StopForwarder, run_program
 
 TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
@@ -39,6 +39,16 @@ def test_the_shape_comes_from_the_resources_or_the_gpus_slurm_gives():
     assert shape_of({"processes_per_node": 2}, {"CUDA_VISIBLE_DEVICES": "0"}).processes_per_node == 2
     assert shape_of({"nodes": 2}, {"CUDA_VISIBLE_DEVICES": "0,1"}).world_size == 4
     assert shape_of({}, {"CUDA_VISIBLE_DEVICES": ""}) == Shape(1, 1)
+
+
+def test_on_a_container_profile_every_nodes_launcher_runs_in_the_image_and_sees_the_jobs_scratch():
+    """A several-node job's srun inherits the batch step's PYXIS_CONTAINER_* (one image per job
+    step); the batch host's launcher trains from the job's scratch, staged outside the image."""
+    scratch = Path("/tmp/scratchflow-train-abc@n1@1@x")
+    on_the_host = {"PATH": "/usr/bin"}
+    assert seeing_in_image(on_the_host, scratch) == on_the_host
+    in_image = {"PYXIS_CONTAINER_IMAGE": "/i.sqsh", "PYXIS_CONTAINER_MOUNTS": "/w:/w,/d:/d:ro"}
+    assert seeing_in_image(in_image, scratch)["PYXIS_CONTAINER_MOUNTS"] == f"/w:/w,/d:/d:ro,{scratch}:{scratch}"
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from conftest import (
     sbatch_lines,
     slurm_workflow_command,
     slurm_workflow_env,
+    switched_profile,
     two_node_config,
     write_config,
 )
@@ -388,6 +389,60 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     assert different_curves(workdir, reference) == []
     (run,) = (workdir / "results" / "runs").iterdir()
     assert not list(Path("/tmp").glob(f"scratchflow-train-{run.name}*")), "every node's scratch is removed"
+
+
+def launcher_of(job: str, node: str) -> int | None:
+    """The pid of job `job`'s launcher on `node`, in a container or not."""
+    found = subprocess.run(["pgrep", "-f", "scratchflow.distributed node"], capture_output=True, text=True)
+    for pid in map(int, found.stdout.split()):
+        try:
+            listed = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # ended meanwhile
+            continue
+        environ = dict(line.split("=", 1) for line in listed if "=" in line)
+        if environ.get("SLURM_JOB_ID") == job and environ.get("SLURMD_NODENAME") == node:
+            return pid
+    return None
+
+
+def test_two_nodes_in_dfkis_containers_stopped_by_one_node_end_like_an_uninterrupted_run_on_the_host(
+    slurm, netscratch_workdir, bbc_subset, tiny_model, two_node_run, scratchflow_image
+):
+    """The two-node shape on DFKI's profile with its several-node switch
+    (config/tests/profiles/dfki-several-nodes.yaml): the job on the first node, each node's launcher
+    in the image. USR1 to the second node's launcher only (the first fault of the host's two-node
+    test) makes all 4 ranks stop at one step; the retry resumes, and the run ends with the weights
+    and curves of the uninterrupted run on the host (OSCER's profile, no container)."""
+    workdir = netscratch_workdir
+    two_node_config(workdir, bbc_subset, tiny_model)
+    profile = switched_profile(
+        "dfki-several-nodes.yaml", workdir / "profile", {"--gpus-per-node=8": "--gpus-per-node=2"}
+    )
+    image = {"SCRATCHFLOW_IMAGE": str(scratchflow_image)}
+    workflow = start(slurm, workdir, profile=str(profile), env=image)
+
+    wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
+    (job,) = active_jobs(slurm, "train")
+    launcher = wait_until(lambda: launcher_of(job, "n2"), workflow, workdir, "n2's launcher")
+    environ = Path(f"/proc/{launcher}/environ").read_bytes().decode()
+    assert f"PYXIS_CONTAINER_IMAGE={scratchflow_image}" in environ, "the launcher runs in the image"
+    os.kill(launcher, signal.SIGUSR1)
+
+    returncode, output = finish(workflow, workdir)
+    assert returncode == 0, output[-6000:]
+    paused, finished = pieces_of(workdir)
+    assert paused["outcome"].startswith("TrainingStopped") and paused["world_size"] == 4
+    step = stopped_at(paused, "a stop signal to another process")
+    assert finished["outcome"] == "finished" and finished["resumed_from_step"] == step
+    assert finished["ranks"] == {"n1": [0, 1], "n2": [2, 3]}
+    reference, _output = two_node_run
+    assert same_results(workdir, reference) == []
+    assert different_curves(workdir, reference) == []
+    (run,) = (workdir / "results" / "runs").iterdir()
+    assert not list(Path("/tmp").glob(f"scratchflow-train-{run.name}*")), "the batch host's scratch is removed"
+    from local_containers import container_runtime
+
+    assert list(container_runtime().data.glob("*/*")) == [], "no enroot container is left on either node"
 
 
 def trainer_of(job: str) -> tuple[int, dict[str, str]] | None:

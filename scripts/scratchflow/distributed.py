@@ -147,15 +147,17 @@ def train(task_name: str, context: TrainContext, staging: Staging | None = None)
         },
         spec,
     )
+    environment = launch_environment(context.threads, shape)
     if shape.nodes == 1:
         argv = torchrun_argv(shape, context.stop_grace_seconds, ["--standalone"], spec)
     else:
         argv = srun_argv(shape, context.threads, spec)
+        environment = seeing_in_image(environment, context.work_dir)
     log.info("training with %d processes: %s", shape.world_size, " ".join(argv))
     # One node: the stop goes to torchrun's workers. Several: srun passes it on to every launcher.
     stop = StopForwarder(context.work_dir / STOP_FILE_NAME, to_children=shape.nodes == 1)
     grace = context.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
-    code, tail = run_program(argv, launch_environment(context.threads, shape), stop, grace)
+    code, tail = run_program(argv, environment, stop, grace)
     if result.is_file():
         outcome = read_json(result)
         if "stopped" in outcome:
@@ -213,6 +215,16 @@ def launch_environment(threads: int, shape: Shape) -> dict[str, str]:
         # The job's CPUs on a node, shared among the node's processes.
         "OMP_NUM_THREADS": str(max(1, threads // shape.processes_per_node)),
     }
+
+
+def seeing_in_image(environ: dict[str, str], scratch: Path) -> dict[str, str]:
+    """On a container profile (PYXIS_CONTAINER_IMAGE, set by the batch step for its job steps),
+    pyxis starts every node's launcher in the image; the batch host's launcher trains from the
+    job's scratch, which the job staged on the node, outside the image: mounted at its own path."""
+    if "PYXIS_CONTAINER_IMAGE" not in environ:
+        return environ
+    mounts = [*filter(None, environ.get("PYXIS_CONTAINER_MOUNTS", "").split(",")), f"{scratch}:{scratch}"]
+    return {**environ, "PYXIS_CONTAINER_MOUNTS": ",".join(mounts)}
 
 
 def rendezvous_port(job_id: str) -> int:
