@@ -391,18 +391,26 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     assert not list(Path("/tmp").glob(f"scratchflow-train-{run.name}*")), "every node's scratch is removed"
 
 
-def launcher_of(job: str, node: str) -> int | None:
-    """The pid of job `job`'s launcher on `node`, in a container or not."""
-    found = subprocess.run(["pgrep", "-f", "scratchflow.distributed node"], capture_output=True, text=True)
+def job_processes(pattern: str, job: str) -> dict[int, dict[str, str]]:
+    """pid -> environment of Slurm job `job`'s processes whose command line matches `pattern`, in a
+    container or not (a container's processes show their working directory under its root)."""
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    processes = {}
     for pid in map(int, found.stdout.split()):
         try:
             listed = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
         except OSError:  # ended meanwhile
             continue
         environ = dict(line.split("=", 1) for line in listed if "=" in line)
-        if environ.get("SLURM_JOB_ID") == job and environ.get("SLURMD_NODENAME") == node:
-            return pid
-    return None
+        if environ.get("SLURM_JOB_ID") == job:
+            processes[pid] = environ
+    return processes
+
+
+def launcher_of(job: str, node: str) -> int | None:
+    """The pid of job `job`'s launcher on `node`."""
+    launchers = job_processes("scratchflow.distributed node", job)
+    return next((pid for pid, environ in launchers.items() if environ.get("SLURMD_NODENAME") == node), None)
 
 
 def test_two_nodes_in_dfkis_containers_stopped_by_one_node_end_like_an_uninterrupted_run_on_the_host(
@@ -446,18 +454,8 @@ def test_two_nodes_in_dfkis_containers_stopped_by_one_node_end_like_an_uninterru
 
 
 def trainer_of(job: str) -> tuple[int, dict[str, str]] | None:
-    """The pid and environment of Slurm job `job`'s trainer (the train rule's script), in a
-    container or not (a container's processes show their working directory under its root)."""
-    found = subprocess.run(["pgrep", "-f", r"\.train\.py"], capture_output=True, text=True)
-    for pid in map(int, found.stdout.split()):
-        try:
-            listed = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
-        except OSError:  # ended meanwhile
-            continue
-        environ = dict(line.split("=", 1) for line in listed if "=" in line)
-        if environ.get("SLURM_JOB_ID") == job:
-            return pid, environ
-    return None
+    """The pid and environment of Slurm job `job`'s trainer (the train rule's script)."""
+    return next(iter(job_processes(r"\.train\.py", job).items()), None)
 
 
 @pytest.fixture
