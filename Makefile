@@ -16,7 +16,7 @@ define install_missing
 	fi
 endef
 
-.PHONY: demo test check status setup setup-dev .debian-tools lint format clean example-image example-command
+.PHONY: demo test check status cluster setup setup-dev .debian-tools lint format clean example-image example-command
 
 demo: setup  ## Run the demo grid on this machine, then build its report and say where it is.
 	scripts/run_local.sh
@@ -28,6 +28,9 @@ example-%: setup  ## Run config/examples/<name>/ in example-runs/<name>/ (image,
 
 status: setup  ## Where every run of the grid in DIR (default: here) stands; changes nothing.
 	$(PYTHON) scripts/status.py $(or $(DIR),.)
+
+cluster: setup  ## Per partition of PROFILE's rules: idle and total GPUs by type, pending jobs; changes nothing.
+	$(PYTHON) scripts/cluster.py $(or $(PROFILE),$(error give the profile: make cluster PROFILE=profiles/<name>))
 
 test: setup-dev  ## Run the whole test suite (slow end-to-end tests included), as CI does.
 	$(PYTHON) -m pytest

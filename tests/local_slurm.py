@@ -66,6 +66,10 @@ PARTITIONS = (
     "lrz-dgx-a100-80x8",
 )
 
+# Every partition's MaxTime is 7 days but debug's, which is short, as debug partitions are, so that
+# a runtime only a retry asks for can be refused (tests/test_slurm.py, the preflight's test).
+MAX_TIMES = {"debug": "01:00:00"}
+
 
 def install_packages() -> None:
     """apt-get the daemons if any is missing (about 30 s the first time)."""
@@ -125,7 +129,7 @@ class LocalSlurm:
         etc, run, log = self.root / "etc", self.root / "run", self.root / "log"
         self._write_job_scripts(etc)
         partitions = "\n".join(
-            f"PartitionName={name} Nodes={NODE_LIST} MaxTime=7-00:00:00 State=UP"
+            f"PartitionName={name} Nodes={NODE_LIST} MaxTime={MAX_TIMES.get(name, '7-00:00:00')} State=UP"
             + (" Default=YES" if name == "batch" else "")
             for name in PARTITIONS
         )

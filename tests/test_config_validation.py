@@ -66,6 +66,32 @@ def image_folder(files: dict[str, bytes]):
     return mutate
 
 
+def text_folder(files: dict[str, str]):
+    """A text-classification config on a folder holding `files` (path below it -> text; a path
+    ending in / is an empty folder)."""
+
+    def mutate(config, tmp_path):
+        for name, text in files.items():
+            (tmp_path / "texts" / name).parent.mkdir(parents=True, exist_ok=True)
+            if not name.endswith("/"):
+                (tmp_path / "texts" / name).write_text(text)
+        config["dataset"].update(path=str(tmp_path / "texts"))
+
+    return mutate
+
+
+# Six keys of 60 values, as a slip of the keyboard makes them: 60**6 = 46,656,000,000 runs, which
+# expanding would take days; refused from the lists' lengths alone.
+HUGE_GRID = {
+    "learning_rate": [index / 1000 + 1.0e-5 for index in range(60)],
+    "batch_size": list(range(1, 61)),
+    "epochs": list(range(1, 61)),
+    "max_length": list(range(8, 68)),
+    "seed": list(range(60)),
+    "warmup_ratio": [index / 100 for index in range(60)],
+}
+
+
 def without_wandb(config, tmp_path):
     """`tracking: wandb` where `import wandb` fails, as where the extra is not installed."""
     config["tracking"] = "wandb"
@@ -116,6 +142,10 @@ CASES = {
     "wrong type": (set_key("grid", learning_rate=["1e-4"]), ["grid.learning_rate[0]", "1.0e-4"]),
     "empty grid": (lambda c, _t: c.update(grid={}), ["config key grid", "non-empty"]),
     "empty grid list": (set_key("grid", seed=[]), ["grid.seed", "should be non-empty"]),
+    "a grid of 4.7 x 10^10 runs": (
+        lambda c, _t: c.update(grid=HUGE_GRID),
+        ["config key grid: 46,656,000,000 runs (batch_size (60) x epochs (60) x", "more than max_runs (100,000)"],
+    ),
     "duplicate grid values": (set_key("grid", seed=[1, 1]), ["grid.seed", "non-unique"]),
     "zero learning rate": (set_key("training", learning_rate=0), ["training.learning_rate", "minimum of 0"]),
     "negative learning rate": (set_key("grid", learning_rate=[-1.0e-4]), ["grid.learning_rate[0]", "minimum of 0"]),
@@ -201,6 +231,14 @@ CASES = {
     "images of one label": (
         image_folder({f"cat/{i}.png": png() for i in range(10)}),
         ["one label only (['cat'])"],
+    ),
+    "an image label folder with no image in it": (
+        image_folder({"cat/1.png": png(), "dog/1.png": png(), "bird/.gitkeep": b""}),
+        ["images/bird: a label folder with no file in it"],
+    ),
+    "a text label folder with no text in it": (
+        text_folder({"sport/1.txt": "a match", "tech/1.txt": "a chip", "politics/drafts/": ""}),
+        ["texts/politics: a label folder with no file in it"],
     ),
     "an image folder without images": (
         image_folder({"readme.md": b"no images"}),
@@ -295,3 +333,19 @@ def test_the_profiles_wall_time_signal_must_be_the_one_the_trainer_listens_for(s
         return
     with pytest.raises(ConfigError, match=rf"checkpointing.stop_signal: the trainer listens for SIG{stop_signal}"):
         check_stop_signal(stop_signal, slurm_extra)
+
+
+def test_a_large_grid_is_announced_with_its_planning_cost_and_one_above_max_runs_refused():
+    from scratchflow.config import ConfigError, check_grid_size
+
+    config = {"grid": {"learning_rate": list(range(100)), "seed": list(range(200))}, "max_runs": 100_000}
+    assert check_grid_size(config) == (
+        "scratchflow: a grid of 20,000 runs (learning_rate (100) x seed (200)); planning it takes about "
+        "66 s and 1.0 GB of memory on 2 cores"
+    )
+    assert check_grid_size({**config, "grid": {"seed": list(range(9_999))}}) is None
+    with pytest.raises(ConfigError, match=r"20,000 runs \(learning_rate \(100\) x seed \(200\)\), more than max_runs"):
+        check_grid_size({**config, "max_runs": 19_999})
+    # Counted, never expanded: 60**6 points would take days to list.
+    with pytest.raises(ConfigError, match="46,656,000,000 runs"):
+        check_grid_size({"grid": HUGE_GRID, "max_runs": 100_000})

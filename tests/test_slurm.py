@@ -7,6 +7,7 @@ in a network namespace with no route out, so every job also proves it needs no i
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import (
     REPO,
     USER,
@@ -204,11 +206,12 @@ def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image
     assert (last - first).total_seconds() < 10, "it fails at its first import, before any training"
 
 
+# Mistakes the preflight finds; with it turned off, Slurm refuses the first sbatch instead.
 REJECTIONS = {
-    "bad account": ("narval", [], {"SBATCH_ACCOUNT": "def-nobody"}, "Invalid account"),
+    "bad account": ("narval", ["--config", "preflight=False"], {"SBATCH_ACCOUNT": "def-nobody"}, "Invalid account"),
     "unknown partition": (
         "edinburgh",
-        ["--default-resources", "slurm_partition=no-such-partition"],
+        ["--default-resources", "slurm_partition=no-such-partition", "--config", "preflight=False"],
         {},
         "invalid partition specified: no-such-partition",
     ),
@@ -272,6 +275,73 @@ def test_a_profile_resource_error_stops_before_any_submission(case, slurm, tmp_p
     assert "ConfigError" in result.stdout and error in result.stdout, result.stdout[-4000:]
     assert "sbatch call:" not in result.stdout
     assert not any((tmp_path / folder).exists() for folder in ("archives", "models", "results"))
+
+
+def profile_with(cluster: str, folder: Path, set_resources: dict[str, dict]) -> Path:
+    """A cluster's profile with some rules' resources changed (merged over its own)."""
+    profile = yaml.safe_load((REPO / "profiles" / cluster / "config.v8+.yaml").read_text())
+    profile["configfile"] = str(REPO / "config" / "clusters" / f"{cluster}.yaml")
+    for rule, resources in set_resources.items():
+        profile.setdefault("set-resources", {}).setdefault(rule, {}).update(resources)
+    folder.mkdir(parents=True)
+    (folder / "config.v8+.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return folder
+
+
+# cluster -> (its profile's rules' resources changed, every line the one preflight message must hold)
+PREFLIGHT_MISTAKES = {
+    "oscer": (
+        {
+            "predict": {"slurm_partition": "gpus"},  # a typo, in the rule that runs hours after the first
+            "train": {"nodes": 3, "tasks": 3},  # the test cluster's gpu partition has 2
+            # 25, 50 and 75 minutes: only the third attempt exceeds debug's MaxTime (01:00:00)
+            "archive_dataset": {"slurm_partition": "debug", "runtime": "25 * attempt", "slurm_account": "def-nobody"},
+        },
+        [
+            "rule archive_dataset: attempt 3 (a retry) asks for 75 minutes, above partition 'debug''s MaxTime of 60 "
+            "(01:00:00)",
+            "rule archive_dataset: account 'def-nobody' is not one of your Slurm associations (def-lab, root)",
+            "rule predict: partition 'gpus' does not exist; the cluster has: A100-40GB, A100-80GB,",
+            "rule train: 3 nodes of 2 GPU(s), 8 CPU(s), 32000 MB asked for; partition 'gpu' has 2 such node(s) of 2",
+        ],
+    ),
+    "narval": (
+        {"train": {"gpu_model": "h100"}},  # the test cluster's nodes have a100s
+        ["rule train: no node of partition 'batch' has 1 GPU(s) of type h100, 12 CPU(s), 64000 MB (its nodes: n1 "],
+    ),
+}
+
+
+@pytest.mark.parametrize("cluster", PREFLIGHT_MISTAKES)
+def test_the_preflight_lists_every_request_the_live_cluster_would_refuse_before_any_submission(
+    cluster, slurm, tmp_path, bbc_subset, tiny_model
+):
+    set_resources, expected = PREFLIGHT_MISTAKES[cluster]
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    del config["cluster"]
+    write_config(tmp_path, config)
+    profile = profile_with(cluster, tmp_path / "profile", set_resources)
+    result = run_on_slurm(slurm, tmp_path, str(profile), {})
+    assert result.returncode != 0
+    message = result.stdout[result.stdout.index("preflight: the cluster would refuse these jobs") :]
+    # The message's list, up to its end (Snakemake prints the error twice).
+    problems = list(itertools.takewhile(lambda line: line.strip().startswith("- rule "), message.splitlines()[1:]))
+    problems = [line.strip()[2:] for line in problems]
+    assert len(problems) == len(expected), message[:3000]
+    for line in expected:
+        assert any(problem.startswith(line) for problem in problems), f"{line!r} not in {problems}"
+    assert "sbatch call:" not in result.stdout
+    assert not any((tmp_path / folder).exists() for folder in ("archives", "models", "results", "checkpoints"))
+
+
+def test_make_cluster_shows_each_partition_of_a_profile_with_its_idle_gpus_and_pending_jobs(slurm):
+    command = [sys.executable, str(REPO / "scripts" / "cluster.py"), str(REPO / "profiles" / "oscer")]
+    shown = subprocess.run(slurm.inside(*command), env=slurm.env, capture_output=True, text=True, check=True).stdout
+    rows = {line.split()[0]: line.split() for line in shown.splitlines()[1:]}
+    # OSCER's jobs go to normal (the archive) and gpu; each partition spans both nodes of 2 a100s.
+    assert set(rows) == {"normal", "gpu"}
+    for row in rows.values():
+        assert row[1:] == ["2", "a100", "4/4", "0"], shown
 
 
 SECRETS = {"HF_TOKEN": "hf_secret_from_the_environment", "WANDB_API_KEY": "wandb_secret_from_the_environment"}

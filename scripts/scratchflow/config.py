@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -32,6 +33,12 @@ KNOWN_RESOURCES = frozenset(
     }
 )
 
+
+# Planning costs about 3.3 ms and 50 KB a run on 2 cores (benchmarks/README.md, "Grid scale": 100,000
+# runs in 330 s and 5.0 GB); from this many runs on, the workflow says so before it starts planning.
+PLANNING_SECONDS_PER_RUN = 0.0033
+PLANNING_MB_PER_RUN = 0.05
+LARGE_GRID_RUNS = 10_000
 
 # Executors that submit jobs to a cluster, where cluster.pack_runs means something ("dryrun" is how
 # Snakemake names any executor under --dry-run).
@@ -127,6 +134,30 @@ def validate_task(config: dict[str, Any]) -> Any:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return task
+
+
+def check_grid_size(config: dict[str, Any]) -> str | None:
+    """Refuse a grid of more than `max_runs` runs before expanding it (its size is the product of its
+    lists' lengths, which hold no repeats); for one large enough that planning takes a while, the
+    note to print first."""
+    grid = config["grid"]
+    runs = math.prod(len(values) for values in grid.values())
+    sizes = " x ".join(f"{key} ({len(values)})" for key, values in sorted(grid.items()))
+    if runs > config["max_runs"]:
+        raise ConfigError(
+            f"config key grid: {runs:,} runs ({sizes}), more than max_runs ({config['max_runs']:,}); "
+            "fewer values, or a larger max_runs if this grid is meant "
+            f"(planning alone would take about {_planning_cost(runs)})"
+        )
+    if runs >= LARGE_GRID_RUNS:
+        return f"scratchflow: a grid of {runs:,} runs ({sizes}); planning it takes about {_planning_cost(runs)}"
+    return None
+
+
+def _planning_cost(runs: int) -> str:
+    seconds = runs * PLANNING_SECONDS_PER_RUN
+    duration = f"{seconds / 60:,.0f} minutes" if seconds >= 120 else f"{seconds:.0f} s"
+    return f"{duration} and {runs * PLANNING_MB_PER_RUN / 1000:,.1f} GB of memory on 2 cores"
 
 
 def check_tracking(config: dict[str, Any]) -> None:

@@ -166,6 +166,14 @@ def labelled_files(root: Path) -> list[LabelledFile]:
     ]
     if not found:
         raise DatasetError(f"{root}: no files inside label sub-folders")
+    labels = {file.label for file in found}
+    empty = sorted(
+        folder.name
+        for folder in root.iterdir()
+        if folder.is_dir() and not folder.name.startswith(".") and folder.name not in labels
+    )
+    if empty:  # else its label would silently drop out of the label set
+        raise DatasetError(f"{root / empty[0]}: a label folder with no file in it; add its examples or remove it")
     return found
 
 

@@ -88,6 +88,12 @@ def evaluated_resource(workflow: Any, rule: str, name: str, attempt: int = 1) ->
         return None
 
 
+def evaluated_resources(workflow: Any, rule: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """The first attempt's value of each of `names` the rule has (and that does not depend on the job)."""
+    evaluated = {name: evaluated_resource(workflow, rule, name) for name in names}
+    return {name: value for name, value in evaluated.items() if value is not None}
+
+
 def string_resources_of(workflow: Any, rule: str) -> dict[str, str]:
     """The strings a profile gives the Slurm jobs of `rule` (partition, account, ...)."""
     evaluated = {name: evaluated_resource(workflow, rule, name) for name in SLURM_STRING_RESOURCES}
@@ -124,6 +130,12 @@ def rule_requests(workflow: Any) -> RuleRequests:
 def job_rules(workflow: Any) -> set[str]:
     """The rules whose jobs go to the executor (not the local rules)."""
     return {rule.name for rule in workflow.rules if not workflow.is_local(rule)}
+
+
+def rules_to_submit(workflow: Any) -> set[str]:
+    """The rules of the jobs this run will submit: those of the DAG's jobs still to run that go to
+    the executor. Known once the workflow starts (`onstart`)."""
+    return {job.rule.name for job in workflow.dag.needrun_jobs() if not workflow.is_local(job.rule)}
 
 
 def target_rules(argv: list[str] = sys.argv) -> set[str]:

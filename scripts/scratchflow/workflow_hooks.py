@@ -5,17 +5,19 @@ and `rules/common.smk` call one function each; Snakemake's internals are reached
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from scratchflow import snakemake_adapter
+from scratchflow import preflight, snakemake_adapter
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.config import (
     check_compression,
     check_dataset,
+    check_grid_size,
     check_packing,
     check_paths,
     check_precision,
@@ -44,6 +46,9 @@ def read_config(
     data itself is read once per version of it, by the main process only. `job_rules`: in a job's
     own Snakemake, the rules of the jobs it runs."""
     task = validate_task(config)
+    planning_note = check_grid_size(config)
+    if planning_note and main_process:
+        print(planning_note, file=sys.stderr, flush=True)
     check_paths(config, workflow_dir)
     check_split_fractions(config)
     check_tracking(config)
@@ -77,6 +82,8 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     executor = snakemake_adapter.executor_name(workflow)
     runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
     check_packing(plan.pack_runs, executor, runtimes, config["cluster"])
+    if executor == "slurm" and config["preflight"]:
+        check_against_cluster(workflow, plan)
     if executor == "slurm":
         set_job_step_image(
             config["cluster"],
@@ -89,6 +96,27 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     plan.started(executor).write(Path("."))
     if executor == "slurm":
         snakemake_adapter.notice_job_ends_at_once(workflow)
+
+
+def check_against_cluster(workflow: Any, plan: Plan) -> None:
+    """The request of every rule this run submits jobs of, for each attempt up to --retries, checked
+    against the live cluster (`scratchflow.preflight`): one error listing every problem, before any
+    job is submitted."""
+    runtimes = snakemake_adapter.rule_requests(workflow).runtimes
+    requests = [
+        preflight.request_of(
+            rule,
+            snakemake_adapter.evaluated_resources(workflow, rule, preflight.RESOURCES),
+            runtimes.get(rule, []),
+            os.environ.get("SBATCH_ACCOUNT"),
+            plan.pack_runs if rule in ("train", "predict") else 1,
+        )
+        for rule in sorted(snakemake_adapter.rules_to_submit(workflow))
+    ]
+    cluster = preflight.read_cluster(os.environ.get("USER") or getpass.getuser())
+    for warning in cluster.warnings:
+        print(f"scratchflow preflight: {warning}", file=sys.stderr, flush=True)
+    preflight.check(requests, cluster)
 
 
 def read_inputs(config: dict[str, Any]) -> list[Path]:
