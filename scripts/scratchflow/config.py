@@ -156,7 +156,9 @@ def check_grid_size(config: dict[str, Any]) -> str | None:
 
 def _planning_cost(runs: int) -> str:
     seconds = runs * PLANNING_SECONDS_PER_RUN
-    duration = f"{seconds / 60:,.0f} minutes" if seconds >= 120 else f"{seconds:.0f} s"
+    units = ((86400, "days"), (3600, "hours"), (60, "minutes"))
+    unit, name = next(((unit, name) for unit, name in units if seconds >= 2 * unit), (1, "s"))
+    duration = f"{seconds / unit:,.0f} {name}"
     return f"{duration} and {runs * PLANNING_MB_PER_RUN / 1000:,.1f} GB of memory on 2 cores"
 
 
