@@ -175,9 +175,8 @@ def read_cluster(user: str | None, run: Run = slurm_query) -> Cluster:
 
 
 def _reason(error: BaseException) -> str:
-    if isinstance(error, subprocess.CalledProcessError):
-        return (error.stderr or "").strip().splitlines()[-1:][0] if (error.stderr or "").strip() else str(error)
-    return str(error)
+    said = getattr(error, "stderr", None) or ""
+    return said.strip().splitlines()[-1] if said.strip() else str(error)
 
 
 def request_of(
@@ -224,19 +223,12 @@ def _option(extra: str, long: str, short: str | None = None) -> str | None:
 
 def requested_gpu_type(resources: Mapping[str, Any]) -> str | None:
     """The GPU type a rule asks for, in any of the syntaxes `requested_gpus_per_node` reads."""
-    for request in str(resources.get("gres") or "").split(","):
-        name, *rest = request.strip().split(":")
-        if name == "gpu" and len(rest) == 2:
-            return rest[0]
     extra = str(resources.get("slurm_extra") or "")
-    for option in ("gpus-per-node", "gpus", "gres"):
-        value = _option(extra, option)
-        if value:
-            parts = value.split(":")
-            if option == "gres" and parts[0] == "gpu":
-                parts = parts[1:]
-            if len(parts) == 2:
-                return parts[0]
+    gres = [str(resources.get("gres") or ""), _option(extra, "gres") or ""]
+    gres += [f"gpu:{value}" for value in (_option(extra, "gpus-per-node"), _option(extra, "gpus")) if value]
+    for kind in (kind for text in gres for kind in parse_gres(text)):
+        if kind:
+            return kind
     return resources.get("gpu_model") or None
 
 
@@ -314,7 +306,7 @@ def cluster_overview(cluster: Cluster, partitions: list[str], pending: Counter) 
     """Per partition: its nodes, idle and total GPUs by type, pending jobs; for `make cluster`."""
     lines = [f"{'partition':<20} {'nodes':>5} {'GPUs idle/total by type':<32} {'pending jobs':>12}"]
     for name in partitions:
-        nodes = [node for node in cluster.nodes if name in node.partitions]
+        nodes = cluster.nodes_of(name)
         if name not in cluster.partitions:
             lines.append(f"{name:<20} (no such partition)")
             continue

@@ -62,28 +62,29 @@ def read_config(
     return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
 
 
-def check_rule_resources(workflow: Any, config: dict[str, Any]) -> None:
+def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests | None:
     """Profile resources checked before any job is submitted: unknown names, the training shape,
     FSDP and bf16 on a CPU-only run, and runtimes above cluster.max_runtime_minutes. Called when
     the workflow is read (first attempts: --retries is not known yet) and again when it starts, for
-    every attempt up to --retries."""
+    every attempt up to --retries. Returns what it read (None in a job's own Snakemake)."""
     if not workflow.is_main_process:
-        return
+        return None
     requests = snakemake_adapter.rule_requests(workflow)
     check_resources(requests.names, requests.runtimes, requests.shapes, config["cluster"])
     check_precision(config, requests.shapes["train"], shutil.which("nvidia-smi") is not None, cpu_flags())
     check_stop_signal(config["checkpointing"]["stop_signal"], requests.shapes["train"].get("slurm_extra"))
+    return requests
 
 
 def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     """Once the executor is known: every check again, packing (which needs a cluster), the grid file
     for the status, and on Slurm, the next job of a run sent seconds after the last one ends."""
-    check_rule_resources(workflow, config)
+    requests = check_rule_resources(workflow, config)
     executor = snakemake_adapter.executor_name(workflow)
     runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
     check_packing(plan.pack_runs, executor, runtimes, config["cluster"])
     if executor == "slurm" and config["preflight"]:
-        check_against_cluster(workflow, plan)
+        check_against_cluster(workflow, plan, requests.runtimes)
     if executor == "slurm":
         set_job_step_image(
             config["cluster"],
@@ -98,11 +99,10 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
         snakemake_adapter.notice_job_ends_at_once(workflow)
 
 
-def check_against_cluster(workflow: Any, plan: Plan) -> None:
+def check_against_cluster(workflow: Any, plan: Plan, runtimes: dict[str, list[int]]) -> None:
     """The request of every rule this run submits jobs of, for each attempt up to --retries, checked
     against the live cluster (`scratchflow.preflight`): one error listing every problem, before any
-    job is submitted."""
-    runtimes = snakemake_adapter.rule_requests(workflow).runtimes
+    job is submitted. `runtimes`: each rule's, per attempt (`check_rule_resources`)."""
     requests = [
         preflight.request_of(
             rule,
