@@ -237,7 +237,9 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
     slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
     """Four faults in turn on one run, as they come on a real cluster:
-    - slurmctld stops and starts again while the job trains: the job runs on through the outage;
+    - slurmctld stops and starts again while the job trains: the job lives through the outage and
+      trains on after it (its trainer is held with SIGSTOP meanwhile: the run trains for about 16 s
+      in all, and a slow machine's restart would otherwise outlast it);
     - the job is requeued (what preemption or a node failure does with --requeue): Slurm kills it
       and queues it again under the same id, and its second start resumes from its checkpoint;
     - Snakemake is SIGKILLed: its job trains on, orphaned; after `--unlock` the same command picks
@@ -249,8 +251,15 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
     workflow = start(slurm, tmp_path)
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     (job,) = active_jobs(slurm, "train")
+    trainer, _environ = wait_until(lambda: trainer_of(job), workflow, tmp_path, "the trainer")
+    os.kill(trainer, signal.SIGSTOP)
     restarted_at = max(int(path.name.split("-")[1]) for path in tmp_path.glob("checkpoints/*/checkpoint-*"))
-    slurm.restart_controller(down_seconds=5)  # the run trains for about 16 s in all: a short outage
+    slurm.restart_controller(down_seconds=5)
+    os.kill(trainer, signal.SIGCONT)
+    assert active_jobs(slurm, "train") == [job], "the job lived through the outage"
+    wait_until(
+        lambda: shared_checkpoint_after(tmp_path, restarted_at), workflow, tmp_path, "a checkpoint after the outage"
+    )
 
     slurm.run("scontrol", "requeue", job)
     # Slurm 22.05 keeps the GPU of a job it recovered across the restart allocated after that job

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from conftest import REPO, command_config, image_config, validated, workflow_config
 from scratchflow import signals
-from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints
 from scratchflow.config import ConfigError, validate_task
 from scratchflow.dataset import DatasetError, data_sources
 from scratchflow.tasks import (
@@ -44,9 +44,8 @@ def tiny_config(request, tmp_path):
             request.getfixturevalue("animal_images"), request.getfixturevalue("tiny_resnet"), None, epochs=1
         )
     else:
-        # The program's checkpoints are mirrored once a second: its whole run (about 900 steps, a
-        # checkpoint every 20) lasts long enough to stop midway. This interpreter (with torch), as
-        # the jobs would find it first on PATH.
+        # About 900 steps, a checkpoint every 20: long enough to stop midway. This interpreter
+        # (with torch), as the jobs would find it first on PATH.
         config = command_config(request.getfixturevalue("bbc_subset"), None)
         config["training"]["command"][0] = sys.executable
     if task != "command":
@@ -91,12 +90,23 @@ def test_a_task_refuses_an_empty_dataset_at_start_up(tiny_config, tmp_path):
         load_task(tiny_config["task"]).check_data(dataset, data_sources(dataset))
 
 
+class QuickMirroring(CheckpointMirroring):
+    """Looks for a program's new checkpoints every 10 ms instead of every second: the command task's
+    program here runs for a few seconds, and on a loaded machine it once finished between two looks."""
+
+    def watching(self, poll_seconds: float = 0.01):
+        return super().watching(poll_seconds)
+
+
 @dataclasses.dataclass(frozen=True)
 class StopsAfterFirstCheckpoint(RunCheckpoints):
     """The run's shared checkpoints; the first one mirrored sends this job the stop signal, as
     Slurm's wall-time warning would, at a moment the test knows."""
 
     stop: bool = True
+
+    def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
+        return QuickMirroring(self, local_folder, restored_step)
 
     def mirror(self, local_checkpoint: Path) -> Path:
         destination = super().mirror(local_checkpoint)
