@@ -33,7 +33,7 @@ cluster: setup  ## Per partition of PROFILE's rules: idle and total GPUs by type
 	$(PYTHON) scripts/cluster.py $(or $(PROFILE),$(error give the profile: make cluster PROFILE=profiles/<name>))
 
 test: setup-dev  ## Run the whole test suite (slow end-to-end tests included), as CI does.
-	$(PYTHON) -m pytest
+	PYTHON=$(PYTHON) tests/run_all.sh
 
 check: lint  ## While working (under 3 minutes): the lint, and every test that runs no job and needs no Slurm.
 	$(PYTHON) -m pytest -m "not slow" -q

@@ -3,6 +3,7 @@ workflow in a directory of its own."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -18,6 +19,16 @@ import pytest
 import yaml
 from scratchflow.dataset import load_examples, resolve_location, split_examples
 from scratchflow.tracking import TENSORBOARD_FOLDER, learning_curves, read_curves
+
+# `make test` runs the Slurm tests and the others as two pytest processes side by side
+# (tests/run_all.sh), so 2 cores carry two trainings of 2 threads each at times. OpenMP's threads
+# spin while they wait for each other by default, and spinning threads then steal the core their
+# partner needs: two such runs side by side took 2.7x one alone. Waiting threads that sleep instead
+# take 1.1x, with the same weights bit for bit. Every workflow and Slurm job here inherits this.
+os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+# A folder that the two pytest processes of one `make test` share (tests/run_all.sh sets it): the
+# data, model and reference runs both need are built there once (built_once).
+SHARED = os.environ.get("SCRATCHFLOW_TEST_SHARED")
 
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "tests" / "slurm_overlay"
@@ -36,10 +47,31 @@ def copy_bbc_subset(destination: Path, per_label: int) -> Path:
     return destination
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` run in a new folder, which it returns: in this session's temporary folder, or
+    under SHARED, where the first of the pytest processes to ask builds it and the others wait for it
+    and take it as it is (the same data, model and reference runs, at the same paths)."""
+    if not SHARED:
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    folder = Path(SHARED) / name
+    with open(Path(SHARED) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, whatever happens
+        built = Path(SHARED) / f"{name}.built"
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way
+            folder.mkdir(parents=True)
+            build(folder)
+            built.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def bbc_subset(tmp_path_factory) -> Path:
     """60 real articles per topic (300 in all): enough to learn something, quick to train on."""
-    return copy_bbc_subset(tmp_path_factory.mktemp("bbc") / "articles", per_label=60)
+    folder = built_once(tmp_path_factory, "bbc", lambda folder: copy_bbc_subset(folder / "articles", per_label=60))
+    return folder / "articles"
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +79,10 @@ def tiny_model(tmp_path_factory, bbc_subset) -> Path:
     from scratchflow.tiny_model import build_tiny_bert
 
     texts = [example.text for example in load_examples(bbc_subset, "folder", "text", "label")]
-    return build_tiny_bert(texts, tmp_path_factory.mktemp("models") / "tiny-bert")
+    return (
+        built_once(tmp_path_factory, "models", lambda folder: build_tiny_bert(texts, folder / "tiny-bert"))
+        / "tiny-bert"
+    )
 
 
 def workflow_config(data: Path, model: Path, scratch: Path, **overrides) -> dict:
@@ -157,10 +192,22 @@ def long_run(workdir: Path, data: Path, model: Path, **overrides) -> Path:
 @pytest.fixture(scope="session")
 def uninterrupted_long_run(tmp_path_factory, bbc_subset, tiny_model) -> Path:
     """The long run, trained without interruption on this machine (2 threads, as on the test cluster)."""
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    long_run(workdir, bbc_subset, tiny_model)
-    run_workflow(workdir)
-    return workdir
+
+    def train(workdir: Path) -> None:
+        long_run(workdir, bbc_subset, tiny_model)
+        run_workflow(workdir)
+
+    return built_once(tmp_path_factory, "uninterrupted", train)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_references_first(request) -> None:
+    """In the pytest process that tests/run_all.sh runs beside the Slurm tests, the reference runs
+    both processes compare with are trained before its first test, while the Slurm tests start
+    their cluster: the Slurm tests, the longer of the two, then find them ready."""
+    if os.environ.get("SCRATCHFLOW_TEST_TRAINS_REFERENCES"):
+        for name in ("uninterrupted_long_run", "uninterrupted_command_run"):
+            request.getfixturevalue(name)
 
 
 def same_results(workdir: Path, reference: Path) -> list[str]:
@@ -348,10 +395,12 @@ def command_config(data: Path, scratch: Path | None, **training) -> dict:
 
 @pytest.fixture(scope="session")
 def uninterrupted_command_run(tmp_path_factory, bbc_subset) -> Path:
-    workdir = tmp_path_factory.mktemp("uninterrupted-command")
-    write_config(workdir, command_config(bbc_subset, workdir / "scratch"))
-    run_workflow(workdir)
-    return workdir
+
+    def train(workdir: Path) -> None:
+        write_config(workdir, command_config(bbc_subset, workdir / "scratch"))
+        run_workflow(workdir)
+
+    return built_once(tmp_path_factory, "uninterrupted-command", train)
 
 
 @pytest.fixture(scope="session")
