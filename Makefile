@@ -36,7 +36,7 @@ test: setup-dev  ## Run the whole test suite (slow end-to-end tests included), a
 	PYTHON=$(PYTHON) tests/run_all.sh
 
 check: lint  ## While working (under 3 minutes): the lint, and every test that runs no job and needs no Slurm.
-	$(PYTHON) -m pytest -m "not slow" -q
+	$(PYTHON) -m pytest -m "not slow" -q -n auto --maxprocesses 4
 
 lint: setup-dev  ## The checks CI runs besides the tests.
 	$(VENV)/bin/snakemake --lint
