@@ -23,8 +23,9 @@ from scratchflow.tracking import TENSORBOARD_FOLDER, learning_curves, read_curve
 # `make test` runs the Slurm tests and the others as two pytest processes side by side
 # (tests/run_all.sh), so 2 cores carry two trainings of 2 threads each at times. OpenMP's threads
 # spin while they wait for each other by default, and spinning threads then steal the core their
-# partner needs: two such runs side by side took 2.7x one alone. Waiting threads that sleep instead
-# take 1.1x, with the same weights bit for bit. Every workflow and Slurm job here inherits this.
+# partner needs: two such runs side by side took 2.9x one alone. Waiting threads that sleep instead
+# take 1.2x, with the same weights bit for bit (benchmarks/side_by_side.py, benchmarks/README.md
+# section 12). Every workflow and Slurm job here inherits this.
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 # A folder that the two pytest processes of one `make test` share (tests/run_all.sh sets it): the
 # data, model and reference runs both need are built there once (built_once).
