@@ -46,9 +46,9 @@ def written_whole(path: Path) -> Iterator[Path]:
     os.replace(partial, path)
 
 
-def write_json_atomically(data: Any, path: Path) -> None:
+def write_json_atomically(data: Any, path: Path, sort_keys: bool = True) -> None:
     with written_whole(path) as partial, open(partial, "w") as out:
-        json.dump(data, out, indent=2, sort_keys=True)
+        json.dump(data, out, indent=2, sort_keys=sort_keys)
         out.write("\n")
         out.flush()
         os.fsync(out.fileno())

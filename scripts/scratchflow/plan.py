@@ -158,7 +158,8 @@ class Plan:
 
     def write(self, workdir: Path) -> None:
         """`results/grid.json`: the plan, for the status (which knows the runs not started yet from it)."""
-        write_json_atomically(self._fields(), workdir / GRID_FILE)
+        # Unsorted: the runs stay in grid order, which orders the status and makes the packs.
+        write_json_atomically(self._fields(), workdir / GRID_FILE, sort_keys=False)
 
     @classmethod
     def read(cls, workdir: Path) -> Plan:
