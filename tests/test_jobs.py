@@ -35,6 +35,28 @@ with job_context({str(log)!r}):
     assert "in tokenize\n    return texts[0]" in written
 
 
+def test_a_jobs_console_lines_reach_the_console_and_not_its_log(tmp_path):
+    """Progress lines (hf_trainer.ProgressLog) go to the log and, with the run's id, to the console:
+    Snakemake's output, where a user waiting for the demo looks."""
+    log = tmp_path / "run.log"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import logging\n"
+        "from scratchflow.jobs import job_context\n"
+        "from scratchflow.tracking import console_log\n"
+        f"with job_context({str(log)!r}):\n"
+        "    logging.getLogger('scratchflow.hf_trainer').info('step 10/49 (20%)')\n"
+        "    console_log.info('run 8ec4b8746c: %s', 'step 10/49 (20%)')\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SCRIPTS)}
+    result = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["scratchflow: run 8ec4b8746c: step 10/49 (20%)"]
+    written = log.read_text()
+    assert "INFO scratchflow.hf_trainer: step 10/49 (20%)" in written
+    assert "8ec4b8746c" not in written
+
+
 def test_a_job_whose_python_lacks_a_module_names_the_module_and_the_image_or_environment(tmp_path):
     """An image (or venv) built without requirements.txt: the job fails at its first import of the
     missing package, saying which package and where it is missing, not with an import traceback."""

@@ -112,12 +112,15 @@ def test_each_run_records_what_reproduces_it(finished):
 
 
 def test_each_run_logs_its_progress_and_keeps_its_curves_on_shared_storage(finished):
-    workdir, _, _ = finished
+    workdir, _, result = finished
     for run in run_dirs(workdir):
         log = (workdir / "logs" / "train" / f"{run.name}.log").read_text()
         # 210 training articles in batches of 16, 20 epochs: 280 steps, a line every 10.
-        lines = re.findall(r"step (\d+)/280 \(\d+%\), loss [\d.]+, [\d.]+ samples/s, [\w ]+ left", log)
+        progress = r"step (\d+)/280 \(\d+%\), loss [\d.]+, [\d.]+ samples/s, [\w ]+ left"
+        lines = re.findall(progress, log)
         assert [int(step) for step in lines] == list(range(10, 281, 10))
+        shown = re.findall(rf"^scratchflow: run {run.name}: {progress}$", result.stdout, re.MULTILINE)
+        assert [int(step) for step in shown] == list(range(10, 281, 10)), "the console shows them too"
         assert "\r" not in log, "no progress bars in log files"
         curves = read_curves(run / TENSORBOARD_FOLDER)
         assert [step for step, _ in curves["train/loss"]] == list(range(10, 281, 10))

@@ -24,7 +24,7 @@ from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.distributed import Rank
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.tasks import TrainContext, TrainingStopped
-from scratchflow.tracking import open_writer, progress_line, wandb_environment, wandb_run
+from scratchflow.tracking import console_log, open_writer, progress_line, wandb_environment, wandb_run
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +157,12 @@ class StopOnSignal(TrainerCallback):
 
 class ProgressLog(TrainerCallback):
     """Log lines (rank 0): the first step of a piece (how long the job took to start training), a
-    line every `logging_steps` with step/N, loss, speed and time left (also reported to the run's
-    checkpoint folder, for the grid's status), and the piece's speed."""
+    line every `logging_steps` with step/N, loss, speed and time left (also on the console, with the
+    run's id, and reported to the run's checkpoint folder, for the grid's status), and the piece's
+    speed."""
 
-    def __init__(self, checkpoints: RunCheckpoints) -> None:
+    def __init__(self, run_id: str, checkpoints: RunCheckpoints) -> None:
+        self.run_id = run_id
         self.checkpoints = checkpoints
         self.first: tuple[int, float] | None = None
         self.last: tuple[int, float] | None = None
@@ -188,11 +190,11 @@ class ProgressLog(TrainerCallback):
             "seconds_left": round((state.max_steps - state.global_step) / steps_per_second, 1),
             "at": time.time(),
         }
-        log.info(
-            progress_line(
-                *(progress[key] for key in ("step", "max_steps", "loss", "samples_per_second", "seconds_left"))
-            )
+        line = progress_line(
+            *(progress[key] for key in ("step", "max_steps", "loss", "samples_per_second", "seconds_left"))
         )
+        log.info(line)
+        console_log.info("run %s: %s", self.run_id, line)
         self.checkpoints.report_progress(progress)
 
     def on_train_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
@@ -279,7 +281,11 @@ def train(context: TrainContext, args: TrainingArguments, **trainer_arguments: A
         args=args,
         compute_metrics=accuracy,
         # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
-        callbacks=[stop, MirrorCheckpointsToShared(context.checkpoints, local, me), ProgressLog(context.checkpoints)],
+        callbacks=[
+            stop,
+            MirrorCheckpointsToShared(context.checkpoints, local, me),
+            ProgressLog(context.run_id, context.checkpoints),
+        ],
         **trainer_arguments,
     )
     resume_from = context.checkpoints.restore_newest_to(local, me.world_size)

@@ -49,7 +49,7 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
         os.environ[variable] = str(threads)
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # progress bars make unreadable log files
     failure: BaseException | None = None
-    with output_to_log(log_path):
+    with output_to_log(log_path) as console, tracking.lines_on(console):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
         image = os.environ.get("PYXIS_CONTAINER_IMAGE")
         log.info("python %s%s", sys.executable, f" in the image {image}" if image else "")

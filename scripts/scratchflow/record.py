@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 RECORDED_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "pandas", "numpy", "snakemake")
 
@@ -91,17 +91,19 @@ def keep_piece_log(log_path: Path, piece: int) -> Path | None:
 
 
 @contextlib.contextmanager
-def output_to_log(log_path: str | os.PathLike[str]) -> Iterator[None]:
-    """Send everything the job prints, C libraries included, to the rule's log file."""
+def output_to_log(log_path: str | os.PathLike[str]) -> Iterator[TextIO]:
+    """Send everything the job prints, C libraries included, to the rule's log file; yield the
+    console (the job's stderr before: Snakemake's output, on a cluster the plugin's Slurm log) for
+    the few lines that belong there too."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    with open(log_path, "a") as log:
+    with open(log_path, "a") as log, os.fdopen(os.dup(saved[1]), "w", buffering=1) as console:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            yield
+            yield console
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -12,7 +12,7 @@ import shlex
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from scratchflow.figures import pyplot, save_png
 
@@ -28,6 +28,11 @@ MOST_PANELS = 4
 MOST_RUNS_DRAWN = 12
 
 Curves = dict[str, list[tuple[int, float]]]  # tag -> [(step, value)], steps ascending
+
+# Lines for the console as well as the job's log: a job's context (jobs.job_context) gives it a
+# handler on the console; outside a job its lines go nowhere.
+console_log = logging.getLogger("scratchflow.console")
+console_log.propagate = False
 
 
 def open_writer(directory: Path, resumed_from_step: int | None) -> Any:
@@ -139,6 +144,19 @@ def learning_curves(curves: Curves) -> list[str]:
         return not is_loss, not tag.startswith("train" if is_loss else "eval"), tag
 
     return sorted(tags, key=order)[:MOST_PANELS]
+
+
+@contextlib.contextmanager
+def lines_on(console: TextIO) -> Iterator[None]:
+    """Show `console_log`'s lines on `console` while the block runs, prefixed as scratchflow's."""
+    handler = logging.StreamHandler(console)
+    handler.setFormatter(logging.Formatter("scratchflow: %(message)s"))
+    console_log.addHandler(handler)
+    console_log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        console_log.removeHandler(handler)
 
 
 def progress_line(step: int, total: int, loss: float | None, samples_per_second: float, seconds_left: float) -> str:
