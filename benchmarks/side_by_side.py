@@ -29,8 +29,6 @@ from conftest import copy_bbc_subset, long_run  # the tests' own long run
 from scratchflow.dataset import load_examples
 from scratchflow.tiny_model import build_tiny_bert
 
-os.environ.pop("OMP_WAIT_POLICY", None)  # set by conftest for the tests; here each variant sets its own
-
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 VARIANTS = {  # name -> (threads per run, extra environment)
     "2 threads each, OpenMP's default waiting": (2, {}),

@@ -20,13 +20,6 @@ import yaml
 from scratchflow.dataset import load_examples, resolve_location, split_examples
 from scratchflow.tracking import TENSORBOARD_FOLDER, learning_curves, read_curves
 
-# `make test` runs the Slurm tests and the others as two pytest processes side by side
-# (tests/run_all.sh), so 2 cores carry two trainings of 2 threads each at times. OpenMP's threads
-# spin while they wait for each other by default, and spinning threads then steal the core their
-# partner needs: two such runs side by side took 2.9x one alone. Waiting threads that sleep instead
-# take 1.2x, with the same weights bit for bit (benchmarks/side_by_side.py, benchmarks/README.md
-# section 12). Every workflow and Slurm job here inherits this.
-os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 # A folder that the two pytest processes of one `make test` share (tests/run_all.sh sets it): the
 # data, model and reference runs both need are built there once (built_once).
 SHARED = os.environ.get("SCRATCHFLOW_TEST_SHARED")
@@ -192,7 +185,7 @@ def long_run(workdir: Path, data: Path, model: Path, **overrides) -> Path:
 
 @pytest.fixture(scope="session")
 def uninterrupted_long_run(tmp_path_factory, bbc_subset, tiny_model) -> Path:
-    """The long run, trained without interruption on this machine (2 threads, as on the test cluster)."""
+    """The long run, trained without interruption on this machine (1 thread, as on the test cluster)."""
 
     def train(workdir: Path) -> None:
         long_run(workdir, bbc_subset, tiny_model)
