@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -111,6 +112,12 @@ def write_config(workdir: Path, config: dict) -> Path:
 def snakemake_command(*args: str) -> list[str]:
     """The local run command of the README (scripts/run_local.sh), with the tests' Python."""
     return [str(REPO / "scripts" / "run_local.sh"), *args]
+
+
+def jobs_run(stdout: str) -> dict[str, int]:
+    """Snakemake's 'Job stats' table: rule -> number of jobs it ran."""
+    table = stdout.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
 
 
 def run_workflow(

@@ -51,6 +51,18 @@ def command_task(grid=None, **training):
     return mutate
 
 
+def a_search(keep_grid: bool = False, **search):
+    """A random search in place of the grid (beside it with keep_grid), with `search` replacing keys."""
+
+    def mutate(config, _tmp_path):
+        if not keep_grid:
+            config.pop("grid")
+        space = {"learning_rate": {"log_uniform": [1.0e-5, 1.0e-3]}}
+        config["search"] = {"kind": "random", "trials": 2, "space": space, **search}
+
+    return mutate
+
+
 def image_folder(files: dict[str, bytes]):
     """An image-classification config on a folder holding `files` (path below it -> content)."""
 
@@ -288,6 +300,46 @@ CASES = {
     "packing with the local profile": (
         set_key("cluster", pack_runs=4),
         ["config key cluster.pack_runs: 4 packs runs into cluster jobs", "with the 'local' executor"],
+    ),
+    # A search instead of a grid (README, "Searching beyond a grid"): a space that cannot be drawn.
+    "a grid and a search": (a_search(keep_grid=True), ["config keys grid and search are both set"]),
+    "neither a grid nor a search": (
+        lambda config, _tmp_path: config.pop("grid"),
+        ["config key grid: set grid: (lists of values, every combination a run) or search:"],
+    ),
+    "an unknown kind of search": (a_search(kind="bayesian"), ["config key search.kind", "'bayesian' is not one of"]),
+    "a search of no trials": (a_search(trials=0), ["config key search.trials", "0 is less than the minimum of 1"]),
+    "a log-uniform bound of 0": (
+        a_search(space={"learning_rate": {"log_uniform": [0, 1.0e-3]}}),
+        ["config key search.space.learning_rate: log_uniform [0, 0.001]"],
+    ),
+    "an empty choice": (
+        a_search(space={"batch_size": {"choice": []}}),
+        ["config key search.space.batch_size.choice", "should be non-empty"],
+    ),
+    "a space key the task does not take": (
+        a_search(space={"learning_rat": {"log_uniform": [1.0e-5, 1.0e-3]}}),
+        ["config key search.space.learning_rat: not a training key of this task; it takes: batch_size"],
+    ),
+    "the seed in the space": (
+        a_search(space={"seed": {"int_uniform": [0, 9]}}),
+        ["config key search.space.seed: seeds are replicates", "search.seeds"],
+    ),
+    "decimals drawn for an integer key": (
+        a_search(space={"batch_size": {"uniform": [8, 64]}}),
+        ["config key search.space.batch_size: batch_size takes integers, and uniform draws decimals"],
+    ),
+    "a bound the key does not take": (
+        a_search(space={"warmup_ratio": {"uniform": [0.0, 1.5]}}),
+        ["config key search.space.warmup_ratio: uniform [0.0, 1.5]: 1.5 is greater than or equal to the maximum"],
+    ),
+    "a search key of a program that does not take it": (
+        lambda config, tmp_path: (
+            command_task(command=["python"], lr=0.1)(config, tmp_path),
+            config.pop("grid"),
+            config.update(search={"kind": "random", "trials": 2, "space": {"lrr": {"uniform": [0.1, 1]}}}),
+        ),
+        ["search.space.lrr: not a parameter of the program", "did you mean 'lr'?"],
     ),
     "text and label in the same column": (
         lambda c, t: (csv_dataset(GOOD_ROWS)(c, t), c["dataset"].update(label_column="text")),

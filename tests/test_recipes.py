@@ -4,6 +4,7 @@ file's header run it."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -50,9 +51,11 @@ def test_every_recipe_plans(name, recipe_workdir):
     arguments = ["--profile", str(REPO / "profiles" / PROFILE[name])] if name in PROFILE else []
     planned = run_workflow(recipe_workdir, "-n", *arguments)
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", planned.stdout.split("Job stats:", 1)[1], re.MULTILINE))
-    runs = 1
-    for values in (yaml.safe_load(config.read_text()).get("grid") or {}).values():
-        runs *= len(values)
+    written = yaml.safe_load(config.read_text())
+    if "search" in written:
+        runs = written["search"]["trials"] * len(written["search"].get("seeds", [0]))
+    else:
+        runs = math.prod(len(values) for values in written["grid"].values())
     assert int(jobs["train"]) == int(jobs["predict"]) == runs
 
 

@@ -20,6 +20,7 @@ from conftest import (
     different_curves,
     drawn_figure,
     job_process,
+    jobs_run,
     long_run,
     recipe,
     run_workflow,
@@ -36,12 +37,6 @@ from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
 
 pytestmark = pytest.mark.slow
 STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
-
-
-def jobs_run(stdout: str) -> dict[str, int]:
-    """Snakemake's 'Job stats' table: rule -> number of jobs it ran."""
-    table = stdout.split("Job stats:", 1)[1].split("total", 1)[0]
-    return {rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
 
 
 def run_dirs(workdir: Path) -> list[Path]:

@@ -15,6 +15,7 @@ from typing import Any
 from scratchflow.dataset import DatasetError, data_sources, resolve_location, table_columns
 from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.models import is_local_source
+from scratchflow.search import SearchError, check_space, search_size, swept_values
 from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
 from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
 from scratchflow.tracking import MissingPackage, require_wandb
@@ -111,10 +112,24 @@ def validate_task(config: dict[str, Any]) -> Any:
     for key, item in schema.get("properties", {}).items():
         if "default" in item:
             config["training"].setdefault(key, item["default"])
-    for section, section_schema in (("training", schema), ("grid", grid_schema(schema))):
+    swept = [section for section in ("grid", "search") if section in config]
+    if len(swept) != 1:
+        raise ConfigError(
+            "config keys grid and search are both set: the runs are a grid or a search, not both; remove one"
+            if swept
+            else "config key grid: set grid: (lists of values, every combination a run) or search: (trials "
+            'drawn from a space; README, "Searching beyond a grid")'
+        )
+    sections = [("training", schema)] + ([("grid", grid_schema(schema))] if "grid" in config else [])
+    for section, section_schema in sections:
         errors = sorted(jsonschema.Draft202012Validator(section_schema).iter_errors(config[section]), key=str)
         if errors:
             raise ConfigError(describe_schema_error(jsonschema.exceptions.best_match(errors), section))
+    if "search" in config:
+        try:
+            check_space(config["search"]["space"], schema)
+        except SearchError as error:
+            raise ConfigError(f"config key {error}") from None
     if task.NEEDS_MODEL and not config.get("model"):
         raise ConfigError(f"config key model: task {config['task']!r} needs a model (model.name and model.source)")
     if config["aggregate"]["metric"] is None:
@@ -140,17 +155,24 @@ def check_grid_size(config: dict[str, Any]) -> str | None:
     """Refuse a grid of more than `max_runs` runs before expanding it (its size is the product of its
     lists' lengths, which hold no repeats); for one large enough that planning takes a while, the
     note to print first."""
-    grid = config["grid"]
-    runs = math.prod(len(values) for values in grid.values())
-    sizes = " x ".join(f"{key} ({len(values)})" for key, values in sorted(grid.items()))
+    if "search" in config:
+        search = config["search"]
+        runs = search_size(search)
+        sizes = f"trials ({search['trials']}) x seeds ({max(1, len(search.get('seeds') or []))})"
+        section = "search"
+    else:
+        grid = config["grid"]
+        runs = math.prod(len(values) for values in grid.values())
+        sizes = " x ".join(f"{key} ({len(values)})" for key, values in sorted(grid.items()))
+        section = "grid"
     if runs > config["max_runs"]:
         raise ConfigError(
-            f"config key grid: {runs:,} runs ({sizes}), more than max_runs ({config['max_runs']:,}); "
+            f"config key {section}: {runs:,} runs ({sizes}), more than max_runs ({config['max_runs']:,}); "
             "fewer values, or a larger max_runs if this grid is meant "
             f"(planning alone would take about {_planning_cost(runs)})"
         )
     if runs >= LARGE_GRID_RUNS:
-        return f"scratchflow: a grid of {runs:,} runs ({sizes}); planning it takes about {_planning_cost(runs)}"
+        return f"scratchflow: a {section} of {runs:,} runs ({sizes}); planning it takes about {_planning_cost(runs)}"
     return None
 
 
@@ -321,13 +343,13 @@ def check_precision(
     has none)."""
     if requested_gpus_per_node(train_resources) is not None or gpus_here:
         return
-    training, grid = config["training"], config.get("grid", {})
-    if training.get("fsdp") or any(grid.get("fsdp", [])):
+    training = config["training"]
+    if training.get("fsdp") or any(swept_values(config, "fsdp")):
         raise ConfigError(
             "training.fsdp: FSDP shards the model across GPUs, and this run has none (the train rule "
             "asks for no GPU: gres, gpu or --gpus-per-node in the profile); remove fsdp, or train on GPUs"
         )
-    if (training.get("bf16") or any(grid.get("bf16", []))) and not flags & set(CPU_BFLOAT16_FLAGS):
+    if (training.get("bf16") or any(swept_values(config, "bf16"))) and not flags & set(CPU_BFLOAT16_FLAGS):
         raise ConfigError(
             "training.bf16: this run trains on CPU (its train rule asks for no GPU), and this CPU has no "
             f"bfloat16 instructions ({' or '.join(CPU_BFLOAT16_FLAGS)}): bf16 would be far slower than "

@@ -1,4 +1,4 @@
-"""The run table: a hyperparameter grid expanded into runs with stable ids."""
+"""The run table: a hyperparameter grid (or search, scratchflow.search) expanded into runs with stable ids."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import itertools
 import json
 from typing import Any
 
+from scratchflow.search import expand_search
 from scratchflow.tasks import DEFAULT_TASK
 
 RUN_ID_LENGTH = 10
@@ -71,10 +72,15 @@ def expand_grid(defaults: dict[str, Any], grid: dict[str, list[Any]]) -> list[di
 
 
 def build_run_table(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """run_id -> that run's complete training parameters, for a validated config."""
+    """run_id -> that run's complete training parameters, for a validated config: every point of its
+    grid, or every trial of its search (trials that draw the same parameters are one run)."""
     runs: dict[str, dict[str, Any]] = {}
     model_name = config["model"]["name"] if config.get("model") else None
-    for params in expand_grid(config["training"], config["grid"]):
+    if "search" in config:
+        points = expand_search(config["training"], config["search"])
+    else:
+        points = expand_grid(config["training"], config["grid"])
+    for params in points:
         identity = run_identity(params, config["dataset"], model_name, config.get("task", DEFAULT_TASK))
         runs[run_id_for(identity)] = params
     return runs

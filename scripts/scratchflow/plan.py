@@ -15,10 +15,9 @@ from typing import Any
 
 from scratchflow.files import write_json_atomically
 from scratchflow.grid import build_run_table, run_identity
+from scratchflow.search import REPLICATE_KEY
 
 GRID_FILE = Path("results/grid.json")
-# The parameter whose values are replicates of one setting, not settings of their own.
-REPLICATE_KEY = "seed"
 
 
 @dataclass(frozen=True)

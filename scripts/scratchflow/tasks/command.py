@@ -46,6 +46,7 @@ from scratchflow.checkpoints import step_of
 from scratchflow.dataset import DatasetError
 from scratchflow.files import read_json
 from scratchflow.processes import StopForwarder, run_program
+from scratchflow.search import swept_keys
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained, TrainingStopped
 
@@ -84,12 +85,13 @@ def check_settings(config: dict[str, Any]) -> None:
     working directory, where the job runs it); every grid key is one of the program's parameters."""
     training = config["training"]
     check_program(training["command"])
-    unknown = sorted(set(config.get("grid") or {}) - set(training))
+    section = "grid" if "grid" in config else "search.space"
+    unknown = sorted(set(swept_keys(config)) - set(training))
     if unknown:
         near = difflib.get_close_matches(unknown[0], training, n=1)
         raise ValueError(
-            f"grid.{unknown[0]}: not a parameter of the program: a grid key of task command must name a key of "
-            f"training:, which declares the program's parameters and their defaults"
+            f"{section}.{unknown[0]}: not a parameter of the program: a {section} key of task command must name "
+            "a key of training:, which declares the program's parameters and their defaults"
             + (f" (did you mean {near[0]!r}?)" if near else "")
             + f"; training: has {', '.join(sorted(key for key in training if key != 'command'))}. "
             "Add it to training: with its default if the program takes it"
