@@ -106,6 +106,13 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
         config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
         config["training"]["epochs"] = 2
         del config["cluster"]  # the profile's cluster facts apply
+        if profile == "edinburgh":  # a random search of one trial: a search's jobs on Slurm
+            del config["grid"]
+            config["search"] = {
+                "kind": "random",
+                "trials": 1,
+                "space": {"learning_rate": {"log_uniform": [1e-3, 3e-3]}},
+            }
         if profile == "lrz":
             config["cluster"] = {"rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"}}
         write_config(workdir, config)
@@ -131,6 +138,8 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     (run,) = (tmp_path / "results" / "runs").iterdir()
     record = json.loads((run / "record.json").read_text())
     assert record["config"]["cluster"]["name"] == profile
+    if profile == "edinburgh":  # the search's one trial, drawn from its space
+        assert "grid" not in record["config"] and 1e-3 <= record["run"]["training"]["learning_rate"] <= 3e-3
     (train_line,) = sbatch_lines(result.stdout, "train")
     for flag in expected:
         assert flag in train_line, f"{flag!r} missing from {train_line}"

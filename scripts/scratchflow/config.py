@@ -168,7 +168,7 @@ def check_grid_size(config: dict[str, Any]) -> str | None:
     if runs > config["max_runs"]:
         raise ConfigError(
             f"config key {section}: {runs:,} runs ({sizes}), more than max_runs ({config['max_runs']:,}); "
-            "fewer values, or a larger max_runs if this grid is meant "
+            "fewer values (or trials), or a larger max_runs if it is meant "
             f"(planning alone would take about {_planning_cost(runs)})"
         )
     if runs >= LARGE_GRID_RUNS:

@@ -157,7 +157,7 @@ class Plan:
 
     def write(self, workdir: Path) -> None:
         """`results/grid.json`: the plan, for the status (which knows the runs not started yet from it)."""
-        # Unsorted: the runs stay in grid order, which orders the status and makes the packs.
+        # Unsorted: the runs stay in grid order, the order the status lists them in.
         write_json_atomically(self._fields(), workdir / GRID_FILE, sort_keys=False)
 
     @classmethod

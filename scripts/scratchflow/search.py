@@ -11,8 +11,6 @@ import math
 import random
 from typing import Any
 
-# How each distribution of the space draws a value; the bounds are checked by `check_space`.
-DISTRIBUTIONS = ("uniform", "log_uniform", "int_uniform", "choice")
 # Drawn numbers keep this many significant digits: readable in tables, and no loss for a search.
 SIGNIFICANT_DIGITS = 4
 # The parameter whose values are replicates of one setting, not settings of their own (a grid's seed
