@@ -23,8 +23,9 @@ demo: setup  ## Run the demo grid on this machine, then build its report and say
 	scripts/run_local.sh --report results/report.html >logs/report.log 2>&1
 	@echo "The grid's report, one HTML file to open in a browser: $(CURDIR)/results/report.html"
 
-example-%: setup  ## Run config/examples/<name>/ in example-runs/<name>/ (image, command).
-	scripts/run_example.sh $*
+# Named, not a pattern rule: make applies no pattern rule to a .PHONY target, and did nothing.
+example-image example-command: setup  ## Run config/examples/<name>/ in example-runs/<name>/.
+	scripts/run_example.sh $(@:example-%=%)
 
 status: setup  ## Where every run of the grid in DIR (default: here) stands; changes nothing.
 	$(PYTHON) scripts/status.py $(or $(DIR),.)

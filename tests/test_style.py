@@ -1,5 +1,6 @@
 """The conventions of the Snakemake ecosystem, checked by their own tools."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,18 @@ def test_the_workflow_passes(check):
     assert result.returncode == 0, result.stdout + result.stderr
     if check == "snakemake --lint":
         assert "Congratulations" in result.stdout + result.stderr
+
+
+def test_every_make_command_the_readme_gives_runs_something():
+    """A target the README tells users to run must have commands (make -n prints them, runs none):
+    `make example-image` once did nothing at all, since make applies no pattern rule to a .PHONY
+    target."""
+    readme = (REPO / "README.md").read_text()
+    commands = set(re.findall(r"^make ([a-z-]+)", readme, re.MULTILINE))
+    commands |= set(re.findall(r"`make ([a-z-]+)", readme))
+    assert {"demo", "test", "example-image", "example-command", "check"} <= commands
+    for target in sorted(commands):
+        variables = ["PROFILE=profiles/narval"] if target == "cluster" else []
+        planned = subprocess.run(["make", "-n", target, *variables], cwd=REPO, capture_output=True, text=True)
+        assert planned.returncode == 0, planned.stderr
+        assert "Nothing to be done" not in planned.stdout + planned.stderr, f"make {target} does nothing"
