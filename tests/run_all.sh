@@ -2,7 +2,8 @@
 # The whole suite (`make test`, and so CI), in three pytest processes:
 # - the Slurm tests and every other test side by side. The Slurm tests wait on the test cluster much
 #   of the time (one cluster, their tests in order) and the others keep about one core busy, so
-#   side by side they share the 2 cores (conftest.py: OpenMP's threads sleep while they wait). The
+#   side by side they share the 2 cores (every job trains with one thread, so none waits on a
+#   partner thread that the other side holds off its core: benchmarks/README.md, section 12). The
 #   data, model and reference runs both need are built once (conftest.built_once);
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
 #   go beside them says nothing (rsync 0.36 s against stage-in 0.89 s beside an image build).
