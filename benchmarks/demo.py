@@ -50,15 +50,14 @@ def demo(work: Path) -> tuple[Timing, Timing, dict[str, float]]:
 def floor(config_file: Path, accuracy_out: Path) -> None:
     """The hand-written script: load the data once, then train and predict each run in turn."""
     import numpy as np
-    import torch
     from scratchflow.dataset import label_names, load_examples, resolve_location, split_examples
     from scratchflow.tasks.text_classification import EncodedExamples
+    from throughput import bare_arguments  # the benchmarks' hand-written Trainer settings
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
-        TrainingArguments,
         set_seed,
     )
 
@@ -82,21 +81,8 @@ def floor(config_file: Path, accuracy_out: Path) -> None:
             model = AutoModelForSequenceClassification.from_pretrained(
                 model_dir, local_files_only=True, num_labels=len(labels)
             )
-            arguments = TrainingArguments(
-                output_dir=work,
-                learning_rate=learning_rate,
-                per_device_train_batch_size=training["batch_size"],
-                per_device_eval_batch_size=training["batch_size"] * 2,
-                num_train_epochs=training["epochs"],
-                weight_decay=training["weight_decay"],
-                warmup_steps=training["warmup_ratio"],
-                seed=seed,
-                use_cpu=not torch.cuda.is_available(),
-                eval_strategy="epoch",
-                save_strategy="no",
-                disable_tqdm=True,
-                report_to="none",
-            )
+            params = {**training, "learning_rate": learning_rate, "seed": seed}
+            arguments = bare_arguments(params, Path(work), workers=0)
             trainer = Trainer(
                 model=model,
                 args=arguments,

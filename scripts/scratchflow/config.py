@@ -158,7 +158,7 @@ def check_grid_size(config: dict[str, Any]) -> str | None:
     if "search" in config:
         search = config["search"]
         runs = search_size(search)
-        sizes = f"trials ({search['trials']}) x seeds ({max(1, len(search.get('seeds') or []))})"
+        sizes = f"trials ({search['trials']}) x seeds ({runs // search['trials']})"
         section = "search"
     else:
         grid = config["grid"]
