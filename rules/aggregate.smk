@@ -10,6 +10,7 @@ rule aggregate:
     input:
         unpack(run_results),
     output:
+        **SEARCH_RESULTS,
         summary=GRID_OUTPUTS["summary"],
         runs=GRID_OUTPUTS["runs"],
         best=GRID_OUTPUTS["best"],
@@ -38,7 +39,6 @@ rule aggregate:
     conda:
         "../envs/scratchflow.yaml"
     params:
-        run_ids=PLAN.run_ids,
         metric=PLAN.metric,
         goal=PLAN.goal,
     script:

@@ -16,10 +16,21 @@ except ModuleNotFoundError as error:  # a job's image or venv without requiremen
 from scratchflow.config import ConfigError, check_dataset_layout, explain_schema_error
 from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.models import is_local_source
-from scratchflow.plan import GRID_OUTPUTS, PACK_OUTPUT, RUN_PATHS
+from scratchflow.files import read_json
+from scratchflow.plan import (
+    GRID_OUTPUTS,
+    PACK_OUTPUT,
+    RUN_PATHS,
+    RUNG_BENCHMARK,
+    RUNG_DECISION,
+    RUNG_LOG,
+    RUNG_RECORD,
+    SEARCH_OUTPUTS,
+)
 from scratchflow.snakemake_adapter import (
     prepare_job_step,
     register_pack_slot,
+    share_resources,
     string_resources_of,
     target_rules,
 )
@@ -59,6 +70,23 @@ TRAIN_INPUTS = {
     "manifest": DATASET_MANIFEST,
     **({"base_model": MODEL_CACHE} if MODEL else {}),
 }
+# A halving search's last rung resumes each run it trains from its record of the rung before.
+LAST_TRAIN_INPUTS = (
+    {"last_rung": RUNG_RECORD.format(run_id="{run_id}", rung=len(PLAN.rungs) - 2)}
+    if PLAN.halving
+    else {}
+)
+# The comparison of a halving search also shows its rungs.
+SEARCH_RESULTS = (
+    {
+        "rungs": SEARCH_OUTPUTS["rungs"],
+        "rung_plot": report(
+            SEARCH_OUTPUTS["rung_plot"], caption="report/rungs.rst", category="Search"
+        ),
+    }
+    if PLAN.halving
+    else {}
+)
 PREDICT_OUTPUTS = {
     "metrics": RUN_PATHS.metrics,
     "record": RUN_PATHS.predict_record,
@@ -72,6 +100,7 @@ wildcard_constraints:
     dataset=DATASET["name"],
     model=MODEL["name"] if MODEL else "(?!)",
     pack="[0-9]+",
+    rung="[0-9]+",
 
 
 def dataset_locations(wildcards):
@@ -102,8 +131,37 @@ def run_identity_of(wildcards):
 
 
 def run_results(wildcards):
-    """The params, test metrics and records of every run of the grid, for the comparison."""
+    """The params, test metrics and records of every run of the grid (of a halving search: of the
+    runs its last rung trained, and its decisions), for the comparison."""
+    if PLAN.halving:
+        return PLAN.run_results(runs_in_rung(len(PLAN.rungs) - 1))
     return PLAN.run_results()
+
+
+def runs_in_rung(rung):
+    """The runs rung `rung` of a halving search trains: all at rung 0, then those the decision after
+    the rung before promoted (known once that decision is made: a checkpoint rule)."""
+    if rung == 0:
+        return PLAN.run_ids
+    return read_json(checkpoints.promote.get(rung=rung - 1).output.decision)["promoted"]
+
+
+def rung_records(wildcards):
+    """The validation metrics of the runs a rung trained, which its decision ranks."""
+    rung = int(wildcards.rung)
+    return [
+        RUNG_RECORD.format(run_id=run_id, rung=rung) for run_id in runs_in_rung(rung)
+    ]
+
+
+def previous_rung_record(wildcards):
+    """From the second rung on, a run's rung resumes from its rung before."""
+    rung = int(wildcards.rung)
+    return RUNG_RECORD.format(run_id=wildcards.run_id, rung=rung - 1) if rung else []
+
+
+def rung_epochs(wildcards):
+    return PLAN.rungs[int(wildcards.rung)]
 
 
 def records_in_pack(wildcards):

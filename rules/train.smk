@@ -4,6 +4,7 @@
 rule train:
     input:
         **TRAIN_INPUTS,
+        **LAST_TRAIN_INPUTS,
     output:
         model=directory(RUN_PATHS.model),
         params=RUN_PATHS.params,

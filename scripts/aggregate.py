@@ -6,9 +6,8 @@ from scratchflow.jobs import aggregate_job, job_context
 with job_context(snakemake.log[0]):
     aggregate_job(
         runs={
-            run_id: {"params": Path(params), "metrics": Path(metrics), "record": Path(record)}
-            for run_id, params, metrics, record in zip(
-                snakemake.params.run_ids,
+            Path(params).parent.name: {"params": Path(params), "metrics": Path(metrics), "record": Path(record)}
+            for params, metrics, record in zip(
                 snakemake.input.params,
                 snakemake.input.metrics,
                 snakemake.input.records,
@@ -24,4 +23,8 @@ with job_context(snakemake.log[0]):
         curves_out=Path(snakemake.output.curves),
         page_out=Path(snakemake.output.page),
         confusion_out=Path(snakemake.output.confusion),
+        # A halving search's decisions, and its rungs' table and figure.
+        decisions=[Path(path) for path in snakemake.input.get("decisions", [])],
+        rungs_out=Path(snakemake.output.rungs) if hasattr(snakemake.output, "rungs") else None,
+        rung_plot_out=Path(snakemake.output.rung_plot) if hasattr(snakemake.output, "rung_plot") else None,
     )

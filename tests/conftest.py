@@ -3,6 +3,7 @@ workflow in a directory of its own."""
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import json
 import os
@@ -118,6 +119,12 @@ def jobs_run(stdout: str) -> dict[str, int]:
     """Snakemake's 'Job stats' table: rule -> number of jobs it ran."""
     table = stdout.split("Job stats:", 1)[1].split("total", 1)[0]
     return {rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
+
+
+def jobs_started(stdout: str) -> dict[str, int]:
+    """Rule -> jobs Snakemake started, from each job's heading (the 'Job stats' table lists only the
+    jobs planned first, before any checkpoint rule adds more)."""
+    return dict(collections.Counter(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", stdout, re.MULTILINE)))
 
 
 def run_workflow(

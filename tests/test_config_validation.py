@@ -341,6 +341,38 @@ CASES = {
         ),
         ["search.space.lrr: not a parameter of the program", "did you mean 'lr'?"],
     ),
+    # Successive halving: rungs it cannot climb, a share it cannot keep, nothing to rank on.
+    "halving rungs that do not increase": (
+        a_search(kind="halving", rungs=[2, 2, 4], keep=0.5),
+        ["config key search.rungs: [2, 2, 4]: each rung must train to more epochs than the one before"],
+    ),
+    "halving that keeps every setting": (
+        a_search(kind="halving", rungs=[1, 3], keep=1),
+        ["config key search.keep", "1 is greater than or equal to the maximum of 1"],
+    ),
+    "halving without validation data": (
+        lambda config, tmp_path: (
+            a_search(kind="halving", rungs=[1, 3], keep=0.5)(config, tmp_path),
+            config["dataset"].update(validation_fraction=0),
+        ),
+        ["config key dataset.validation_fraction: a halving search", "never the test split"],
+    ),
+    "halving over a program without epochs": (
+        lambda config, tmp_path: (
+            command_task(command=["python"], lr=0.1)(config, tmp_path),
+            config.pop("grid"),
+            config.update(
+                search={
+                    "kind": "halving",
+                    "rungs": [1, 2],
+                    "keep": 0.5,
+                    "trials": 2,
+                    "space": {"lr": {"choice": [0.1, 1]}},
+                }
+            ),
+        ),
+        ["config key training.epochs: a halving search", "SCRATCHFLOW_BUDGET_EPOCHS"],
+    ),
     "text and label in the same column": (
         lambda c, t: (csv_dataset(GOOD_ROWS)(c, t), c["dataset"].update(label_column="text")),
         ["dataset.text_column and dataset.label_column are both 'text'"],

@@ -4,15 +4,27 @@ ids that are the runs' parameters, replicates per trial, and the whole lifecycle
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, jobs_run, recipe, run_workflow, validated, workflow_config, write_config, write_recipe_data
+from conftest import (
+    REPO,
+    jobs_run,
+    jobs_started,
+    recipe,
+    run_workflow,
+    same_results,
+    validated,
+    workflow_config,
+    write_config,
+    write_recipe_data,
+)
 from scratchflow.grid import build_run_table
-from scratchflow.search import SearchError, check_space, expand_search, trial
+from scratchflow.search import SearchError, check_halving, check_space, expand_search, promoted, trial
 from scratchflow.tasks import training_schema
 
 SPACE = {
@@ -111,6 +123,54 @@ def test_a_space_that_cannot_be_drawn_is_refused_naming_the_key(space, refused):
         check_space(space, training_schema("text-classification"))
 
 
+@pytest.mark.parametrize(
+    ("search", "refused"),
+    [
+        ({"kind": "random", "rungs": [1, 2]}, "search.rungs: only a halving search has rungs, and kind is 'random'"),
+        ({"kind": "halving", "keep": 0.5}, "search.rungs: a halving search needs rungs"),
+        ({"kind": "halving", "rungs": [3, 1], "keep": 0.5}, "search.rungs: [3, 1]: each rung must train to more"),
+        ({"kind": "halving", "rungs": [1, 3], "keep": 0.5, "space": SPACE}, "search.space.epochs: a halving search"),
+    ],
+)
+def test_a_halving_search_it_cannot_run_is_refused_naming_the_key(search, refused):
+    with pytest.raises(SearchError, match=f"^{re.escape(refused)}"):
+        check_halving({"space": {"learning_rate": SPACE["learning_rate"]}, **search})
+
+
+def test_a_halving_search_trains_its_runs_to_the_last_rung_and_refuses_packed_runs():
+    from scratchflow.config import ConfigError
+
+    space = {"learning_rate": SPACE["learning_rate"]}
+    config = search_config(kind="halving", rungs=[1, 3, 9], keep=0.34, space=space)
+    assert {params["epochs"] for params in build_run_table(config).values()} == {9}
+    config = search_config(kind="halving", rungs=[1, 3], keep=0.5, space=space)
+    config["cluster"] = {"pack_runs": 4}
+    with pytest.raises(ConfigError, match=r"config key cluster\.pack_runs: a halving search"):
+        validated(config)
+
+
+@pytest.mark.parametrize(
+    ("values", "keep", "goal", "expected"),
+    [
+        ({"a": 0.5, "b": 0.9, "c": 0.7, "d": 0.1}, 0.5, "max", ["b", "c"]),
+        ({"a": 0.5, "b": 0.9, "c": 0.7, "d": 0.1}, 0.5, "min", ["d", "a"]),
+        ({"a": 0.5, "b": 0.9, "c": 0.7}, 0.34, "max", ["b"]),
+        ({"a": 0.5, "b": 0.9}, 0.1, "max", ["b"]),  # at least one goes on
+        ({"a": 0.5, "b": 0.5, "c": 0.5}, 0.34, "max", ["a"]),  # ties: the search's order
+    ],
+)
+def test_a_rung_sends_on_the_best_share_of_its_settings(values, keep, goal, expected):
+    settings = {run_id: [run_id] for run_id in values}
+    assert promoted(settings, values, keep, goal)[0] == expected
+
+
+def test_a_rung_ranks_a_setting_by_the_mean_of_its_seeds():
+    settings = {"x": ["x0", "x1"], "y": ["y0", "y1"]}
+    values = {"x0": 0.9, "x1": 0.1, "y0": 0.6, "y1": 0.6}  # x has the best run, y the best mean
+    runs, ranking = promoted(settings, values, 0.5, "max")
+    assert runs == ["y0", "y1"] and [entry["value"] for entry in ranking] == [0.6, 0.5]
+
+
 def test_a_search_larger_than_max_runs_is_refused_before_it_is_drawn():
     from scratchflow.config import ConfigError, check_grid_size
 
@@ -145,3 +205,51 @@ def test_a_random_search_trains_every_trial_and_more_trials_plan_only_the_new_on
     write_config(tmp_path, config)
     planned = jobs_run(run_workflow(tmp_path, "-n").stdout)
     assert planned["train"] == planned["predict"] == 2 and planned["aggregate"] == 1
+
+
+@pytest.mark.slow
+def test_a_halving_search_goes_on_with_the_best_and_its_last_rung_ends_as_a_direct_run(
+    tmp_path_factory, bbc_subset, tiny_model
+):
+    """config/tests/halving-search.yaml on the tests' data with the tiny model: 3 trials to 5 epochs,
+    the best of them by validation macro-F1 on to 10, resumed from its own checkpoint; it ends with
+    the weights and test metrics of the same configuration trained to 10 epochs directly."""
+    search_dir = tmp_path_factory.mktemp("halving")
+    write_recipe_data(search_dir, bbc_subset)
+    config = {**workflow_config(bbc_subset, tiny_model, search_dir / "scratch"), **recipe("halving-search.yaml")}
+    del config["grid"]
+    config["model"] = {"name": "tiny-bert", "source": str(tiny_model)}
+    config["training"] = {"max_length": 64, "batch_size": 16}
+    config["search"].update(trials=3, rungs=[5, 10])
+    config["search"]["space"] = {"learning_rate": {"log_uniform": [3.0e-4, 3.0e-3]}}
+    write_config(search_dir, config)
+    ran = jobs_started(run_workflow(search_dir).stdout)
+    assert (ran["train_rung"], ran["promote"], ran["train"], ran["predict"]) == (3, 1, 1, 1)
+
+    results = search_dir / "results"
+    decision = json.loads((results / "search" / "rung-0.json").read_text())
+    values = decision["values"]
+    assert len(values) == 3 and decision["epochs"] == 5 and decision["metric"] == "macro_f1"
+    (promoted,) = decision["promoted"]
+    assert values[promoted] == max(values.values()), "the best by validation macro-F1 goes on"
+    rungs = pd.read_csv(results / "search" / "rungs.tsv", sep="\t")
+    assert dict(zip(rungs["run_id"], rungs["rung"], strict=True)) == {run: int(run == promoted) for run in values}
+    assert rungs.loc[rungs["run_id"] == promoted, "validation_macro_f1_at_10_epochs"].notna().all()
+    runs = pd.read_csv(results / "runs.tsv", sep="\t")
+    assert list(runs["run_id"]) == [promoted] and runs["validation_macro_f1_at_5_epochs"].tolist() == [values[promoted]]
+    assert (results / "search" / "rungs.png").stat().st_size > 0
+    stopped = set(values) - {promoted}
+    assert not any((search_dir / "checkpoints" / run_id).exists() for run_id in values), "released when done"
+    assert all((results / "runs" / run_id / "rung-0.json").is_file() for run_id in stopped)
+
+    direct_dir = tmp_path_factory.mktemp("direct")
+    params = json.loads((results / "runs" / promoted / "params.json").read_text())
+    direct = {**config, "cluster": {"scratch_root": str(direct_dir / "scratch")}}
+    del direct["search"]
+    direct["training"] = params
+    direct["grid"] = {"seed": [params["seed"]]}
+    write_config(direct_dir, direct)
+    write_recipe_data(direct_dir, bbc_subset)
+    run_workflow(direct_dir)
+    assert [path.name for path in (direct_dir / "results" / "runs").iterdir()] == [promoted], "the same run id"
+    assert same_results(search_dir, direct_dir) == [], "weights, test metrics and predictions, byte for byte"

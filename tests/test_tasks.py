@@ -166,7 +166,7 @@ def test_a_text_dataset_of_train_and_test_files_only_trains_without_validation(t
     record = record_of(tmp_path)
     assert record["training"]["validation_examples"] == 0
     assert record["training"]["train_examples"] == len(splits["train"])
-    assert "validation_accuracy" not in record["training"]
+    assert "validation" not in record["training"]
     (run,) = (tmp_path / "results" / "runs").iterdir()
     assert len(pd.read_csv(run / "predictions.csv")) == len(splits["test"])
 

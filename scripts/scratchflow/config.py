@@ -15,7 +15,7 @@ from typing import Any
 from scratchflow.dataset import DatasetError, data_sources, resolve_location, table_columns
 from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.models import is_local_source
-from scratchflow.search import SearchError, check_space, search_size, swept_values
+from scratchflow.search import BUDGET_KEY, HALVING, SearchError, check_halving, check_space, search_size, swept_values
 from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
 from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
 from scratchflow.tracking import MissingPackage, require_wandb
@@ -128,8 +128,11 @@ def validate_task(config: dict[str, Any]) -> Any:
     if "search" in config:
         try:
             check_space(config["search"]["space"], schema)
+            check_halving(config["search"])
         except SearchError as error:
             raise ConfigError(f"config key {error}") from None
+        if config["search"]["kind"] == HALVING:
+            check_halving_setup(config)
     if task.NEEDS_MODEL and not config.get("model"):
         raise ConfigError(f"config key model: task {config['task']!r} needs a model (model.name and model.source)")
     if config["aggregate"]["metric"] is None:
@@ -149,6 +152,35 @@ def validate_task(config: dict[str, Any]) -> Any:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return task
+
+
+def check_halving_setup(config: dict[str, Any]) -> None:
+    """A halving search ranks by the validation split, never the test split: refuse data without one.
+    It sets the runs' epochs: refuse a program without them. Its rung jobs go to Slurm one run
+    each: refuse packed runs."""
+    dataset = config["dataset"]
+    if dataset.get("splits"):
+        if "validation" not in dataset["splits"]:
+            raise ConfigError(
+                "config key dataset.splits: a halving search (search.kind) ranks the runs at each rung on the "
+                "validation split, never the test split, and dataset.splits has none: add a validation file"
+            )
+    elif not dataset["validation_fraction"]:
+        raise ConfigError(
+            "config key dataset.validation_fraction: a halving search (search.kind) ranks the runs at each rung on "
+            "the validation split, never the test split, and validation_fraction is 0: set it, e.g. 0.1"
+        )
+    if BUDGET_KEY not in config["training"]:
+        raise ConfigError(
+            f"config key training.{BUDGET_KEY}: a halving search trains each run to its last rung's "
+            f"{BUDGET_KEY}, and the program declares no {BUDGET_KEY} parameter: add {BUDGET_KEY} to training: "
+            '(README, "Searching beyond a grid": what a program does with SCRATCHFLOW_BUDGET_EPOCHS)'
+        )
+    if config["cluster"]["pack_runs"] > 1:
+        raise ConfigError(
+            "config key cluster.pack_runs: a halving search submits each run's rung as its own job; "
+            "set pack_runs to 1 or use a grid or a random search"
+        )
 
 
 def check_grid_size(config: dict[str, Any]) -> str | None:

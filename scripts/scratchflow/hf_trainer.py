@@ -3,6 +3,7 @@ mirrors each new checkpoint there, and stops cleanly on Slurm's signals."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ from transformers.utils import is_torch_tf32_available
 
 from scratchflow import signals
 from scratchflow.checkpoints import RunCheckpoints, step_of
+from scratchflow.classification import classification_metrics
 from scratchflow.distributed import Rank
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.tasks import TrainContext, TrainingStopped
@@ -105,16 +107,32 @@ class ExactlyResumableTrainer(Trainer):
             self._globalstep_last_logged = state["last_logged_step"]
 
 
+def budget_step(max_steps: int, epochs: int, budget_epochs: int) -> int:
+    """The step at which `budget_epochs` of a training of `epochs` epochs (`max_steps` steps) end."""
+    return max_steps // epochs * budget_epochs
+
+
 class StopOnSignal(TrainerCallback):
     """Turns a stop signal into "save a checkpoint now and stop"; also saves one after the last step,
     so that a run whose job dies after training resumes from its end instead of from zero. Under
     torchrun the job's launcher passes the signal on and also leaves `stop_file`, which counts as one
-    (the signal may have come before this process listened)."""
+    (the signal may have come before this process listened). With `budget_epochs` (a halving
+    search's rung), it stops the same way at the end of that epoch, its evaluation done."""
 
-    def __init__(self, stop_file: Path | None = None) -> None:
+    def __init__(self, stop_file: Path | None = None, budget_epochs: int | None = None) -> None:
         self.received: str | None = None
         self.stop_file = stop_file
         self.stopping = False
+        self.budget_epochs = budget_epochs
+        self.budget_step: int | None = None
+
+    def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.budget_epochs is not None:
+            self.budget_step = budget_step(state.max_steps, int(args.num_train_epochs), self.budget_epochs)
+
+    @property
+    def at_budget(self) -> bool:
+        return self.budget_step is not None and self.received is None and self.stopping
 
     @contextmanager
     def listening(self) -> Iterator[None]:
@@ -138,6 +156,8 @@ class StopOnSignal(TrainerCallback):
                 # This process's own signal may have come while it waited here: its name wins.
                 self.received = self.received or "a stop signal to another process"
                 stopping = True
+        if self.budget_step is not None and state.global_step >= self.budget_step:
+            stopping = True  # the epoch's evaluation still runs: the Trainer stops after it
         if stopping or state.global_step >= state.max_steps:
             control.should_save = True
         if stopping:
@@ -223,9 +243,12 @@ def dataloader_workers(on_gpu: bool, processes_on_node: int = 1) -> int:
     return min(8, len(os.sched_getaffinity(0)) // processes_on_node - 1)
 
 
-def accuracy(evaluation: Any) -> dict[str, float]:
+def accuracy_and_macro_f1(evaluation: Any) -> dict[str, float]:
+    """The validation split's figures that a test split's are ranked by (classification_metrics)."""
     logits, labels = evaluation
-    return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
+    classes = list(range(logits.shape[-1]))
+    metrics = classification_metrics(list(labels), list(np.argmax(logits, axis=-1)), classes)
+    return {"accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"]}
 
 
 def training_arguments(context: TrainContext, has_validation: bool, **task_specific: Any) -> TrainingArguments:
@@ -276,10 +299,10 @@ def train(context: TrainContext, args: TrainingArguments, **trainer_arguments: A
     torch.set_num_threads(context.threads)
     me = Rank.from_environment()
     local = Path(args.output_dir)  # the checkpoints on scratch
-    stop = StopOnSignal(context.work_dir / STOP_FILE_NAME if me.world_size > 1 else None)
+    stop = StopOnSignal(context.work_dir / STOP_FILE_NAME if me.world_size > 1 else None, context.budget_epochs)
     trainer = ExactlyResumableTrainer(
         args=args,
-        compute_metrics=accuracy,
+        compute_metrics=accuracy_and_macro_f1,
         # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
         callbacks=[
             stop,
@@ -289,9 +312,18 @@ def train(context: TrainContext, args: TrainingArguments, **trainer_arguments: A
         **trainer_arguments,
     )
     resume_from = context.checkpoints.restore_newest_to(local, me.world_size)
+    if resume_from and context.budget_epochs and reached_budget(resume_from, context.budget_epochs):
+        # A rung job killed after its last checkpoint: evaluate that checkpoint, train no further.
+        trainer._load_from_checkpoint(str(resume_from))
+        evaluation = trainer.evaluate()
+        return trainer, {
+            "global_steps": step_of(resume_from),
+            "resumed_from_step": step_of(resume_from),
+            "validation": validation_figures(evaluation),
+        }
     with stop.listening(), curves_logged(trainer, context, resume_from, me.rank == 0):
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    if result.global_step < trainer.state.max_steps:
+    if result.global_step < trainer.state.max_steps and not stop.at_budget:
         raise TrainingStopped(
             f"stopped on {stop.received} at step {result.global_step} of {trainer.state.max_steps}; "
             f"checkpoint-{result.global_step} is saved in {context.checkpoints.folder} and the next attempt "
@@ -367,8 +399,23 @@ def training_figures(trainer: Trainer, result: Any, resume_from: Path | None) ->
         "train_examples": len(trainer.train_dataset),
         "validation_examples": len(trainer.eval_dataset) if trainer.eval_dataset is not None else 0,
     }
-    evaluations = [entry for entry in history if "eval_accuracy" in entry]
+    evaluations = [entry for entry in history if "eval_loss" in entry]
     if evaluations:
-        figures["validation_accuracy"] = evaluations[-1]["eval_accuracy"]
-        figures["validation_loss"] = evaluations[-1]["eval_loss"]
+        figures["validation"] = validation_figures(evaluations[-1])
     return figures
+
+
+def validation_figures(evaluation: dict[str, Any]) -> dict[str, float]:
+    """The metrics of an evaluation on the validation split, without the `eval_` prefix or timings."""
+    timings = ("runtime", "samples_per_second", "steps_per_second")
+    return {
+        name.removeprefix("eval_"): value
+        for name, value in evaluation.items()
+        if name.startswith("eval_") and name.removeprefix("eval_") not in timings
+    }
+
+
+def reached_budget(checkpoint: Path, budget_epochs: int) -> bool:
+    """Whether `checkpoint` lies at or past the end of epoch `budget_epochs` (its trainer state's)."""
+    state = json.loads((checkpoint / CHECKPOINT_MARKER).read_text())
+    return state["global_step"] >= budget_step(state["max_steps"], int(state["num_train_epochs"]), budget_epochs)

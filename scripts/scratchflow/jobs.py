@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation, distributed, report, signals, tracking
+from scratchflow import aggregation, distributed, report, search, signals, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.distributed import Shape
@@ -120,13 +120,20 @@ class TrainJob:
     checkpointing: dict[str, Any]
     threads: int
     workflow_dir: Path
-    model_out: Path
-    params_out: Path
-    record_out: Path
+    model_out: Path | None  # None for a rung's job, which trains on to the next rung or stops
+    params_out: Path | None
+    record_out: Path  # record.json, written last; for a rung's job, the rung's record
     tracking_dir: Path  # results/runs/<run_id>/tensorboard: kept across pieces, so not an output
     tracking: str  # config key tracking
     log: Path  # the rule's log, which this job writes to
     shape: Shape = field(default_factory=Shape)
+    rung: Rung | None = None  # a halving search's rung: train to its epochs, keep the checkpoint
+
+
+@dataclass(frozen=True)
+class Rung:
+    index: int
+    epochs: int
 
 
 def train_job(job: TrainJob) -> None:
@@ -134,6 +141,8 @@ def train_job(job: TrainJob) -> None:
 
     One call is one piece of the run: a piece stopped by a signal saves its progress and fails, and
     the next attempt resumes. `record_out` is written last: its presence means the outputs are complete.
+    A rung's job trains to the rung's epochs and records the validation metrics there; its checkpoint
+    on shared storage is where the next rung, or the run's last job, resumes.
     """
     task = load_task(job.task)
     signals.use_stop_signal(job.checkpointing["stop_signal"])
@@ -184,13 +193,18 @@ def train_job(job: TrainJob) -> None:
                     threads=job.threads,
                     nodes=job.shape.nodes,
                     processes_per_node=job.shape.processes_per_node,
+                    budget_epochs=job.rung.epochs if job.rung else None,
                 ),
                 distributed.Staging(job.archive, job.manifest, job.scratch_root),
             )
         piece.update(reached_step=trained.metrics.get("global_steps"))
-        with timer.phase("sync"):
-            copy_whole(trained.output, job.model_out)
-            write_json_atomically(params, job.params_out)
+        if job.rung is None:
+            with timer.phase("sync"):
+                copy_whole(trained.output, job.model_out)
+                write_json_atomically(params, job.params_out)
+    if job.rung is not None:
+        write_rung_record(job, job.rung, trained.metrics, timer.seconds)
+        return
     write_json_atomically(
         {
             "run_id": job.run_id,
@@ -208,6 +222,77 @@ def train_job(job: TrainJob) -> None:
         job.record_out,
     )
     log.info("run %s trained; phases (s): %s", job.run_id, timer.seconds)
+
+
+def write_rung_record(job: TrainJob, rung: Rung, training: dict[str, Any], timings: dict[str, float]) -> None:
+    """The run's validation metrics at the end of the rung's epochs, which the rung's decision ranks."""
+    if not training.get("validation"):
+        raise ValueError(
+            f"rung {rung.index} of run {job.run_id}: the training reported no validation metrics, and a "
+            "halving search ranks the runs by them (a command program writes validation.json: README)"
+        )
+    write_json_atomically(
+        {
+            "run_id": job.run_id,
+            "rung": rung.index,
+            "epochs": rung.epochs,
+            "params": job.identity["training"],
+            "global_steps": training.get("global_steps"),
+            "validation": training["validation"],
+            "timings_seconds": timings,
+        },
+        job.record_out,
+    )
+    log.info(
+        "run %s, rung %d: %d epoch(s) trained; validation %s",
+        *(job.run_id, rung.index, rung.epochs, aggregation.numbers(training["validation"])),
+    )
+
+
+def promote_job(
+    *,
+    rung: int,
+    epochs: int,
+    records: list[Path],
+    settings: dict[str, list[str]],
+    metric: str,
+    goal: str,
+    keep: float,
+    decision_out: Path,
+) -> None:
+    """After a rung: rank its settings (`settings`: the whole search's) by the mean validation
+    `metric` of their runs in the rung, and name the runs of the best `keep` share, which go on to
+    the next rung (the others stop here)."""
+    values, params = {}, {}
+    for path in records:
+        record = read_json(path)
+        run_id, validation = record["run_id"], record["validation"]
+        if metric not in validation:
+            raise ValueError(
+                f"rung {rung}: run {run_id} has no validation {metric!r} (it has: {', '.join(sorted(validation))}); "
+                "aggregate.metric names the metric a halving search ranks by"
+            )
+        values[run_id] = validation[metric]
+        params[run_id] = record["params"]
+    in_rung = {label: [run_id for run_id in run_ids if run_id in values] for label, run_ids in settings.items()}
+    promoted, ranking = search.promoted({label: ids for label, ids in in_rung.items() if ids}, values, keep, goal)
+    decision = {
+        "rung": rung,
+        "epochs": epochs,
+        "metric": metric,
+        "goal": goal,
+        "keep": keep,
+        "values": values,
+        "ranking": ranking,
+        "params": params,
+        "promoted": [run_id for run_id in values if run_id in promoted],  # in the search's order
+    }
+    write_json_atomically(decision, decision_out, sort_keys=False)
+    log.info(
+        "rung %d (%d epoch(s)): %d of %d setting(s) go on by validation %s (%s): %s",
+        *(rung, epochs, sum(entry["promoted"] for entry in ranking), len(ranking), metric, goal),
+        ", ".join(decision["promoted"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -291,9 +376,14 @@ def aggregate_job(
     curves_out: Path,
     page_out: Path,
     confusion_out: Path,
+    decisions: list[Path] = (),
+    rungs_out: Path | None = None,
+    rung_plot_out: Path | None = None,
 ) -> None:
     """The grid's tables (per setting, per run; as TSV, and as one sortable page with the runs'
-    provenance), its best setting and run, and its figures."""
+    provenance), its best setting and run, and its figures. A halving search's (`decisions`): the
+    runs of its last rung, and also every run's validation metric at each rung, in a table and a
+    figure, and in runs.tsv."""
     table = aggregation.summarize(runs)
     aggregation.check_metric(table, metric)
     settings = aggregation.by_setting(table)
@@ -303,8 +393,23 @@ def aggregate_job(
     table = table.sort_values(metric, ascending=ascending)
     with written_whole(summary_out) as partial:
         settings.to_csv(partial, sep="\t", index=False)
+    runs_written = table
+    if decisions:
+        rungs = aggregation.rung_table(
+            [read_json(path) for path in decisions],
+            int(table["epochs"].iloc[0]),
+            {
+                run_id: read_json(files["record"])["training"].get("validation", {}).get(metric)
+                for run_id, files in runs.items()
+            },
+        )
+        with written_whole(rungs_out) as partial:
+            rungs.to_csv(partial, sep="\t", index=False)
+        aggregation.plot_rungs(rungs, metric, goal, rung_plot_out)
+        validations = ["run_id", "rung", *(column for column in rungs.columns if column.startswith("validation_"))]
+        runs_written = table.merge(rungs[validations], on="run_id", how="left")
     with written_whole(runs_out) as partial:
-        table.to_csv(partial, sep="\t", index=False)
+        runs_written.to_csv(partial, sep="\t", index=False)
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
     drawn = list(table["run_id"].head(tracking.MOST_RUNS_DRAWN))

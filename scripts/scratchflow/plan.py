@@ -8,6 +8,7 @@ the benchmarks agree on them by construction.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from scratchflow.files import write_json_atomically
 from scratchflow.grid import build_run_table, run_identity
-from scratchflow.search import REPLICATE_KEY
+from scratchflow.search import HALVING, REPLICATE_KEY
 
 GRID_FILE = Path("results/grid.json")
 
@@ -43,6 +44,13 @@ class RunPaths:
 
 
 RUN_PATHS = RunPaths()
+# A halving search's rungs: what a run's rung job writes (its validation metrics at the rung's
+# epochs), and the decision after each rung but the last (the runs that go on).
+RUNG_RECORD = "results/runs/{run_id}/rung-{rung}.json"
+RUNG_LOG = "logs/train/{run_id}-rung-{rung}.log"
+RUNG_BENCHMARK = "results/benchmarks/train/{run_id}-rung-{rung}.tsv"
+RUNG_DECISION = "results/search/rung-{rung}.json"
+SEARCH_OUTPUTS = {"rungs": "results/search/rungs.tsv", "rung_plot": "results/search/rungs.png"}
 PACK_OUTPUT = "results/packs/{stage}-{pack}.json"
 PACK_STAGES = ("train", "predict")
 # What the aggregate rule writes, in the order the workflow's last message lists them.
@@ -72,6 +80,9 @@ class Plan:
     # The file the task writes last into a checkpoint (what makes it complete, `RunCheckpoints`).
     checkpoint_marker: str
     pack_runs: int = 1
+    # A halving search's rungs (the epochs each trains to) and the share of settings each keeps.
+    rungs: list[int] = field(default_factory=list)
+    keep: float | None = None
     executor: str | None = None  # Snakemake's executor, once the workflow starts
     _packs: list[list[str]] = field(init=False, repr=False, compare=False)
 
@@ -85,6 +96,7 @@ class Plan:
     def from_config(cls, config: dict[str, Any], checkpoint_marker: str) -> Plan:
         """The plan of a config that has passed validation (the task's defaults filled in)."""
         model = config.get("model")
+        search = config.get("search", {})
         return cls(
             runs=build_run_table(config),
             dataset=config["dataset"],
@@ -94,11 +106,35 @@ class Plan:
             goal=config["aggregate"]["goal"],
             pack_runs=config["cluster"]["pack_runs"],
             checkpoint_marker=checkpoint_marker,
+            rungs=search.get("rungs", []) if search.get("kind") == HALVING else [],
+            keep=search.get("keep") if search.get("kind") == HALVING else None,
         )
 
     @property
     def run_ids(self) -> list[str]:
         return list(self.runs)
+
+    @property
+    def halving(self) -> bool:
+        return bool(self.rungs)
+
+    def rung_decisions(self) -> list[str]:
+        """The decisions after every rung but the last (a halving search's; none otherwise)."""
+        return [RUNG_DECISION.format(rung=rung) for rung in range(len(self.rungs) - 1)]
+
+    def decisions(self, workdir: Path = Path()) -> list[dict[str, Any]]:
+        """The decisions a halving search has made so far, rung by rung."""
+        paths = (workdir / path for path in self.rung_decisions())
+        return [json.loads(path.read_text()) for path in itertools.takewhile(Path.is_file, paths)]
+
+    def stopped_runs(self, workdir: Path = Path()) -> list[str]:
+        """The runs of a halving search that a decision did not send on: done, at their rung."""
+        return [
+            run_id
+            for decision in self.decisions(workdir)
+            for run_id in decision["values"]
+            if run_id not in decision["promoted"]
+        ]
 
     @property
     def packed(self) -> bool:
@@ -109,11 +145,13 @@ class Plan:
         """The run ids of each pack, in grid order (one run each when runs are not packed)."""
         return self._packs
 
-    def settings(self) -> dict[str, list[str]]:
+    def settings(self, run_ids: list[str] | None = None) -> dict[str, list[str]]:
         """Runs that differ only in their seed are one setting, replicated: a label of the setting's
-        parameters (seed left out) -> its run ids, in grid order."""
+        parameters (seed left out) -> its run ids, in grid order (of `run_ids` only, if given)."""
         settings: dict[str, list[str]] = {}
         for run_id, params in self.runs.items():
+            if run_ids is not None and run_id not in run_ids:
+                continue
             label = json.dumps({key: value for key, value in params.items() if key != REPLICATE_KEY}, sort_keys=True)
             settings.setdefault(label, []).append(run_id)
         return settings
@@ -136,20 +174,24 @@ class Plan:
         name = {"train": "record", "predict": "metrics"}[stage]
         return [getattr(RUN_PATHS, name).format(run_id=run_id) for run_id in self.packs[pack]]
 
-    def run_results(self) -> dict[str, list[str]]:
-        """The params, test metrics and records of every run, in grid order, for the comparison."""
+    def run_results(self, run_ids: list[str] | None = None) -> dict[str, list[str]]:
+        """The params, test metrics and records of every run (or of `run_ids`: those a halving search
+        trained to the end), in grid order, for the comparison; and a halving search's decisions."""
 
         def every_run(template: str) -> list[str]:
-            return [template.format(run_id=run_id) for run_id in self.runs]
+            return [template.format(run_id=run_id) for run_id in self.runs if run_ids is None or run_id in run_ids]
 
         return {
             "params": every_run(RUN_PATHS.params),
             "metrics": every_run(RUN_PATHS.metrics),
             "records": every_run(RUN_PATHS.record),
+            **({"decisions": self.rung_decisions()} if self.halving else {}),
         }
 
     def final_outputs(self) -> list[str]:
-        return self.pack_outputs() + list(GRID_OUTPUTS.values())
+        return (
+            self.pack_outputs() + list(GRID_OUTPUTS.values()) + (list(SEARCH_OUTPUTS.values()) if self.halving else [])
+        )
 
     def started(self, executor: str) -> Plan:
         """The plan as the workflow runs it, with the executor that submits its jobs."""

@@ -1,12 +1,19 @@
-"""Random search: `search:` instead of `grid:`, trials drawn from a space of the task's training keys.
+"""Searches: `search:` instead of `grid:`, trials drawn from a space of the task's training keys.
 
 Trial i of a search with seed s is drawn by a generator seeded with (s, i) alone, so the same config
 draws the same runs, and more trials keep the first ones (and their run ids: a run's id is its
 parameters, as for a grid). Each trial runs once per training seed in `seeds` (replicates).
+
+Successive halving (`kind: halving`) trains every trial to the first rung's epochs, then only the
+best `keep` of the settings by validation metric on to the next rung, resuming from their own
+checkpoints, and so on. A run's identity is its configuration trained to the last rung (its epochs,
+so its learning-rate schedule, are the last rung's), whatever rung it reaches: a run that reaches the
+last rung is the run a grid of the same configuration trains, with the same id and weights.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from typing import Any
@@ -16,6 +23,9 @@ SIGNIFICANT_DIGITS = 4
 # The parameter whose values are replicates of one setting, not settings of their own (a grid's seed
 # list, a search's seeds); never a dimension of a search's space.
 REPLICATE_KEY = "seed"
+HALVING = "halving"
+# The training key a halving search's rungs set: a budget in epochs.
+BUDGET_KEY = "epochs"
 
 
 class SearchError(ValueError):
@@ -79,12 +89,34 @@ def trial(space: dict[str, dict[str, Any]], seed: int, index: int) -> dict[str, 
     return {key: draw(space[key], generator) for key in sorted(space)}
 
 
+def check_halving(search: dict[str, Any]) -> None:
+    """Refuse rungs and keep outside a halving search, and in one: missing, or rungs that do not
+    increase, or epochs in the space (the rungs set them)."""
+    if search["kind"] != HALVING:
+        for key in ("rungs", "keep"):
+            if key in search:
+                raise SearchError(f"search.{key}: only a halving search has {key}, and kind is {search['kind']!r}")
+        return
+    for key in ("rungs", "keep"):
+        if key not in search:
+            raise SearchError(f"search.{key}: a halving search needs rungs (epochs, increasing) and keep (a share)")
+    rungs = search["rungs"]
+    if any(later <= earlier for earlier, later in itertools.pairwise(rungs)):
+        raise SearchError(f"search.rungs: {rungs}: each rung must train to more epochs than the one before")
+    if BUDGET_KEY in search["space"]:
+        raise SearchError(
+            f"search.space.{BUDGET_KEY}: a halving search trains its runs to the last rung's epochs "
+            f"(search.rungs: {rungs}); remove {BUDGET_KEY} from the space"
+        )
+
+
 def expand_search(defaults: dict[str, Any], search: dict[str, Any]) -> list[dict[str, Any]]:
     """Every trial, once per seed of `search.seeds` (once with the training seed without it),
-    completed with the defaults, trial by trial."""
+    completed with the defaults, trial by trial; a halving search's runs train to its last rung."""
     replicates = [{REPLICATE_KEY: seed} for seed in search["seeds"]] if search.get("seeds") else [{}]
+    budget = {BUDGET_KEY: search["rungs"][-1]} if search.get("kind") == HALVING else {}
     return [
-        {**defaults, **trial(search["space"], search["seed"], index), **replicate}
+        {**defaults, **trial(search["space"], search["seed"], index), **budget, **replicate}
         for index in range(search["trials"])
         for replicate in replicates
     ]
@@ -108,3 +140,20 @@ def swept_values(config: dict[str, Any], key: str) -> list[Any]:
     if "grid" in config:
         return list(config["grid"].get(key, []))
     return list(config.get("search", {}).get("space", {}).get(key, {}).get("choice", []))
+
+
+def promoted(
+    settings: dict[str, list[str]], values: dict[str, float], keep: float, goal: str
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The runs that go on to the next rung: the best `keep` share of the settings (at least one),
+    ranked by the mean of their runs' validation `values` (`goal`: max or min); ties keep the
+    settings' order. Also each setting's ranking entry, best first."""
+    ranking = [
+        {"runs": run_ids, "value": sum(values[run_id] for run_id in run_ids) / len(run_ids)}
+        for run_ids in settings.values()
+    ]
+    ranking.sort(key=lambda entry: -entry["value"] if goal == "max" else entry["value"])  # stable: ties keep order
+    kept = max(1, math.floor(len(ranking) * keep + 1e-9))
+    for place, entry in enumerate(ranking):
+        entry["promoted"] = place < kept
+    return [run_id for entry in ranking[:kept] for run_id in entry["runs"]], ranking

@@ -88,6 +88,12 @@ def evaluated_resource(workflow: Any, rule: str, name: str, attempt: int = 1) ->
         return None
 
 
+def share_resources(workflow: Any, source: str, target: str) -> None:
+    """Give rule `target` the resources and threads of rule `source`, as the profile sets them
+    (a profile's set-resources and set-threads name rules)."""
+    workflow.get_rule(target).resources = workflow.get_rule(source).resources.copy()
+
+
 def evaluated_resources(workflow: Any, rule: str, names: tuple[str, ...]) -> dict[str, Any]:
     """The first attempt's value of each of `names` the rule has (and that does not depend on the job)."""
     evaluated = {name: evaluated_resource(workflow, rule, name) for name in names}

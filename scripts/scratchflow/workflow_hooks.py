@@ -129,15 +129,17 @@ def read_inputs(config: dict[str, Any]) -> list[Path]:
 
 
 def on_success(config: dict[str, Any], plan: Plan) -> str:
-    """Release the checkpoints of trained runs, and say where the results are.
+    """Release the checkpoints of trained runs (and of a halving search's stopped ones), and say
+    where the results are.
 
     The checkpoints are deleted here, after the workflow succeeded, not by the train job: until
     Snakemake has seen a job finish, a rerun may delete its outputs as incomplete, and the final
     checkpoint saves retraining."""
     if not config["checkpointing"]["keep_after_training"]:
+        stopped = plan.stopped_runs()  # by a halving search: done at their rung
         for run_id in plan.runs:
             paths = plan.paths(run_id)
-            if Path(paths.record).is_file():
+            if Path(paths.record).is_file() or run_id in stopped:
                 RunCheckpoints(Path(paths.checkpoints), plan.checkpoint_marker).release()
     return describe_results(plan, config["tracking"])
 

@@ -51,6 +51,9 @@ class TrainContext:
     threads: int  # CPU threads of this process
     nodes: int = 1  # the job's shape: training processes = nodes x processes_per_node
     processes_per_node: int = 1
+    # A halving search's rung: train until this many of the run's epochs are done, then stop with
+    # a checkpoint and the validation metrics there (Trained.metrics["validation"]).
+    budget_epochs: int | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ directory. It learns where things are from environment variables (the README's c
     SCRATCHFLOW_PARAMS            a JSON file of the run's parameters (the training keys but `command`)
     SCRATCHFLOW_RUN_ID, SCRATCHFLOW_PIECE, SCRATCHFLOW_SAVE_EVERY_STEPS, SCRATCHFLOW_MODEL_DIR (if a model)
     SCRATCHFLOW_STOP_FILE         appears when the job is asked to stop (for code that cannot take signals)
+    SCRATCHFLOW_BUDGET_EPOCHS     set in a halving search's rung job ('' otherwise): train until that many
+                                  of the run's epochs are done (its schedule still that of all its
+                                  epochs), write a complete checkpoint there, write validation.json
+                                  (metric name -> number on the validation data) into
+                                  SCRATCHFLOW_OUTPUT_DIR and exit 0. Resumed from a checkpoint already
+                                  there, evaluate it and write validation.json without training
     SCRATCHFLOW_TRACKING_DIR      the run's TensorBoard folder on shared storage, kept across pieces
     WANDB_MODE, WANDB_DIR, WANDB_RUN_ID, ...
                                   with tracking: wandb, W&B's own variables (tracking.wandb_environment):
@@ -59,6 +65,7 @@ LAUNCHES_OWN_PROCESSES = True
 METRICS = None  # whatever the program writes into metrics.json
 WRITES_PREDICTIONS = False
 METRICS_FILE = "metrics.json"
+VALIDATION_FILE = "validation.json"  # a rung's validation metrics (and at the end, if written)
 
 
 class CommandFailed(RuntimeError):
@@ -205,6 +212,7 @@ def train(context: TrainContext) -> Trained:
         "SCRATCHFLOW_STOP_FILE": str(stop_file),
         "SCRATCHFLOW_NODES": str(context.nodes),
         "SCRATCHFLOW_PROCESSES_PER_NODE": str(context.processes_per_node),
+        "SCRATCHFLOW_BUDGET_EPOCHS": str(context.budget_epochs or ""),
         **({"SCRATCHFLOW_MODEL_DIR": str(context.model)} if context.model else {}),
     }
     if context.tracking == "wandb":  # a bare wandb.init() in the program logs this piece offline
@@ -215,7 +223,9 @@ def train(context: TrainContext) -> Trained:
     mirror = context.checkpoints.mirroring(checkpoint_dir, resumed_step)
     stop = StopForwarder(stop_file)
     code, tail = run_program(argv, env, stop, context.stop_grace_seconds, alongside=mirror.watching())
-    finished = code == 0 and (output_dir / METRICS_FILE).is_file()
+    # A rung's job is done when the program has written the rung's validation metrics.
+    expected = output_dir / (VALIDATION_FILE if context.budget_epochs else METRICS_FILE)
+    finished = code == 0 and expected.is_file()
     if stop.received and not finished:
         step = mirror.mirrored_step
         raise TrainingStopped(
@@ -229,7 +239,8 @@ def train(context: TrainContext) -> Trained:
     if code != 0:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         raise CommandFailed(f"the command {argv} {how}; its last lines:\n{tail}")
-    read_metrics(output_dir / METRICS_FILE)
+    read_metrics(expected)
+    validation = output_dir / VALIDATION_FILE
     return Trained(
         output=output_dir,
         metrics={
@@ -237,6 +248,7 @@ def train(context: TrainContext) -> Trained:
             "exit_code": code,
             "resumed_from_step": resumed_step,
             "global_steps": mirror.mirrored_step,
+            **({"validation": read_metrics(validation)} if validation.is_file() else {}),
         },
     )
 
