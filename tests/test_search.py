@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import (
     REPO,
+    command_config,
     jobs_run,
     jobs_started,
     recipe,
@@ -253,3 +254,27 @@ def test_a_halving_search_goes_on_with_the_best_and_its_last_rung_ends_as_a_dire
     run_workflow(direct_dir)
     assert [path.name for path in (direct_dir / "results" / "runs").iterdir()] == [promoted], "the same run id"
     assert same_results(search_dir, direct_dir) == [], "weights, test metrics and predictions, byte for byte"
+
+
+@pytest.mark.slow
+def test_a_program_takes_part_in_a_halving_search_through_the_contract(tmp_path, bbc_subset):
+    """The command example (config/examples/command/train.py) in a halving search: its rung jobs get
+    SCRATCHFLOW_BUDGET_EPOCHS, stop there with a checkpoint and report their validation split; the
+    run that goes on resumes and trains its remaining epoch alone."""
+    config = command_config(bbc_subset, tmp_path / "scratch", epochs=2)
+    del config["grid"]
+    space = {"learning_rate": {"log_uniform": [1.0e-4, 1.0e-2]}}
+    config["search"] = {"kind": "halving", "trials": 2, "rungs": [1, 2], "keep": 0.5, "space": space}
+    write_config(tmp_path, config)
+    ran = jobs_started(run_workflow(tmp_path).stdout)
+    assert (ran["train_rung"], ran["promote"], ran["train"], ran["predict"]) == (2, 1, 1, 1)
+    decision = json.loads((tmp_path / "results" / "search" / "rung-0.json").read_text())
+    (promoted,) = decision["promoted"]
+    # The recipe compares runs by test_loss (goal: min): the rung ranks by the validation loss.
+    assert (decision["metric"], decision["goal"]) == ("test_loss", "min")
+    assert decision["values"][promoted] == min(decision["values"].values())
+    run = tmp_path / "results" / "runs" / promoted
+    record = json.loads((run / "record.json").read_text())
+    steps = json.loads((run / "metrics.json").read_text())["steps"]
+    (rung_piece, last_piece) = record["pieces"]
+    assert last_piece["resumed_from_step"] == rung_piece["reached_step"] == steps // 2, "it went on from its rung"

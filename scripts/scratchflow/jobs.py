@@ -224,6 +224,13 @@ def train_job(job: TrainJob) -> None:
     log.info("run %s trained; phases (s): %s", job.run_id, timer.seconds)
 
 
+def last_validation(record: Path, metric: str) -> float | None:
+    """A run's validation `metric` at the end of its training, if it reported one."""
+    validation = read_json(record)["training"].get("validation", {})
+    name = search.validation_name(metric, validation)
+    return validation[name] if name else None
+
+
 def write_rung_record(job: TrainJob, rung: Rung, training: dict[str, Any], timings: dict[str, float]) -> None:
     """The run's validation metrics at the end of the rung's epochs, which the rung's decision ranks."""
     if not training.get("validation"):
@@ -267,12 +274,13 @@ def promote_job(
     for path in records:
         record = read_json(path)
         run_id, validation = record["run_id"], record["validation"]
-        if metric not in validation:
+        name = search.validation_name(metric, validation)
+        if name is None:
             raise ValueError(
                 f"rung {rung}: run {run_id} has no validation {metric!r} (it has: {', '.join(sorted(validation))}); "
                 "aggregate.metric names the metric a halving search ranks by"
             )
-        values[run_id] = validation[metric]
+        values[run_id] = validation[name]
         params[run_id] = record["params"]
     in_rung = {label: [run_id for run_id in run_ids if run_id in values] for label, run_ids in settings.items()}
     promoted, ranking = search.promoted({label: ids for label, ids in in_rung.items() if ids}, values, keep, goal)
@@ -398,10 +406,7 @@ def aggregate_job(
         rungs = aggregation.rung_table(
             [read_json(path) for path in decisions],
             int(table["epochs"].iloc[0]),
-            {
-                run_id: read_json(files["record"])["training"].get("validation", {}).get(metric)
-                for run_id, files in runs.items()
-            },
+            {run_id: last_validation(files["record"], metric) for run_id, files in runs.items()},
         )
         with written_whole(rungs_out) as partial:
             rungs.to_csv(partial, sep="\t", index=False)

@@ -157,3 +157,9 @@ def promoted(
     for place, entry in enumerate(ranking):
         entry["promoted"] = place < kept
     return [run_id for entry in ranking[:kept] for run_id in entry["runs"]], ranking
+
+
+def validation_name(metric: str, validation: dict[str, float]) -> str | None:
+    """The name of `metric` (a test metric, aggregate.metric) among a run's validation metrics: the
+    same, or without its `test_` prefix (test_loss -> loss); None if it has neither."""
+    return next((name for name in (metric, metric.removeprefix("test_")) if name in validation), None)

@@ -11,7 +11,9 @@ What makes it fit the lifecycle (README, "Your own training code"):
   resumed run ends with exactly the metrics of an uninterrupted one;
 - it logs its curves to TensorBoard in $SCRATCHFLOW_TRACKING_DIR, from the step it resumes at on
   (purge_step drops what an interrupted piece logged after its last checkpoint);
-- it writes its model and metrics.json (name -> number) into $SCRATCHFLOW_OUTPUT_DIR.
+- it writes its model and metrics.json (name -> number) into $SCRATCHFLOW_OUTPUT_DIR;
+- in a halving search's rung ($SCRATCHFLOW_BUDGET_EPOCHS set), it stops when that many epochs are
+  done, with a checkpoint, and writes validation.json (its validation split's metrics) instead.
 """
 
 import hashlib
@@ -49,7 +51,7 @@ signal.signal(signal.Signals["SIG" + environment.get("SCRATCHFLOW_STOP_SIGNAL", 
 signal.signal(signal.SIGTERM, request_stop)
 
 # The data: one sub-folder per label, one text file per article. A fixed fifth of each label (by a
-# hash of the file's name) is the test split.
+# hash of the file's name) is the test split, a tenth the validation split.
 data = Path(environment["SCRATCHFLOW_DATA_DIR"])
 files = sorted(path for path in data.rglob("*") if path.is_file() and len(path.relative_to(data).parts) == 2)
 labels = sorted({path.parent.name for path in files})
@@ -63,14 +65,18 @@ def bag_of_words(text):
     return torch.log1p(vector)
 
 
-def is_test(path):
-    return int(hashlib.sha256(path.name.encode()).hexdigest()[:8], 16) % 5 == 0
+def split_of(path):
+    tenth = int(hashlib.sha256(path.name.encode()).hexdigest()[:8], 16) % 10
+    return "test" if tenth in (0, 5) else "validation" if tenth == 1 else "train"
 
 
 inputs = torch.stack([bag_of_words(path.read_text(errors="replace")) for path in files])
 targets = torch.tensor([labels.index(path.parent.name) for path in files])
-test = torch.tensor([is_test(path) for path in files])
-train_x, train_y, test_x, test_y = inputs[~test], targets[~test], inputs[test], targets[test]
+splits = [split_of(path) for path in files]
+train, validation, test = (
+    torch.tensor([split == name for split in splits]) for name in ("train", "validation", "test")
+)
+train_x, train_y = inputs[train], targets[train]
 
 torch.manual_seed(params["seed"])
 model = torch.nn.Sequential(
@@ -80,6 +86,9 @@ optimizer = torch.optim.Adam(model.parameters(), lr=params["learning_rate"])
 batch_size = params["batch_size"]
 steps_per_epoch = -(-len(train_y) // batch_size)
 total_steps = params["epochs"] * steps_per_epoch
+# A halving search's rung trains only its share of the run's epochs (the schedule is the run's).
+budget = environment.get("SCRATCHFLOW_BUDGET_EPOCHS")
+stop_at = int(budget) * steps_per_epoch if budget else total_steps
 step = 0
 
 if environment["SCRATCHFLOW_RESUME_FROM"]:
@@ -103,7 +112,7 @@ def save_checkpoint():
         old.rmdir()
 
 
-while step < total_steps:
+while step < stop_at:
     epoch, position = divmod(step, steps_per_epoch)
     order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(params["seed"] * 10_000 + epoch))
     batch = order[position * batch_size : (position + 1) * batch_size]
@@ -115,29 +124,45 @@ while step < total_steps:
     if step % 20 == 0:
         print(f"step {step}/{total_steps} loss {loss.item():.4f}", flush=True)
         curves.add_scalar("train/loss", loss.item(), step)
-    if step % save_every == 0 or step == total_steps or stop_requested:
+    if step % save_every == 0 or step == stop_at or stop_requested:
         save_checkpoint()
     if stop_requested:
         print(f"stopping at step {step}: checkpoint saved", flush=True)
         sys.exit(0)
 
 curves.close()
-with torch.no_grad():
-    logits = model(test_x)
-predicted = logits.argmax(dim=1)
-f1 = []
-for index in range(len(labels)):
-    hits = ((predicted == index) & (test_y == index)).sum().item()
-    precision = hits / max((predicted == index).sum().item(), 1)
-    recall = hits / max((test_y == index).sum().item(), 1)
-    f1.append(2 * precision * recall / (precision + recall) if hits else 0.0)
+
+
+def evaluate(part):
+    with torch.no_grad():
+        logits = model(inputs[part])
+    truth = targets[part]
+    predicted = logits.argmax(dim=1)
+    f1 = []
+    for index in range(len(labels)):
+        hits = ((predicted == index) & (truth == index)).sum().item()
+        precision = hits / max((predicted == index).sum().item(), 1)
+        recall = hits / max((truth == index).sum().item(), 1)
+        f1.append(2 * precision * recall / (precision + recall) if hits else 0.0)
+    return {
+        "accuracy": (predicted == truth).float().mean().item(),
+        "macro_f1": sum(f1) / len(f1),
+        "loss": torch.nn.functional.cross_entropy(logits, truth).item(),
+    }
+
+
+output.mkdir(parents=True, exist_ok=True)
+if budget:
+    (output / "validation.json").write_text(json.dumps(evaluate(validation), indent=2))
+    print(f"{budget} epoch(s) done: validation metrics written", flush=True)
+    sys.exit(0)
+tested = evaluate(test)
 metrics = {
-    "accuracy": (predicted == test_y).float().mean().item(),
-    "macro_f1": sum(f1) / len(f1),
-    "test_loss": torch.nn.functional.cross_entropy(logits, test_y).item(),
+    "accuracy": tested["accuracy"],
+    "macro_f1": tested["macro_f1"],
+    "test_loss": tested["loss"],
     "steps": step,
 }
-output.mkdir(parents=True, exist_ok=True)
 torch.save(model.state_dict(), output / "model.pt")
 (output / "metrics.json").write_text(json.dumps(metrics, indent=2))
 print(f"test accuracy {metrics['accuracy']:.4f}", flush=True)
