@@ -18,11 +18,11 @@ def main() -> int:
     parser.add_argument("directory", nargs="?", default=".", type=Path, help="where the grid runs (default: here)")
     workdir = parser.parse_args().directory
     try:
-        statuses = current_status(workdir)
+        statuses, rung = current_status(workdir)
     except NoPlan as error:
         print(f"scratchflow status: {error}", file=sys.stderr)
         return 2
-    print(render(statuses))
+    print(render(statuses, rung))
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from scratchflow.plan import NoPlan, Plan
-from scratchflow.status import SlurmJob, grid_status, render, slurm_jobs, summary_line
+from scratchflow.status import SlurmJob, grid_status, render, rung_line, slurm_jobs, summary_line
 
 STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
 STAMP = "%Y-%m-%dT%H:%M:%S%z"
@@ -125,6 +125,42 @@ def test_every_state_a_run_can_be_in_is_told_with_what_to_do_next(tmp_path):
     )
 
 
+def test_a_halving_search_tells_its_rung_and_which_runs_it_stopped(tmp_path):
+    """Rungs of 1, 2 and 4 epochs; the decision after rung 0 sent two of three runs on: one has
+    trained rung 1 and waits for its decision, the other trains it (in a Slurm job of rule train_rung)."""
+    runs = {run_id: {"seed": 0} for run_id in ("stopped000", "rungdone00", "inrung0000")}
+    plan = Plan(runs, {}, None, "command", "macro_f1", "max", checkpoint_marker=MARKER, rungs=[1, 2, 4], keep=0.5)
+    plan.started("local").write(tmp_path)  # the Slurm job below is given, not asked for
+    write(
+        tmp_path / "results" / "search" / "rung-0.json",
+        {
+            "rung": 0,
+            "epochs": 1,
+            "metric": "macro_f1",
+            "values": {"stopped000": 0.41, "rungdone00": 0.72, "inrung0000": 0.65},
+            "ranking": [{"promoted": True}, {"promoted": True}, {"promoted": False}],
+            "promoted": ["rungdone00", "inrung0000"],
+        },
+    )
+    write(tmp_path / "results" / "runs" / "rungdone00" / "rung-1.json", {"epochs": 2, "validation": {"macro_f1": 0.8}})
+    jobs = {("train", "inrung0000"): SlurmJob("21", "PENDING", "Priority", "")}
+    statuses = by_id(grid_status(tmp_path, jobs))
+    assert statuses["stopped000"].state == "stopped"
+    assert statuses["stopped000"].detail == (
+        "rung 0 (1 epochs): validation macro_f1 0.4100; not among the 2 of 3 settings that went on"
+    )
+    assert (statuses["rungdone00"].state, statuses["rungdone00"].detail) == (
+        "waits",
+        "rung 1 (2 epochs) trained, validation macro_f1 0.8000; waits for the rung's decision",
+    )
+    assert statuses["inrung0000"].detail == "rung 1 (2 epochs): not started yet (Slurm job 21 pending (Priority))"
+    assert rung_line(plan, plan.decisions(tmp_path)) == (
+        "successive halving: rung 1 of rungs 0 to 2 (2 epochs), 2 of 3 runs in it"
+    )
+    shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True).stdout
+    assert "successive halving: rung 1 of rungs 0 to 2" in shown and "1 stopped" in shown.splitlines()[-1]
+
+
 def test_slurm_says_which_runs_are_queued_and_where_they_run(tmp_path):
     grid_in_every_state(tmp_path)
     jobs = {
@@ -178,9 +214,11 @@ def test_the_squeue_listing_is_read_by_rule_and_run(tmp_path):
         "echo '12|RUNNING|None|n2|rule_predict_wildcards_bbbbbbbbbb'\n"
         "echo '13|RUNNING|None|n1|an interactive job'\n"
         "echo '14|RUNNING|None|n1|rule_packed_train'\n"
+        "echo '15|RUNNING|None|n1|rule_train_rung_wildcards_cccccccccc_1'\n"
     )
     squeue.chmod(0o755)
     assert slurm_jobs(str(squeue)) == {
+        ("train", "cccccccccc"): SlurmJob("15", "RUNNING", "None", "n1"),  # a halving search's rung
         ("train", "aaaaaaaaaa"): SlurmJob("11", "PENDING", "Resources", ""),
         ("predict", "bbbbbbbbbb"): SlurmJob("12", "RUNNING", "None", "n2"),
         ("packed_train", "14"): SlurmJob("14", "RUNNING", "None", "n1"),

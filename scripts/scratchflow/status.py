@@ -4,7 +4,9 @@ from one `squeue`; nothing is changed. `scripts/status.py` prints it.
 A run waits (nothing yet, or a job queued), trains (piece k, step s of N, speed, time left), is
 paused between pieces (a stop signal saved its progress; the next job resumes), was interrupted
 (its job was killed; the next resumes from its newest checkpoint), failed (with the log to read),
-is trained and waits for or runs its prediction, or is finished (its test metric)."""
+is trained and waits for or runs its prediction, or is finished (its test metric). In a halving
+search, a run trains to its rung's epochs, waits for the rung's decision, and goes on, or is stopped
+there (its validation metric); a line says which rung the search is in."""
 
 from __future__ import annotations
 
@@ -26,14 +28,15 @@ from scratchflow.checkpoints import (
     holder_is_alive,
     step_of,
 )
-from scratchflow.plan import Plan
+from scratchflow.plan import RUNG_LOG, RUNG_RECORD, Plan
 from scratchflow.tracking import duration
 
-STATES = ("finished", "predicts", "trains", "paused", "interrupted", "waits", "failed")
+STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", "waits", "failed")
 # The Slurm plugin's job comment: rule_<rule>_wildcards_<run_id>, or rule_<group> for a group job
 # (cluster.pack_runs: the runs of a pack are found through the job id their checkpoints name).
 COMMENT_PREFIX = "rule_"
 FAILED_MARK = "ERROR scratchflow: job failed: "
+RUNG_RULE = {"train_rung": "train"}  # a halving search's rung job trains its run
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,10 @@ def slurm_jobs(squeue: str | None = None) -> dict[tuple[str, str], SlurmJob] | N
     jobs = {}
     for line in listed.stdout.splitlines():
         job_id, state, reason, nodes, comment = (line.split("|", 4) + [""] * 5)[:5]
-        rule, _, run_id = comment.removeprefix(COMMENT_PREFIX).partition("_wildcards_")
+        rule, _, wildcards = comment.removeprefix(COMMENT_PREFIX).partition("_wildcards_")
+        run_id = wildcards.split("_", 1)[0]  # a rung's job: <run_id>_<rung>
         if comment.startswith(COMMENT_PREFIX):
-            jobs[rule, run_id or job_id] = SlurmJob(job_id, state, reason, nodes)
+            jobs[RUNG_RULE.get(rule, rule), run_id or job_id] = SlurmJob(job_id, state, reason, nodes)
     return jobs
 
 
@@ -119,8 +123,14 @@ def run_status(
     jobs: dict[tuple[str, str], SlurmJob] | None,
     active_jobs: dict[str, SlurmJob] | None,
     now: float,
+    decisions: list[dict[str, Any]] = (),
 ) -> RunStatus:
     paths = plan.paths(run_id)
+    rung = len(decisions)  # a halving search's rung now (its last rung: the runs train to the end)
+    if plan.halving:
+        halving = _halving_status(workdir, run_id, plan, decisions)
+        if halving is not None:
+            return halving
     metrics = _read(workdir / paths.metrics)
     if metrics is not None:
         value = metrics.get(plan.metric)
@@ -135,7 +145,49 @@ def run_status(
             return RunStatus(run_id, "failed", f"prediction failed: {failure}", paths.predict_log)
         return RunStatus(run_id, "predicts", "trained; prediction waits")
     run = RunCheckpoints(workdir / paths.checkpoints, plan.checkpoint_marker)
-    return _training_status(run, run_id, paths.train_log, (jobs or {}).get(("train", run_id)), active_jobs, now)
+    in_rung = plan.halving and rung < len(plan.rungs) - 1
+    log = RUNG_LOG.format(run_id=run_id, rung=rung) if in_rung else paths.train_log
+    status = _training_status(run, run_id, log, (jobs or {}).get(("train", run_id)), active_jobs, now)
+    if in_rung:
+        return RunStatus(run_id, status.state, f"rung {rung} ({plan.rungs[rung]} epochs): {status.detail}", status.log)
+    return status
+
+
+def _halving_status(workdir: Path, run_id: str, plan: Plan, decisions: list[dict[str, Any]]) -> RunStatus | None:
+    """A halving search's run that a decision stopped, or that has trained its rung and waits for the
+    rung's decision; None for one that trains (or, at the last rung, any other)."""
+    for decision in decisions:
+        if run_id in decision["values"] and run_id not in decision["promoted"]:
+            went_on = sum(entry["promoted"] for entry in decision["ranking"])
+            return RunStatus(
+                run_id,
+                "stopped",
+                f"rung {decision['rung']} ({decision['epochs']} epochs): validation {decision['metric']} "
+                f"{decision['values'][run_id]:.4f}; not among the {went_on} of {len(decision['ranking'])} "
+                "settings that went on",
+            )
+    rung = len(decisions)
+    record = _read(workdir / RUNG_RECORD.format(run_id=run_id, rung=rung)) if rung < len(plan.rungs) - 1 else None
+    if record is None:
+        return None
+    shown = ", ".join(f"{name} {value:.4f}" for name, value in sorted(record["validation"].items()))
+    return RunStatus(
+        run_id,
+        "waits",
+        f"rung {rung} ({record['epochs']} epochs) trained, validation {shown}; waits for the rung's decision",
+    )
+
+
+def rung_line(plan: Plan, decisions: list[dict[str, Any]]) -> str | None:
+    """Where a halving search stands: its rung now, its epochs, and how many runs it holds."""
+    if not plan.halving:
+        return None
+    rung = len(decisions)
+    alive = len(decisions[-1]["promoted"]) if decisions else len(plan.runs)
+    return (
+        f"successive halving: rung {rung} of rungs 0 to {len(plan.rungs) - 1} ({plan.rungs[rung]} epochs), "
+        f"{alive} of {len(plan.runs)} runs in it"
+    )
 
 
 def _training_status(
@@ -199,11 +251,12 @@ def _training_detail(run: RunCheckpoints, piece: dict[str, Any], now: float) -> 
     return f"{running}; resumed from checkpoint-{step}, none saved since"
 
 
-def current_status(workdir: Path) -> list[RunStatus]:
-    """The status as scripts/status.py tells it: Slurm is asked (once) only when the grid's jobs go
-    there; a Slurm client with no controller to answer waits 9 s."""
+def current_status(workdir: Path) -> tuple[list[RunStatus], str | None]:
+    """The status as scripts/status.py tells it, with a halving search's rung line: Slurm is asked
+    (once) only when the grid's jobs go there; a Slurm client with no controller to answer waits 9 s."""
     plan = Plan.read(workdir)
-    return _statuses(workdir, plan, slurm_jobs() if plan.executor == "slurm" else None)
+    statuses = _statuses(workdir, plan, slurm_jobs() if plan.executor == "slurm" else None)
+    return statuses, rung_line(plan, plan.decisions(workdir))
 
 
 def grid_status(workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = None) -> list[RunStatus]:
@@ -226,7 +279,8 @@ def _statuses(workdir: Path, plan: Plan, jobs: dict[tuple[str, str], SlurmJob] |
         else {job.job_id: job for job in jobs.values() if job.state in ACTIVE_SLURM_STATES}
     )
     now = time.time()
-    return [run_status(workdir, run_id, plan, jobs, active, now) for run_id in plan.runs]
+    decisions = plan.decisions(workdir)
+    return [run_status(workdir, run_id, plan, jobs, active, now, decisions) for run_id in plan.runs]
 
 
 def summary_line(statuses: list[RunStatus]) -> str:
@@ -236,9 +290,9 @@ def summary_line(statuses: list[RunStatus]) -> str:
     )
 
 
-def render(statuses: list[RunStatus]) -> str:
+def render(statuses: list[RunStatus], rung: str | None = None) -> str:
     lines = []
     for status in statuses:
         line = f"{status.run_id}  {status.state:<11}  {status.detail}"
         lines.append(line + (f"\n{'':12}  {'':<11}  log: {status.log}" if status.log else ""))
-    return "\n".join([*lines, summary_line(statuses)])
+    return "\n".join([*lines, *([rung] if rung else []), summary_line(statuses)])
