@@ -214,7 +214,7 @@ def shared_references_first(request) -> None:
     both processes compare with are trained before its first test, while the Slurm tests start
     their cluster: the Slurm tests, the longer of the two, then find them ready."""
     if os.environ.get("SCRATCHFLOW_TEST_TRAINS_REFERENCES"):
-        for name in ("uninterrupted_long_run", "uninterrupted_command_run"):
+        for name in ("uninterrupted_long_run", "uninterrupted_command_run", "uninterrupted_halving_search"):
             request.getfixturevalue(name)
 
 
@@ -409,6 +409,36 @@ def uninterrupted_command_run(tmp_path_factory, bbc_subset) -> Path:
         run_workflow(workdir)
 
     return built_once(tmp_path_factory, "uninterrupted-command", train)
+
+
+def halving_search(workdir: Path, data: Path, model: Path, scratch: Path | None) -> dict:
+    """config/tests/halving-search.yaml on the tests' data with the tiny model, written to `workdir`:
+    2 trials to 10 epochs (140 steps: long enough to cancel one on Slurm mid-rung), the better of them
+    (by validation macro-F1) on to 20."""
+    write_recipe_data(workdir, data)
+    config = {**workflow_config(data, model, scratch), **recipe("halving-search.yaml")}
+    del config["grid"]
+    config["model"] = {"name": "tiny-bert", "source": str(model)}
+    config["training"] = {"max_length": 64, "batch_size": 16}
+    config["search"].update(trials=2, rungs=[10, 20])
+    config["search"]["space"] = {"learning_rate": {"log_uniform": [3.0e-4, 3.0e-3]}}
+    if scratch is None:
+        del config["cluster"]  # a profile's cluster facts apply
+    write_config(workdir, config)
+    return config
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_halving_search(tmp_path_factory, bbc_subset, tiny_model) -> Path:
+    """The halving search, run without interruption on this machine (1 thread per job, as on the
+    test cluster); the Slurm test's, with a rung cancelled, must decide and end the same."""
+
+    def search(workdir: Path) -> None:
+        halving_search(workdir, bbc_subset, tiny_model, workdir / "scratch")
+        output = run_workflow(workdir).stdout
+        (workdir / "workflow.out").write_text(output)
+
+    return built_once(tmp_path_factory, "uninterrupted-halving", search)
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from conftest import (
     USER,
     command_config,
     different_curves,
+    halving_search,
     live_pieces,
     long_run,
     netscratch_directory,
@@ -231,6 +232,34 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     assert second["resumed_from_step"] == step and second["outcome"] == "finished"
     # The first job ended itself, before Slurm's kill, so that its checkpoint was complete.
     assert states(slurm, [first["slurm_job_id"], second["slurm_job_id"]]) == ["FAILED", "COMPLETED"]
+
+
+def test_a_halving_search_with_a_rung_cancelled_decides_and_ends_as_the_uninterrupted_search(
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_halving_search
+):
+    """config/tests/halving-search.yaml (conftest.halving_search) with Edinburgh's profile: a rung's
+    job is cancelled after its first checkpoint, and its retry resumes from it. The rung's decision
+    is the uninterrupted search's, value for value, and the run that goes on ends with its weights."""
+    halving_search(tmp_path, bbc_subset, tiny_model, scratch=None)
+    workflow = start(slurm, tmp_path)
+    cancelled = wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a rung's first checkpoint").name
+    (job,) = active_jobs(slurm, f"train_rung_wildcards_{cancelled}_0")
+    slurm.run("scancel", job)
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+
+    rung = json.loads((tmp_path / "results" / "runs" / cancelled / "rung-0.json").read_text())
+    stopped, resumed = rung["pieces"]
+    assert stopped["slurm_job_id"] == job and resumed["resumed_from_step"] == stopped_at(stopped, "SIGTERM")
+    assert resumed["outcome"] == "finished" and rung["global_steps"] == 140, "the retry finished the rung"
+    reference = uninterrupted_halving_search / "results"
+    decision = json.loads((tmp_path / "results" / "search" / "rung-0.json").read_text())
+    expected = json.loads((reference / "search" / "rung-0.json").read_text())
+    assert (decision["values"], decision["promoted"]) == (expected["values"], expected["promoted"])
+    (promoted,) = decision["promoted"]
+    for name in ("metrics.json", "predictions.csv", "model/model.safetensors"):
+        written = tmp_path / "results" / "runs" / promoted / name
+        assert written.read_bytes() == (reference / "runs" / promoted / name).read_bytes(), name
 
 
 def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_predict_lose_nothing(

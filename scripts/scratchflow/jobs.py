@@ -203,7 +203,7 @@ def train_job(job: TrainJob) -> None:
                 copy_whole(trained.output, job.model_out)
                 write_json_atomically(params, job.params_out)
     if job.rung is not None:
-        write_rung_record(job, job.rung, trained.metrics, timer.seconds)
+        write_rung_record(job, job.rung, trained.metrics, run.pieces(), timer.seconds)
         return
     write_json_atomically(
         {
@@ -231,7 +231,9 @@ def last_validation(record: Path, metric: str) -> float | None:
     return validation[name] if name else None
 
 
-def write_rung_record(job: TrainJob, rung: Rung, training: dict[str, Any], timings: dict[str, float]) -> None:
+def write_rung_record(
+    job: TrainJob, rung: Rung, training: dict[str, Any], pieces: list[dict[str, Any]], timings: dict[str, float]
+) -> None:
     """The run's validation metrics at the end of the rung's epochs, which the rung's decision ranks."""
     if not training.get("validation"):
         raise ValueError(
@@ -246,6 +248,7 @@ def write_rung_record(job: TrainJob, rung: Rung, training: dict[str, Any], timin
             "params": job.identity["training"],
             "global_steps": training.get("global_steps"),
             "validation": training["validation"],
+            "pieces": pieces,  # the run's jobs so far, as record.json lists them
             "timings_seconds": timings,
         },
         job.record_out,
