@@ -214,7 +214,7 @@ def shared_references_first(request) -> None:
     both processes compare with are trained before its first test, while the Slurm tests start
     their cluster: the Slurm tests, the longer of the two, then find them ready."""
     if os.environ.get("SCRATCHFLOW_TEST_TRAINS_REFERENCES"):
-        for name in ("uninterrupted_long_run", "uninterrupted_command_run", "uninterrupted_halving_search"):
+        for name in ("uninterrupted_long_run", "uninterrupted_command_run"):
             request.getfixturevalue(name)
 
 

@@ -13,7 +13,6 @@ import pytest
 import yaml
 from conftest import (
     REPO,
-    command_config,
     jobs_run,
     jobs_started,
     recipe,
@@ -25,7 +24,15 @@ from conftest import (
     write_recipe_data,
 )
 from scratchflow.grid import build_run_table
-from scratchflow.search import SearchError, check_halving, check_space, expand_search, promoted, trial
+from scratchflow.search import (
+    SearchError,
+    check_halving,
+    check_space,
+    expand_search,
+    promoted,
+    trial,
+    validation_name,
+)
 from scratchflow.tasks import training_schema
 
 SPACE = {
@@ -165,6 +172,19 @@ def test_a_rung_sends_on_the_best_share_of_its_settings(values, keep, goal, expe
     assert promoted(settings, values, keep, goal)[0] == expected
 
 
+@pytest.mark.parametrize(
+    ("metric", "validation", "name"),
+    [
+        ("macro_f1", {"macro_f1": 0.9, "loss": 0.3}, "macro_f1"),
+        ("test_loss", {"accuracy": 0.9, "loss": 0.3}, "loss"),  # the command recipe's test_loss
+        ("test_loss", {"test_loss": 0.2, "loss": 0.3}, "test_loss"),
+        ("bleu", {"loss": 0.3}, None),
+    ],
+)
+def test_a_rung_ranks_by_the_validation_metric_of_the_test_metrics_name(metric, validation, name):
+    assert validation_name(metric, validation) == name
+
+
 def test_a_rung_ranks_a_setting_by_the_mean_of_its_seeds():
     settings = {"x": ["x0", "x1"], "y": ["y0", "y1"]}
     values = {"x0": 0.9, "x1": 0.1, "y0": 0.6, "y1": 0.6}  # x has the best run, y the best mean
@@ -249,27 +269,3 @@ def test_a_halving_search_goes_on_with_the_best_and_its_last_rung_ends_as_a_dire
     assert same_results(search_dir, tmp_path) == [], "weights, test metrics and predictions, byte for byte"
     run_workflow(search_dir, "--report", str(tmp_path / "report.html"))
     assert "results/search/rungs.png" in (tmp_path / "report.html").read_text(), "the report shows the rungs"
-
-
-@pytest.mark.slow
-def test_a_program_takes_part_in_a_halving_search_through_the_contract(tmp_path, bbc_subset):
-    """The command example (config/examples/command/train.py) in a halving search: its rung jobs get
-    SCRATCHFLOW_BUDGET_EPOCHS, stop there with a checkpoint and report their validation split; the
-    run that goes on resumes and trains its remaining epoch alone."""
-    config = command_config(bbc_subset, tmp_path / "scratch", epochs=2)
-    del config["grid"]
-    space = {"learning_rate": {"log_uniform": [1.0e-4, 1.0e-2]}}
-    config["search"] = {"kind": "halving", "trials": 2, "rungs": [1, 2], "keep": 0.5, "space": space}
-    write_config(tmp_path, config)
-    ran = jobs_started(run_workflow(tmp_path).stdout)
-    assert (ran["train_rung"], ran["promote"], ran["train"], ran["predict"]) == (2, 1, 1, 1)
-    decision = json.loads((tmp_path / "results" / "search" / "rung-0.json").read_text())
-    (promoted,) = decision["promoted"]
-    # The recipe compares runs by test_loss (goal: min): the rung ranks by the validation loss.
-    assert (decision["metric"], decision["goal"]) == ("test_loss", "min")
-    assert decision["values"][promoted] == min(decision["values"].values())
-    run = tmp_path / "results" / "runs" / promoted
-    record = json.loads((run / "record.json").read_text())
-    steps = json.loads((run / "metrics.json").read_text())["steps"]
-    (rung_piece, last_piece) = record["pieces"]
-    assert last_piece["resumed_from_step"] == rung_piece["reached_step"] == steps // 2, "it went on from its rung"

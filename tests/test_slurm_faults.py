@@ -216,12 +216,13 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     config["training"]["epochs"] = 90  # about 50 s of training, from about 10 s into the job
     config["checkpointing"]["stop_signal"] = "USR2"
     write_config(tmp_path, config)
-    # One minute for the first attempt, two for the second; USR2 15 s before the end. slurmctld
+    # One minute for the first attempt, three for the second (room for a machine twice as busy as
+    # ours: the retry's 1,100 steps took 90 s beside the other tests once); USR2 15 s before the end. slurmctld
     # checks time limits every 30 s and sends the warning at the first check that finds fewer than
     # 15 + 30 s left: 15 to 45 s into the first job (measured on the test cluster), after the
     # trainer started listening and before it would finish.
     workflow = start(
-        slurm, tmp_path, "--set-resources", "train:runtime=attempt", "train:slurm_extra='--signal=USR2@15'"
+        slurm, tmp_path, "--set-resources", "train:runtime=2*attempt-1", "train:slurm_extra='--signal=USR2@15'"
     )
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]

@@ -156,6 +156,23 @@ def test_a_task_stops_on_the_stop_signal_and_the_next_piece_resumes_from_its_che
     assert trained.output.is_dir() and any(trained.output.iterdir())
 
 
+@pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
+def test_a_task_trains_a_rungs_epochs_and_a_retry_after_the_rung_only_evaluates(tiny_config, tmp_path):
+    """A halving search's rung (TrainContext.budget_epochs): 1 of the run's 2 epochs, then a checkpoint
+    and the validation metrics there; a job retried after that checkpoint (killed before its record
+    was written) trains no further and reports the same; the run's last job resumes from the rung."""
+    task = load_task(tiny_config["task"])
+    tiny_config["training"]["epochs"] = 2
+    run = RunCheckpoints(tmp_path / "shared", task.CHECKPOINT_MARKER)
+    rung = task.train(dataclasses.replace(context(tiny_config, tmp_path, 1, run), budget_epochs=1))
+    retried = task.train(dataclasses.replace(context(tiny_config, tmp_path, 2, run), budget_epochs=1))
+    assert rung.metrics["validation"] and retried.metrics["validation"] == rung.metrics["validation"]
+    assert retried.metrics["global_steps"] == rung.metrics["global_steps"] == run.newest_step()
+    last = task.train(context(tiny_config, tmp_path, 3, run))
+    assert last.metrics["resumed_from_step"] == rung.metrics["global_steps"]
+    assert last.metrics["global_steps"] == 2 * rung.metrics["global_steps"]
+
+
 def test_a_task_copied_from_another_that_forgot_a_name_is_refused_naming_it(tmp_path, monkeypatch):
     """A lab copies image_classification.py, renames predict and forgets the schema fragment."""
     import scratchflow.tasks

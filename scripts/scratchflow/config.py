@@ -154,6 +154,11 @@ def validate_task(config: dict[str, Any]) -> Any:
     return task
 
 
+# The rules whose jobs train: train, and a halving search's rungs (rule train_rung, which takes
+# train's resources).
+TRAINING_RULES = ("train", "train_rung")
+
+
 def check_halving_setup(config: dict[str, Any]) -> None:
     """A halving search ranks by the validation split, never the test split: refuse data without one.
     It sets the runs' epochs: refuse a program without them. Its rung jobs go to Slurm one run
@@ -300,7 +305,7 @@ def check_training_shape(rule: str, resources: Mapping[str, Any], cluster_name: 
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"resource {name} of rule {rule}: {value!r} is not a whole number >= 1")
     processes = resources.get("processes_per_node")
-    if processes is not None and rule != "train":
+    if processes is not None and rule not in TRAINING_RULES:
         raise ConfigError(
             f"resource processes_per_node of rule {rule}: only rule train starts several training processes"
         )
@@ -311,7 +316,7 @@ def check_training_shape(rule: str, resources: Mapping[str, Any], cluster_name: 
             "each process drives one GPU: ask for more GPUs per node (gres, gpu or --gpus-per-node) or fewer processes"
         )
     nodes = resources.get("nodes") or 1
-    if rule == "train" and nodes > 1:
+    if rule in TRAINING_RULES and nodes > 1:
         if cluster_name == "local":
             raise ConfigError(
                 f"resource nodes of rule train: {nodes} nodes with cluster {cluster_name!r} (this machine): "

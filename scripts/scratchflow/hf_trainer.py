@@ -407,7 +407,7 @@ def training_figures(trainer: Trainer, result: Any, resume_from: Path | None) ->
 
 def validation_figures(evaluation: dict[str, Any]) -> dict[str, float]:
     """The metrics of an evaluation on the validation split, without the `eval_` prefix or timings."""
-    timings = ("runtime", "samples_per_second", "steps_per_second")
+    timings = ("runtime", "samples_per_second", "steps_per_second", "model_preparation_time")
     return {
         name.removeprefix("eval_"): value
         for name, value in evaluation.items()
