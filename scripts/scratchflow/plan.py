@@ -145,13 +145,11 @@ class Plan:
         """The run ids of each pack, in grid order (one run each when runs are not packed)."""
         return self._packs
 
-    def settings(self, run_ids: list[str] | None = None) -> dict[str, list[str]]:
+    def settings(self) -> dict[str, list[str]]:
         """Runs that differ only in their seed are one setting, replicated: a label of the setting's
-        parameters (seed left out) -> its run ids, in grid order (of `run_ids` only, if given)."""
+        parameters (seed left out) -> its run ids, in grid order."""
         settings: dict[str, list[str]] = {}
         for run_id, params in self.runs.items():
-            if run_ids is not None and run_id not in run_ids:
-                continue
             label = json.dumps({key: value for key, value in params.items() if key != REPLICATE_KEY}, sort_keys=True)
             settings.setdefault(label, []).append(run_id)
         return settings
