@@ -15,6 +15,7 @@ from typing import Any
 from scratchflow.dataset import DatasetError, data_sources, resolve_location, table_columns
 from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.models import is_local_source
+from scratchflow.plan import TRAINING_RULES
 from scratchflow.search import BUDGET_KEY, HALVING, SearchError, check_halving, check_space, search_size, swept_values
 from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
 from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
@@ -152,11 +153,6 @@ def validate_task(config: dict[str, Any]) -> Any:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return task
-
-
-# The rules whose jobs train: train, and a halving search's rungs (rule train_rung, which takes
-# train's resources).
-TRAINING_RULES = ("train", "train_rung")
 
 
 def check_halving_setup(config: dict[str, Any]) -> None:

@@ -224,9 +224,9 @@ def train_job(job: TrainJob) -> None:
     log.info("run %s trained; phases (s): %s", job.run_id, timer.seconds)
 
 
-def last_validation(record: Path, metric: str) -> float | None:
-    """A run's validation `metric` at the end of its training, if it reported one."""
-    validation = read_json(record)["training"].get("validation", {})
+def last_validation(record: dict[str, Any], metric: str) -> float | None:
+    """A run's validation `metric` at the end of its training (its record.json), if it reported one."""
+    validation = record["training"].get("validation", {})
     name = search.validation_name(metric, validation)
     return validation[name] if name else None
 
@@ -404,12 +404,13 @@ def aggregate_job(
     table = table.sort_values(metric, ascending=ascending)
     with written_whole(summary_out) as partial:
         settings.to_csv(partial, sep="\t", index=False)
+    records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
     runs_written = table
     if decisions:
         rungs = aggregation.rung_table(
             [read_json(path) for path in decisions],
             int(table["epochs"].iloc[0]),
-            {run_id: last_validation(files["record"], metric) for run_id, files in runs.items()},
+            {run_id: last_validation(record, metric) for run_id, record in records.items()},
         )
         with written_whole(rungs_out) as partial:
             rungs.to_csv(partial, sep="\t", index=False)
@@ -428,8 +429,7 @@ def aggregate_job(
         + f" by test {metric}; the best run in orange",
         highlight=chosen["run"]["run_id"],
     )
-    records = [read_json(files["record"]) for files in runs.values()]
-    report.write_summary_page(settings, table, chosen, records, page_out)
+    report.write_summary_page(settings, table, chosen, list(records.values()), page_out)
     best_run_id = chosen["run"]["run_id"]
     report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, confusion_out)
     setting = chosen["setting"]

@@ -51,6 +51,9 @@ RUNG_LOG = "logs/train/{run_id}-rung-{rung}.log"
 RUNG_BENCHMARK = "results/benchmarks/train/{run_id}-rung-{rung}.tsv"
 RUNG_DECISION = "results/search/rung-{rung}.json"
 SEARCH_OUTPUTS = {"rungs": "results/search/rungs.tsv", "rung_plot": "results/search/rungs.png"}
+# The rules whose jobs train: train, and a halving search's rungs (rule train_rung, which takes
+# train's resources).
+TRAINING_RULES = ("train", "train_rung")
 PACK_OUTPUT = "results/packs/{stage}-{pack}.json"
 PACK_STAGES = ("train", "predict")
 # What the aggregate rule writes, in the order the workflow's last message lists them.
@@ -176,8 +179,10 @@ class Plan:
         """The params, test metrics and records of every run (or of `run_ids`: those a halving search
         trained to the end), in grid order, for the comparison; and a halving search's decisions."""
 
+        wanted = set(self.runs if run_ids is None else run_ids)
+
         def every_run(template: str) -> list[str]:
-            return [template.format(run_id=run_id) for run_id in self.runs if run_ids is None or run_id in run_ids]
+            return [template.format(run_id=run_id) for run_id in self.runs if run_id in wanted]
 
         return {
             "params": every_run(RUN_PATHS.params),

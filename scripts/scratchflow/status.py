@@ -28,7 +28,7 @@ from scratchflow.checkpoints import (
     holder_is_alive,
     step_of,
 )
-from scratchflow.plan import RUNG_LOG, RUNG_RECORD, Plan
+from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
 from scratchflow.tracking import duration
 
 STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", "waits", "failed")
@@ -36,7 +36,6 @@ STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", 
 # (cluster.pack_runs: the runs of a pack are found through the job id their checkpoints name).
 COMMENT_PREFIX = "rule_"
 FAILED_MARK = "ERROR scratchflow: job failed: "
-RUNG_RULE = {"train_rung": "train"}  # a halving search's rung job trains its run
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,8 @@ def slurm_jobs(squeue: str | None = None) -> dict[tuple[str, str], SlurmJob] | N
         rule, _, wildcards = comment.removeprefix(COMMENT_PREFIX).partition("_wildcards_")
         run_id = wildcards.split("_", 1)[0]  # a rung's job: <run_id>_<rung>
         if comment.startswith(COMMENT_PREFIX):
-            jobs[RUNG_RULE.get(rule, rule), run_id or job_id] = SlurmJob(job_id, state, reason, nodes)
+            # A halving search's rung job trains its run, as a train job does.
+            jobs["train" if rule in TRAINING_RULES else rule, run_id or job_id] = SlurmJob(job_id, state, reason, nodes)
     return jobs
 
 
@@ -255,13 +255,15 @@ def current_status(workdir: Path) -> tuple[list[RunStatus], str | None]:
     """The status as scripts/status.py tells it, with a halving search's rung line: Slurm is asked
     (once) only when the grid's jobs go there; a Slurm client with no controller to answer waits 9 s."""
     plan = Plan.read(workdir)
-    statuses = _statuses(workdir, plan, slurm_jobs() if plan.executor == "slurm" else None)
-    return statuses, rung_line(plan, plan.decisions(workdir))
+    decisions = plan.decisions(workdir)
+    statuses = _statuses(workdir, plan, slurm_jobs() if plan.executor == "slurm" else None, decisions)
+    return statuses, rung_line(plan, decisions)
 
 
 def grid_status(workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = None) -> list[RunStatus]:
     """Every run's status; `jobs`: Slurm's (slurm_jobs()), None where the grid has no Slurm."""
-    return _statuses(workdir, Plan.read(workdir), jobs)
+    plan = Plan.read(workdir)
+    return _statuses(workdir, plan, jobs, plan.decisions(workdir))
 
 
 class _UnknownJobs(dict):
@@ -272,14 +274,15 @@ class _UnknownJobs(dict):
         return True
 
 
-def _statuses(workdir: Path, plan: Plan, jobs: dict[tuple[str, str], SlurmJob] | None) -> list[RunStatus]:
+def _statuses(
+    workdir: Path, plan: Plan, jobs: dict[tuple[str, str], SlurmJob] | None, decisions: list[dict[str, Any]]
+) -> list[RunStatus]:
     active = (
         _UnknownJobs()
         if jobs is None
         else {job.job_id: job for job in jobs.values() if job.state in ACTIVE_SLURM_STATES}
     )
     now = time.time()
-    decisions = plan.decisions(workdir)
     return [run_status(workdir, run_id, plan, jobs, active, now, decisions) for run_id in plan.runs]
 
 
