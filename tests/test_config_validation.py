@@ -297,6 +297,11 @@ CASES = {
         set_key("cluster", pack_runs=0),
         ["config key cluster.pack_runs", "0 is less than the minimum of 1"],
     ),
+    # An image of its own for a rule that runs where Snakemake runs: refused by a local run too.
+    "an image for a rule that runs no job": (
+        set_key("cluster", rule_image_variables={"aggregate": "SCRATCHFLOW_CPU_IMAGE"}),
+        ["config key cluster.rule_image_variables: 'aggregate' is not a rule that runs as a job"],
+    ),
     "packing with the local profile": (
         set_key("cluster", pack_runs=4),
         ["config key cluster.pack_runs: 4 packs runs into cluster jobs", "with the 'local' executor"],

@@ -167,6 +167,22 @@ def test_every_problem_of_every_rule_is_named_in_one_error(cluster):
     assert said.count("  - rule ") == 7
 
 
+def test_a_misspelt_partition_hides_none_of_the_rules_other_problems(cluster):
+    """Checked against the whole cluster: before, the memory above every node's appeared only once the
+    partition was fixed, and the message grew as mistakes were fixed."""
+    requests = [Request("predict", "gpus", None, [30], memory_mb_per_node=1_000_000)]
+    assert problems(requests, cluster) == [
+        "rule predict: partition 'gpus' does not exist; the cluster has: batch, debug, gpu",
+        "rule predict: no node of any partition has 1 CPU(s), 1000000 MB (its nodes: "
+        "n1 (64 CPUs, 512000 MB, gpu:a100:2); n2 (64 CPUs, 512000 MB, gpu:a100:2))",
+    ]
+    assert problems([Request("predict", "gpus", None, [30])], cluster) == [
+        "rule predict: partition 'gpus' does not exist; the cluster has: batch, debug, gpu"
+    ]
+    too_long = problems([Request("predict", "gpus", None, [20_000])], cluster)[1]
+    assert too_long.startswith("rule predict: its first attempt asks for 20000 minutes, above any partition's MaxTime")
+
+
 def test_a_first_attempt_above_maxtime_is_said_so(cluster):
     (problem,) = problems([Request("predict", "debug", None, [90, 180])], cluster)
     assert problem.startswith("rule predict: its first attempt asks for 90 minutes, above partition 'debug''s")

@@ -107,19 +107,26 @@ def job_step_environment(
     }
 
 
-def rule_images(variables: Mapping[str, str], rules: Iterable[str], environ: Mapping[str, str]) -> dict[str, Path]:
-    """cluster.rule_image_variables checked: each rule one of the workflow's Slurm jobs, each
-    variable naming an image as cluster.image_variable must."""
+def check_rule_image_rules(variables: Mapping[str, str], rules: Iterable[str]) -> None:
+    """cluster.rule_image_variables names only rules that run as jobs (`rules`), whatever the
+    executor: a local dry run of a cluster's config refuses what the cluster would."""
     known = sorted(rules)
-    images = {}
-    for rule, variable in variables.items():
+    for rule in variables:
         if rule not in known:
             raise ConfigError(
                 f"config key cluster.rule_image_variables: {rule!r} is not a rule that runs as a job "
                 f"(the rules: {', '.join(known)})"
             )
-        images[rule] = check_image(variable, environ, f"cluster.rule_image_variables.{rule}")
-    return images
+
+
+def rule_images(variables: Mapping[str, str], rules: Iterable[str], environ: Mapping[str, str]) -> dict[str, Path]:
+    """cluster.rule_image_variables checked: each rule one of the workflow's Slurm jobs, each
+    variable naming an image as cluster.image_variable must."""
+    check_rule_image_rules(variables, rules)
+    return {
+        rule: check_image(variable, environ, f"cluster.rule_image_variables.{rule}")
+        for rule, variable in variables.items()
+    }
 
 
 def start_job_steps_in_image(environ: MutableMapping[str, str], rules: Iterable[str] = ()) -> None:

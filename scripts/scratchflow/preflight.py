@@ -233,27 +233,31 @@ def requested_gpu_type(resources: Mapping[str, Any]) -> str | None:
 
 
 def problems(requests: list[Request], cluster: Cluster) -> list[str]:
-    """Everything the cluster would refuse, or never start, of these requests: one line each."""
+    """Everything the cluster would refuse, or never start, of these requests: one line each. A
+    request whose partition does not exist is still checked against the whole cluster (its longest
+    MaxTime, every node), so that fixing the partition brings no new problem to light."""
     found = []
     for request in requests:
         name = request.partition or cluster.default_partition
+        partition = cluster.partitions.get(name) if name else None
         if name is None:
             found.append(f"rule {request.rule}: no partition asked for, and the cluster has no default partition")
-            continue
-        partition = cluster.partitions.get(name)
-        if partition is None:
+        elif partition is None:
             known = ", ".join(sorted(cluster.partitions))
             found.append(f"rule {request.rule}: partition {name!r} does not exist; the cluster has: {known}")
-            continue
+        if partition is None:
+            where, nodes, partition = "any partition", cluster.nodes, longest_partition(cluster)
+        else:
+            where, nodes = f"partition {name!r}", cluster.nodes_of(name)
         for attempt, minutes in enumerate(request.runtimes, start=1):
-            if partition.max_minutes is not None and minutes > partition.max_minutes:
+            if partition and partition.max_minutes is not None and minutes > partition.max_minutes:
                 first = "its first attempt" if attempt == 1 else f"attempt {attempt} (a retry)"
                 found.append(
-                    f"rule {request.rule}: {first} asks for {minutes} minutes, above partition {name!r}'s "
+                    f"rule {request.rule}: {first} asks for {minutes} minutes, above {where}'s "
                     f"MaxTime of {partition.max_minutes} ({partition.max_time_text}); Slurm would refuse it"
                 )
                 break
-        found += _node_problems(request, name, cluster.nodes_of(name))
+        found += _node_problems(request, where, nodes)
         if request.account and cluster.accounts is not None and request.account not in cluster.accounts:
             yours = ", ".join(sorted(cluster.accounts)) or "none"
             found.append(
@@ -262,9 +266,14 @@ def problems(requests: list[Request], cluster: Cluster) -> list[str]:
     return found
 
 
-def _node_problems(request: Request, partition: str, nodes: list[Node]) -> list[str]:
+def longest_partition(cluster: Cluster) -> Partition | None:
+    """The partition of the longest MaxTime (UNLIMITED first); None on a cluster without partitions."""
+    return max(cluster.partitions.values(), key=lambda partition: partition.max_minutes or float("inf"), default=None)
+
+
+def _node_problems(request: Request, where: str, nodes: list[Node]) -> list[str]:
     if not nodes:
-        return [f"rule {request.rule}: partition {partition!r} has no nodes"]
+        return [f"rule {request.rule}: {where} has no nodes"]
     asked = []
     fitting = nodes
     if request.gpus_per_node:
@@ -278,10 +287,10 @@ def _node_problems(request: Request, partition: str, nodes: list[Node]) -> list[
         asked.append(f"{request.memory_mb_per_node} MB")
     if not fitting:
         has = "; ".join(node.describe() for node in nodes[:4]) + (" ..." if len(nodes) > 4 else "")
-        return [f"rule {request.rule}: no node of partition {partition!r} has {', '.join(asked)} (its nodes: {has})"]
+        return [f"rule {request.rule}: no node of {where} has {', '.join(asked)} (its nodes: {has})"]
     if len(fitting) < request.nodes:
         return [
-            f"rule {request.rule}: {request.nodes} nodes of {', '.join(asked)} asked for; partition {partition!r} "
+            f"rule {request.rule}: {request.nodes} nodes of {', '.join(asked)} asked for; {where} "
             f"has {len(fitting)} such node(s) of {len(nodes)}"
         ]
     return []

@@ -28,7 +28,7 @@ from scratchflow.config import (
     cpu_flags,
     validate_task,
 )
-from scratchflow.containers import set_job_step_image, start_job_steps_in_image
+from scratchflow.containers import check_rule_image_rules, set_job_step_image, start_job_steps_in_image
 from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location
 from scratchflow.models import is_local_source
 from scratchflow.plan import GRID_OUTPUTS, Plan
@@ -64,13 +64,15 @@ def read_config(
 
 def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests | None:
     """Profile resources checked before any job is submitted: unknown names, the training shape,
-    FSDP and bf16 on a CPU-only run, and runtimes above cluster.max_runtime_minutes. Called when
+    FSDP and bf16 on a CPU-only run, runtimes above cluster.max_runtime_minutes, and the rules
+    cluster.rule_image_variables names. Called when
     the workflow is read (first attempts: --retries is not known yet) and again when it starts, for
     every attempt up to --retries. Returns what it read (None in a job's own Snakemake)."""
     if not workflow.is_main_process:
         return None
     requests = snakemake_adapter.rule_requests(workflow)
     check_resources(requests.names, requests.runtimes, requests.shapes, config["cluster"])
+    check_rule_image_rules(config["cluster"]["rule_image_variables"], snakemake_adapter.job_rules(workflow))
     check_precision(config, requests.shapes["train"], shutil.which("nvidia-smi") is not None, cpu_flags())
     check_stop_signal(config["checkpointing"]["stop_signal"], requests.shapes["train"].get("slurm_extra"))
     return requests
@@ -84,7 +86,12 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
     check_packing(plan.pack_runs, executor, runtimes, config["cluster"])
     if executor == "slurm" and config["preflight"]:
-        check_against_cluster(workflow, plan, requests.runtimes)
+        try:
+            check_against_cluster(workflow, plan, requests.runtimes)
+        except preflight.PreflightError as refused:
+            # The message alone: raised, it came twice, with the hook's traceback after it.
+            print(refused, file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
     if executor == "slurm":
         set_job_step_image(
             config["cluster"],
