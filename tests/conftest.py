@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 from scratchflow.dataset import load_examples, resolve_location, split_examples
-from scratchflow.tracking import TENSORBOARD_FOLDER, learning_curves, read_curves
+from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
 
 # A folder that the two pytest processes of one `make test` share (tests/run_all.sh sets it): the
 # data, model and reference runs both need are built there once (built_once).
@@ -471,19 +471,25 @@ def metrics_of(workdir: Path, reference: Path) -> str:
     return (workdir / "results" / "runs" / run.name / "metrics.json").read_text()
 
 
+# Scalars that time a piece: a resumed run's differ from an uninterrupted one's by nature.
+TIMINGS = ("runtime", "per_second", "preparation_time")
+
+
 def different_curves(workdir: Path, reference: Path, rel: float = 1e-6, absolute: float = 0) -> list[str]:
-    """The learning curves of `reference`'s one run that `workdir`'s same run does not have point for
-    point: the same steps, once each, with values equal to `rel` (or within `absolute`)."""
+    """The curves of `reference`'s one run that `workdir`'s same run does not have point for point:
+    every tag but timings (evaluations, the end-of-training summary, epochs and flos too), the same
+    steps, once each, with values equal to `rel` (or within `absolute`)."""
     (run,) = (reference / "results" / "runs").iterdir()
     theirs = read_curves(run / TENSORBOARD_FOLDER)
     mine = read_curves(workdir / "results" / "runs" / run.name / TENSORBOARD_FOLDER)
-    return [
-        tag
-        for tag in learning_curves(theirs)
-        if [step for step, _ in mine.get(tag, [])] != [step for step, _ in theirs[tag]]
-        or [value for _, value in mine[tag]]
-        != pytest.approx([value for _, value in theirs[tag]], rel=rel, abs=absolute)
-    ]
+    compared = sorted(tag for tag in set(theirs) | set(mine) if not any(timing in tag for timing in TIMINGS))
+    return [tag for tag in compared if not same_points(mine.get(tag, []), theirs.get(tag, []), rel, absolute)]
+
+
+def same_points(mine: list[tuple[int, float]], theirs: list[tuple[int, float]], rel: float, absolute: float) -> bool:
+    return [step for step, _ in mine] == [step for step, _ in theirs] and [value for _, value in mine] == pytest.approx(
+        [value for _, value in theirs], rel=rel, abs=absolute
+    )
 
 
 def wandb_offline_runs(run_folder: Path) -> dict[str, dict]:

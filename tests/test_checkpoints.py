@@ -150,3 +150,12 @@ def test_a_piece_found_killed_by_the_next_is_closed_with_the_step_of_its_last_ch
     assert (first["outcome"], first["reached_step"], first["ended_at"]) == ("killed", 40, None)
     assert (second["outcome"], second["reached_step"]) == ("RuntimeError: the loss is NaN", 60)
     assert second["ended_at"]
+
+
+def test_a_failed_pieces_outcome_is_the_errors_first_line(tmp_path):
+    """An error that quotes a program's output (TrainingFailed holds the last lines of torchrun's)
+    left 25 lines in record.json; the piece's log has them."""
+    run = RunCheckpoints(tmp_path, MARKER)
+    with pytest.raises(RuntimeError), run.piece():
+        raise RuntimeError("torchrun exited with 1; its last lines:\nTraceback (most recent call last):\n  File x")
+    assert run.pieces()[0]["outcome"] == "RuntimeError: torchrun exited with 1; its last lines:"

@@ -26,8 +26,10 @@ from conftest import (
 )
 from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
 from scratchflow.config import ConfigError, check_precision, check_resources
+from scratchflow.dataset import load_examples
 from scratchflow.distributed import Shape, requested_gpus_per_node, seeing_in_image, shape_of
 from scratchflow.processes import StopForwarder, run_program
+from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
 
 TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
 MARKER = "trainer_state.json"
@@ -272,3 +274,53 @@ def test_two_processes_killed_stopped_and_resumed_end_like_an_uninterrupted_run(
     assert (last["outcome"], last["world_size"], last["resumed_from_step"]) == ("finished", 2, step)
     assert same_metrics(tmp_path, uninterrupted_two_process_run)
     assert list((tmp_path / "scratch").iterdir()) == []
+
+
+@pytest.fixture(scope="session")
+def tiny_model_without_dropout(tmp_path_factory, bbc_subset) -> Path:
+    from scratchflow.tiny_model import build_tiny_bert
+
+    texts = [example.text for example in load_examples(bbc_subset, "folder", "text", "label")]
+    folder = tmp_path_factory.mktemp("tiny-bert-without-dropout")
+    return build_tiny_bert(texts, folder / "tiny-bert", dropout=0.0)
+
+
+def trained_weights(workdir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    (model,) = (workdir / "results" / "runs").glob("*/model/model.safetensors")
+    return load_file(model)
+
+
+@pytest.mark.slow
+def test_two_processes_log_the_models_losses_and_train_like_one_process_with_their_global_batch(
+    tmp_path, bbc_subset, tiny_model_without_dropout
+):
+    """2 processes of 7 examples a step against 1 process of 14, the same 14 examples each step: no
+    dropout (nothing random after the classifier head is made), and 14 divides the 210 training
+    examples (no epoch ends in a short batch that 2 processes would fill up from the split's start).
+    The Trainer multiplied the loss by the number of processes (hf_trainer.ExactlyResumableTrainer):
+    every logged loss was twice the one-process run's, and so were the gradients. Now the training
+    and validation losses (in the 1 x 1 run the validation loss is computed in one process) and the
+    gradient norms agree point for point, and the weights agree to float32 noise: the two runs sum
+    each step's gradient in another order (two half-batch means averaged against one mean), which
+    moves the last bits of each step, and Adam carries that on (measured: 4e-7 apart, weights of
+    order 1)."""
+    curves, weights = {}, {}
+    for processes, batch_size in ((1, 14), (2, 7)):
+        workdir = tmp_path / f"{processes}-processes"
+        config = workflow_config(bbc_subset, tiny_model_without_dropout, workdir / "scratch", grid={"seed": [0]})
+        config["training"].update(batch_size=batch_size, epochs=3)
+        config["checkpointing"] = {"every_steps": 1000, "keep": 1}
+        write_config(workdir, config)
+        run_workflow(workdir, "--set-resources", f"train:processes_per_node={processes}")
+        (run,) = (workdir / "results" / "runs").iterdir()
+        curves[processes] = read_curves(run / TENSORBOARD_FOLDER)
+        weights[processes] = trained_weights(workdir)
+    for tag in ("train/loss", "eval/loss", "train/grad_norm"):
+        one, two = curves[1][tag], curves[2][tag]
+        assert [step for step, _ in two] == [step for step, _ in one], tag
+        assert [value for _, value in two] == pytest.approx([value for _, value in one], rel=1e-4), tag
+    assert weights[2].keys() == weights[1].keys()
+    largest = max((weights[2][name] - weights[1][name]).abs().max().item() for name in weights[1])
+    assert largest < 1e-5, f"the weights differ by up to {largest}"

@@ -35,6 +35,34 @@ with job_context({str(log)!r}):
     assert "in tokenize\n    return texts[0]" in written
 
 
+def test_a_paused_piece_says_so_at_info_and_names_the_log_it_keeps(tmp_path):
+    """A stop on request (TrainingStopped) is planned: no traceback, no ERROR, and the console names
+    the piece's own log (the rule's log is the next piece's), as the job still exits non-zero for
+    Snakemake's retry. Before, it read "job failed: TrainingStopped" with a traceback."""
+    log = tmp_path / "logs" / "train" / "run.log"
+    kept = tmp_path / "logs" / "train" / "run.piece-2.log"
+    job = f"""
+from pathlib import Path
+from scratchflow.jobs import job_context, pointing_at
+from scratchflow.tasks import TrainingStopped
+
+with job_context({str(log)!r}), pointing_at(Path({str(kept)!r})):
+    raise TrainingStopped("stopped on SIGUSR1 at step 40 of 280; checkpoint-40 is saved in c")
+"""
+    script = tmp_path / "job.py"
+    script.write_text(job)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SCRIPTS)}
+    result = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "scratchflow: paused, not failed: stopped on SIGUSR1 at step 40 of 280; checkpoint-40 is saved in c; "
+        f"this piece's log: {kept}"
+    ]
+    written = log.read_text()
+    assert "INFO scratchflow: paused, not failed: stopped on SIGUSR1 at step 40" in written
+    assert "Traceback" not in written and "ERROR" not in written
+
+
 def test_a_jobs_console_lines_reach_the_console_and_not_its_log(tmp_path):
     """Progress lines (hf_trainer.ProgressLog) go to the log and, with the run's id, to the console:
     Snakemake's output, where a user waiting for the demo looks."""

@@ -25,6 +25,7 @@ from conftest import (
 )
 from scratchflow.grid import build_run_table
 from scratchflow.search import (
+    TIE_BREAK,
     SearchError,
     check_halving,
     check_space,
@@ -164,12 +165,24 @@ def test_a_halving_search_trains_its_runs_to_the_last_rung_and_refuses_packed_ru
         ({"a": 0.5, "b": 0.9, "c": 0.7, "d": 0.1}, 0.5, "min", ["d", "a"]),
         ({"a": 0.5, "b": 0.9, "c": 0.7}, 0.34, "max", ["b"]),
         ({"a": 0.5, "b": 0.9}, 0.1, "max", ["b"]),  # at least one goes on
-        ({"a": 0.5, "b": 0.5, "c": 0.5}, 0.34, "max", ["a"]),  # ties: the search's order
+        ({"a": 0.5, "b": 0.5, "c": 0.5}, 0.34, "max", ["a"]),  # ties without losses: the search's order
     ],
 )
 def test_a_rung_sends_on_the_best_share_of_its_settings(values, keep, goal, expected):
     settings = {run_id: [run_id] for run_id in values}
     assert promoted(settings, values, keep, goal)[0] == expected
+
+
+def test_a_tie_goes_to_the_lower_validation_loss_then_the_earlier_trial():
+    """Every trial at the same macro-F1: the one with the best validation loss was stopped, since
+    ties kept the trials' order silently."""
+    settings = {"a": ["a"], "b": ["b"], "c": ["c"], "d": ["d"]}
+    values = dict.fromkeys(settings, 0.25)
+    losses = {"a": 1.2, "b": 0.8, "c": 0.9, "d": 0.8}
+    runs, ranking = promoted(settings, values, 0.5, "max", losses)
+    assert runs == ["b", "d"] and [entry["runs"] for entry in ranking] == [["b"], ["d"], ["c"], ["a"]]
+    assert [entry["loss"] for entry in ranking] == [0.8, 0.8, 0.9, 1.2]
+    assert promoted(settings, {**values, "a": 0.3}, 0.25, "max", losses)[0] == ["a"], "the metric first"
 
 
 @pytest.mark.parametrize(
@@ -244,6 +257,7 @@ def test_a_halving_search_goes_on_with_the_best_and_its_last_rung_ends_as_a_dire
     decision = json.loads((results / "search" / "rung-0.json").read_text())
     values = decision["values"]
     assert len(values) == 2 and decision["epochs"] == 10 and decision["metric"] == "macro_f1"
+    assert decision["ties"] == TIE_BREAK and all("loss" in entry for entry in decision["ranking"])
     (promoted,) = decision["promoted"]
     assert values[promoted] == max(values.values()), "the better by validation macro-F1 goes on"
     rungs = pd.read_csv(results / "search" / "rungs.tsv", sep="\t")

@@ -333,7 +333,7 @@ def test_the_preflight_lists_every_request_the_live_cluster_would_refuse_before_
     result = run_on_slurm(slurm, tmp_path, str(profile), {})
     assert result.returncode != 0
     message = result.stdout[result.stdout.index("preflight: the cluster would refuse these jobs") :]
-    # The message's list, up to its end (Snakemake prints the error twice).
+    assert result.stdout.count("preflight: the cluster would refuse") == 1 and 'File "' not in message, message
     problems = list(itertools.takewhile(lambda line: line.strip().startswith("- rule "), message.splitlines()[1:]))
     problems = [line.strip()[2:] for line in problems]
     assert len(problems) == len(expected), message[:3000]
@@ -500,6 +500,8 @@ def test_the_oscer_profile_trains_on_two_nodes_of_two_gpus_with_four_processes(s
     assert "rank 0 of 4 done" in log and "node n2" in log and "staging into" in log, log[-3000:]
     assert log.count("from 2 part(s) of bbc-subset.tar (2 at a time") == 2, "each node stages both parts at once"
     assert piece["ranks"] == {"n1": [0, 1], "n2": [2, 3]}, "rank 0 on the batch host, the first node"
+    evaluations = [line for line in log.splitlines() if line.startswith("{'eval_loss'")]
+    assert len(evaluations) == 30, "the Trainer's metrics lines once each (every node's first process printed them)"
     second_node_scratch = Path(re.search(r"staging into (\S+)", log).group(1))
     assert "-n2@" in second_node_scratch.name
     assert not scratch_used(workdir, run.name).exists() and not second_node_scratch.exists()

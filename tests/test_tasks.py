@@ -190,3 +190,39 @@ def test_an_image_dataset_of_train_and_test_folders_only_trains_without_validati
     assert record["training"]["train_examples"] == 120
     (run,) = (tmp_path / "results" / "runs").iterdir()
     assert len(pd.read_csv(run / "predictions.csv")) == 40
+
+
+def test_a_rung_jobs_progress_counts_to_the_rungs_end(tmp_path):
+    """Inside rung 0 (1 of 2 epochs, 60 steps in all) the status and the console said "step 10 of 60
+    (17%)" and the time left to step 60, where the job stops at step 30."""
+    from types import SimpleNamespace
+
+    from scratchflow.checkpoints import PROGRESS_FILE, RunCheckpoints
+    from scratchflow.hf_trainer import ProgressLog
+
+    run = RunCheckpoints(tmp_path, "trainer_state.json")
+    progress = ProgressLog("rung0run00", run, budget_epochs=1)
+    args = SimpleNamespace(num_train_epochs=2, per_device_train_batch_size=8, world_size=1)
+    state = SimpleNamespace(global_step=1, max_steps=60, is_world_process_zero=True)
+    progress.on_train_begin(args, state, None)
+    progress.on_step_end(args, state, None)
+    progress.last = (1, progress.last[1] - 9.0)  # 9 steps in 9 s
+    state.global_step = 10
+    progress.on_log(args, state, None, logs={"loss": 1.5})
+    reported = json.loads((tmp_path / PROGRESS_FILE).read_text())
+    assert reported["max_steps"] == 30
+    assert reported["seconds_left"] == pytest.approx(20, rel=0.01)
+
+
+def test_the_trainers_metrics_lines_are_printed_by_the_jobs_first_process_only(capsys):
+    """Each node's first process printed them, and a two-node job's log had every line twice."""
+    from types import SimpleNamespace
+
+    from scratchflow.hf_trainer import PrintLogsOnce
+
+    printer = PrintLogsOnce()
+    second_node = SimpleNamespace(is_local_process_zero=True, is_world_process_zero=False)
+    printer.on_log(None, second_node, None, logs={"loss": 0.5})
+    first_node = SimpleNamespace(is_local_process_zero=True, is_world_process_zero=True)
+    printer.on_log(None, first_node, None, logs={"loss": 0.5})
+    assert capsys.readouterr().out.splitlines() == ["{'loss': '0.5'}"]

@@ -31,7 +31,7 @@ from conftest import (
     write_config,
     write_recipe_data,
 )
-from scratchflow.checkpoints import newest_complete_checkpoint
+from scratchflow.checkpoints import newest_complete_checkpoint, step_of
 from scratchflow.dataset import load_examples
 from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
 
@@ -255,14 +255,15 @@ def test_a_corrupted_archive_stops_the_run_before_training(tmp_path, bbc_subset,
         assert "epoch" not in log.read_text(), "training must not have started"
 
 
-def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen) -> Path:
-    """The run's checkpoint folder, once it holds a complete checkpoint."""
+def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen, step: int = 0) -> Path:
+    """The run's checkpoint folder, once it holds a complete checkpoint (of `step` or later)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and workflow.poll() is None:
         found = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
-        if found and newest_complete_checkpoint(found[0], "trainer_state.json") is not None:
+        newest = newest_complete_checkpoint(found[0], "trainer_state.json") if found else None
+        if newest is not None and step_of(newest) >= step:
             return found[0]
-        time.sleep(0.05)
+        time.sleep(0.01)
     raise AssertionError(f"no checkpoint appeared; the workflow said:\n{workflow.communicate()[0][-4000:]}")
 
 
@@ -280,22 +281,28 @@ def wait_for_progress(folder: Path, workflow: subprocess.Popen, step: int) -> No
 def test_a_run_killed_then_paused_between_logging_steps_ends_like_an_uninterrupted_run(
     tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
-    """SIGKILL snakemake and its jobs mid-training; the same command then resumes from the newest
-    checkpoint; a USR1 to that job between two logging steps and inside an epoch pauses it, and the
-    local profile's retry resumes. The run ends with the uninterrupted run's weights and metrics and
-    with its curves, point for point, in TensorBoard and (tracking: wandb) in W&B's offline runs:
-    nothing the stop did (an evaluation, a summary) and nothing it cut (the loss since the last
-    logged step) shows."""
+    """SIGKILL snakemake and its jobs as the checkpoint at an epoch's end (step 140: epochs of 14
+    steps, checkpoints every 20) appears; the same command then resumes from it; a USR1 to that job
+    between two logging steps and inside an epoch pauses it, and the local profile's retry resumes.
+    The run ends with the uninterrupted run's weights and metrics and with its curves, every tag
+    point for point, in TensorBoard and (tracking: wandb) in W&B's offline runs: nothing the stop did
+    (an evaluation, a summary) and nothing it cut (the loss since the last logged step, an epoch's
+    evaluation) shows. An epoch's last checkpoint is saved after the epoch's evaluation: saved before
+    it, a kill during the evaluation left a checkpoint that the resume took as evaluated, and that
+    epoch's point was missing from every eval/ curve."""
     scratch = long_run(tmp_path, bbc_subset, tiny_model, tracking="wandb")
     workflow = start_workflow(tmp_path)
-    run_id = wait_for_first_checkpoint(tmp_path, workflow).name
+    run_id = wait_for_first_checkpoint(tmp_path, workflow, step=140).name
     os.killpg(workflow.pid, signal.SIGKILL)
+    epoch_end = tmp_path / "checkpoints" / run_id / "checkpoint-140"
+    history = json.loads((epoch_end / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in history if "eval_loss" in entry][-1] == 140, "saved before its evaluation"
     workflow.wait()
     assert not (tmp_path / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
     assert list(scratch.iterdir()), "the killed job's scratch is left behind, as SIGKILL allows"
 
     workflow = start_workflow(tmp_path)  # the same command, again
-    wait_for_progress(tmp_path / "checkpoints" / run_id, workflow, 50)
+    wait_for_progress(tmp_path / "checkpoints" / run_id, workflow, 150)
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=600)[0]
     assert workflow.returncode == 0, output[-4000:]
@@ -303,15 +310,23 @@ def test_a_run_killed_then_paused_between_logging_steps_ends_like_an_uninterrupt
     record = json.loads((tmp_path / "results" / "runs" / run_id / "record.json").read_text())
     killed, paused, last = record["pieces"]
     assert (killed["outcome"], killed["reached_step"]) == ("killed", paused["resumed_from_step"])
-    assert paused["resumed_from_step"] >= 20 and paused["outcome"].startswith("TrainingStopped: stopped on SIGUSR1")
+    assert paused["resumed_from_step"] == 140 and paused["outcome"].startswith("TrainingStopped: stopped on SIGUSR1")
     stopped_at = paused["reached_step"]
     assert stopped_at % 10 and stopped_at % 14, "the stop is between logging steps and inside an epoch"
     assert last["resumed_from_step"] == record["training"]["resumed_from_step"] == stopped_at
+    # Each phase over the pieces that could time themselves (a SIGKILL leaves no figure).
+    assert not killed["timings_seconds"] and set(paused["timings_seconds"]) == {"stage", "train", "cleanup"}
+    assert record["timings_seconds"]["train"] == pytest.approx(
+        paused["timings_seconds"]["train"] + last["timings_seconds"]["train"], abs=0.002
+    )
     # Each piece's log is kept: Snakemake deletes the rule's log before it runs the job again.
     killed_log = (tmp_path / killed["log"]).read_text()
-    assert f"run {run_id}, piece 1:" in killed_log and "checkpoint checkpoint-20 saved" in killed_log
+    assert f"run {run_id}, piece 1:" in killed_log and "checkpoint checkpoint-140 saved" in killed_log
     assert "resuming from" not in killed_log
-    assert "SIGUSR1 received" in (tmp_path / paused["log"]).read_text()
+    paused_log = (tmp_path / paused["log"]).read_text()
+    assert "SIGUSR1 received" in paused_log and "INFO scratchflow: paused, not failed: stopped on SIGUSR1" in paused_log
+    assert "Traceback" not in paused_log, "a planned pause is no error"
+    assert f"this piece's log: {(tmp_path / paused['log']).resolve()}" in output
     assert (tmp_path / last["log"]).samefile(tmp_path / "logs" / "train" / f"{run_id}.log")
     assert list(scratch.iterdir()) == [], "the retry removed the killed job's scratch"
     assert same_results(tmp_path, uninterrupted_long_run) == []

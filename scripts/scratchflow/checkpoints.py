@@ -255,7 +255,8 @@ class RunCheckpoints:
         try:
             yield piece
         except BaseException as error:
-            piece["outcome"] = f"{type(error).__name__}: {error}"
+            # One line: the traceback and any output the error quotes are in the piece's log.
+            piece["outcome"] = f"{type(error).__name__}: {error}".splitlines()[0]
             piece.setdefault("reached_step", self.newest_step())
             raise
         else:

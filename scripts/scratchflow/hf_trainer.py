@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 from transformers.integrations import TensorBoardCallback, WandbCallback
 from transformers.utils import is_torch_tf32_available
 
@@ -68,6 +68,16 @@ class MirrorCheckpointsToShared(TrainerCallback):
             log.info("checkpoint %s of %d processes saved to %s", local.name, self.me.world_size, assembly.parent)
 
 
+class PrintLogsOnce(PrinterCallback):
+    """The Trainer's metrics lines, printed by the job's first process. The Trainer's own printer
+    prints on the first process of each node, and every node's output reaches the job's log: a job of
+    two nodes logged each line twice."""
+
+    def on_log(self, args: TrainingArguments, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+
 # In a checkpoint, one per training process: the training loss summed since the last logged step.
 LOSS_SINCE_LOGGED = "loss_since_logged_{rank}.pt"
 
@@ -82,7 +92,32 @@ class ExactlyResumableTrainer(Trainer):
       evaluation), and the two would end differently.
     - A checkpoint holds each process's loss summed since the last logged step, and a resume goes
       on from it: the first loss logged after a resume from a step between two logging steps then
-      averages the same steps, summed in the same order, as the uninterrupted run's."""
+      averages the same steps, summed in the same order, as the uninterrupted run's; it also holds
+      the sum of the losses logged so far, so the summary `train_loss` as training ends covers every
+      piece's steps, as the uninterrupted run's does.
+    - Its losses are the model's: the mean over each process's batch, averaged over the processes.
+      The Trainer takes a model whose `forward` accepts `**kwargs` to divide its loss by the items of
+      the whole global batch (`num_items_in_batch`), and so multiplies it by the number of
+      processes. A classification head returns the mean over its own batch and ignores that count:
+      the logged training and validation losses, and the gradients, came out that many times too
+      large.
+    - Its validation loss is the mean cross-entropy over the validation examples, each counted once,
+      computed from the gathered logits. The Trainer's own figure gives each example its batch's
+      mean loss; with several processes the last batch is filled up with examples from the start of
+      the split, so it was off whenever the processes' batches do not divide the split."""
+
+    def __init__(self, *arguments: Any, **keywords: Any) -> None:
+        super().__init__(*arguments, **keywords)
+        self.model_accepts_loss_kwargs = False
+        self.remove_callback(PrinterCallback)
+        self.add_callback(PrintLogsOnce)
+
+    def evaluation_loop(self, *arguments: Any, **keywords: Any) -> Any:
+        output = super().evaluation_loop(*arguments, **keywords)
+        if output.predictions is not None and output.label_ids is not None:
+            prefix = keywords.get("metric_key_prefix", "eval")
+            output.metrics[f"{prefix}_loss"] = mean_cross_entropy(output.predictions, output.label_ids)
+        return output
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         loader = super().get_eval_dataloader(eval_dataset)
@@ -93,7 +128,11 @@ class ExactlyResumableTrainer(Trainer):
     def _save_rng_state(self, output_dir: str) -> None:
         super()._save_rng_state(output_dir)
         torch.save(
-            {"loss": self._tr_loss.detach().cpu(), "last_logged_step": self._globalstep_last_logged},
+            {
+                "loss": self._tr_loss.detach().cpu(),
+                "last_logged_step": self._globalstep_last_logged,
+                "total_logged": self._total_loss_scalar,
+            },
             Path(output_dir) / LOSS_SINCE_LOGGED.format(rank=self.args.process_index),
         )
 
@@ -105,6 +144,13 @@ class ExactlyResumableTrainer(Trainer):
             state = torch.load(saved)
             self._tr_loss = state["loss"].to(self._tr_loss.device)
             self._globalstep_last_logged = state["last_logged_step"]
+            # Checkpoints written before this was saved resume with the piece's own summary.
+            self._total_loss_scalar = state.get("total_logged", 0.0)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "train_loss" in logs:  # the summary as training ends: over every piece's steps, not this piece's
+            logs["train_loss"] = self._total_loss_scalar / max(self.state.global_step, 1)
+        super().log(logs, start_time)
 
 
 def budget_step(max_steps: int, epochs: int, budget_epochs: int) -> int:
@@ -125,6 +171,7 @@ class StopOnSignal(TrainerCallback):
         self.stopping = False
         self.budget_epochs = budget_epochs
         self.budget_step: int | None = None
+        self.save_after_evaluation = False
 
     def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.budget_epochs is not None:
@@ -163,12 +210,21 @@ class StopOnSignal(TrainerCallback):
         if stopping:
             control.should_training_stop = True
             self.stopping = True
+        if control.should_save and args.eval_strategy == "epoch" and float(state.epoch).is_integer():
+            # An epoch's last step: its checkpoint waits for the epoch's evaluation (on_epoch_end),
+            # so a piece killed during that evaluation resumes from the checkpoint before and
+            # evaluates again, instead of resuming past an evaluation that never happened.
+            control.should_save = False
+            self.save_after_evaluation = True
 
     # A stop leaves the curves as if it had not happened: no evaluation at a step inside an epoch
     # (the Trainer ends the epoch early when it stops), and no summary of the piece.
     def on_epoch_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.stopping and not float(state.epoch).is_integer():
             control.should_evaluate = False
+        if self.save_after_evaluation:
+            control.should_save = True
+            self.save_after_evaluation = False
 
     def on_log(self, args: TrainingArguments, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         if self.stopping and logs is not None and "train_runtime" in logs:
@@ -179,19 +235,26 @@ class ProgressLog(TrainerCallback):
     """Log lines (rank 0): the first step of a piece (how long the job took to start training), a
     line every `logging_steps` with step/N, loss, speed and time left (also on the console, with the
     run's id, and reported to the run's checkpoint folder, for the grid's status), and the piece's
-    speed."""
+    speed. N is where the job stops: a rung's job (`budget_epochs`) stops at its rung's end."""
 
-    def __init__(self, run_id: str, checkpoints: RunCheckpoints) -> None:
+    def __init__(self, run_id: str, checkpoints: RunCheckpoints, budget_epochs: int | None = None) -> None:
         self.run_id = run_id
         self.checkpoints = checkpoints
+        self.budget_epochs = budget_epochs
+        self.end_step = 0  # where this job stops: the training's last step, or its rung's
         self.first: tuple[int, float] | None = None
         self.last: tuple[int, float] | None = None
+
+    def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        self.end_step = state.max_steps
+        if self.budget_epochs is not None:
+            self.end_step = budget_step(state.max_steps, int(args.num_train_epochs), self.budget_epochs)
 
     def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.first is None:
             self.first = self.last = (state.global_step, time.perf_counter())
             if state.is_world_process_zero:
-                log.info("first training step of this piece done: step %d of %d", state.global_step, state.max_steps)
+                log.info("first training step of this piece done: step %d of %d", state.global_step, self.end_step)
 
     def on_log(self, args: TrainingArguments, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         if "loss" not in (logs or {}) or self.last is None or not state.is_world_process_zero:
@@ -204,10 +267,10 @@ class ProgressLog(TrainerCallback):
         self.last = (state.global_step, now)
         progress = {
             "step": state.global_step,
-            "max_steps": state.max_steps,
+            "max_steps": self.end_step,
             "loss": logs["loss"],
             "samples_per_second": round(steps_per_second * args.per_device_train_batch_size * args.world_size, 2),
-            "seconds_left": round((state.max_steps - state.global_step) / steps_per_second, 1),
+            "seconds_left": round((self.end_step - state.global_step) / steps_per_second, 1),
             "at": time.time(),
         }
         line = progress_line(
@@ -241,6 +304,11 @@ def dataloader_workers(on_gpu: bool, processes_on_node: int = 1) -> int:
     if not on_gpu:
         return 0
     return min(8, len(os.sched_getaffinity(0)) // processes_on_node - 1)
+
+
+def mean_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
+    """A classification head's loss over a whole split: the mean over its examples."""
+    return torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels)).item()
 
 
 def accuracy_and_macro_f1(evaluation: Any) -> dict[str, float]:
@@ -307,7 +375,7 @@ def train(context: TrainContext, args: TrainingArguments, **trainer_arguments: A
         callbacks=[
             stop,
             MirrorCheckpointsToShared(context.checkpoints, local, me),
-            ProgressLog(context.run_id, context.checkpoints),
+            ProgressLog(context.run_id, context.checkpoints, context.budget_epochs),
         ],
         **trainer_arguments,
     )

@@ -32,7 +32,7 @@ from scratchflow.record import (
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
-from scratchflow.tasks import PredictContext, TrainContext, load_task
+from scratchflow.tasks import PredictContext, TrainContext, TrainingStopped, load_task
 
 log = logging.getLogger("scratchflow")
 
@@ -55,20 +55,32 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
         log.info("python %s%s", sys.executable, f" in the image {image}" if image else "")
         try:
             yield
+        except TrainingStopped as paused:  # planned: no traceback, and not an error
+            log.info("%s", paused_line(paused))
+            failure = paused
         except BaseException as error:
             log.exception("job failed: %s", describe_failure(error))
             failure = error
         finally:
             with contextlib.suppress(OSError):  # only a speed-up: never a job's failure
                 mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
-    if failure is not None:
+    if isinstance(failure, TrainingStopped):
+        # Still a failed job for Snakemake, whose retry resumes: said first, with the log that stays.
+        print(f"scratchflow: {paused_line(failure)}; this piece's log: {failure.log or Path(log_path).resolve()}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    elif failure is not None:
         print(
             f"scratchflow: job failed: {describe_failure(failure)}\n"
             f"  its log, with the traceback: {Path(log_path).resolve()}",
             file=sys.stderr,
             flush=True,
         )
+    if failure is not None:
         raise SystemExit(exit_status(failure))
+
+
+def paused_line(stopped: TrainingStopped) -> str:
+    return f"paused, not failed: {stopped}"
 
 
 def exit_status(failure: BaseException) -> int:
@@ -166,6 +178,7 @@ def train_job(job: TrainJob) -> None:
             ranks=distributed.ranks_by_node(job.shape),
             threads=job.threads,
             resumed_from_step=step_of(newest) if newest else None,
+            timings_seconds=timer.seconds,  # the timer's own dict: its phases as they end, saved with the piece
         )
         run.record_piece(piece)  # now: a piece that is killed says where it started and where its log is
         log.info(
@@ -174,7 +187,7 @@ def train_job(job: TrainJob) -> None:
         )
         with timer.phase("stage"):
             data = staged_sources(stage_in(job.archive, job.manifest, scratch), job.identity["dataset"])
-        with timer.phase("train"):
+        with timer.phase("train"), pointing_at(piece_log):
             trained = distributed.train(
                 job.task,
                 TrainContext(
@@ -216,12 +229,31 @@ def train_job(job: TrainJob) -> None:
             "pieces": run.pieces(),
             "seed": params.get("seed"),
             "threads": job.threads,
-            "timings_seconds": timer.seconds,
+            "timings_seconds": phases_of_all_pieces(run.pieces()),
             "environment": environment_record(job.workflow_dir),
         },
         job.record_out,
     )
     log.info("run %s trained; phases (s): %s", job.run_id, timer.seconds)
+
+
+def phases_of_all_pieces(pieces: list[dict[str, Any]]) -> dict[str, float]:
+    """Each phase's seconds summed over the run's pieces (a killed piece could not say its own)."""
+    summed: dict[str, float] = {}
+    for piece in pieces:
+        for phase, seconds in piece.get("timings_seconds", {}).items():
+            summed[phase] = round(summed.get(phase, 0.0) + seconds, 3)
+    return summed
+
+
+@contextlib.contextmanager
+def pointing_at(piece_log: Path | None) -> Iterator[None]:
+    """A pause names the log this piece keeps (the rule's log is the next piece's)."""
+    try:
+        yield
+    except TrainingStopped as stopped:
+        stopped.log = piece_log.resolve() if piece_log else None
+        raise
 
 
 def last_validation(record: dict[str, Any], metric: str) -> float | None:
@@ -273,7 +305,7 @@ def promote_job(
     """After a rung: rank its settings (`settings`: the whole search's) by the mean validation
     `metric` of their runs in the rung, and name the runs of the best `keep` share, which go on to
     the next rung (the others stop here)."""
-    values, params = {}, {}
+    values, losses, params = {}, {}, {}
     for path in records:
         record = read_json(path)
         run_id, validation = record["run_id"], record["validation"]
@@ -284,15 +316,19 @@ def promote_job(
                 "aggregate.metric names the metric a halving search ranks by"
             )
         values[run_id] = validation[name]
+        if "loss" in validation:
+            losses[run_id] = validation["loss"]
         params[run_id] = record["params"]
     in_rung = {label: [run_id for run_id in run_ids if run_id in values] for label, run_ids in settings.items()}
-    promoted, ranking = search.promoted({label: ids for label, ids in in_rung.items() if ids}, values, keep, goal)
+    in_rung = {label: ids for label, ids in in_rung.items() if ids}
+    promoted, ranking = search.promoted(in_rung, values, keep, goal, losses)
     decision = {
         "rung": rung,
         "epochs": epochs,
         "metric": metric,
         "goal": goal,
         "keep": keep,
+        "ties": search.TIE_BREAK,
         "values": values,
         "ranking": ranking,
         "params": params,

@@ -142,17 +142,33 @@ def swept_values(config: dict[str, Any], key: str) -> list[Any]:
     return list(config.get("search", {}).get("space", {}).get(key, {}).get("choice", []))
 
 
+# How a rung orders settings of equal value (recorded in each decision).
+TIE_BREAK = "equal values: the lower mean validation loss goes first, then the earlier trial"
+
+
 def promoted(
-    settings: dict[str, list[str]], values: dict[str, float], keep: float, goal: str
+    settings: dict[str, list[str]],
+    values: dict[str, float],
+    keep: float,
+    goal: str,
+    losses: dict[str, float] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """The runs that go on to the next rung: the best `keep` share of the settings (at least one),
-    ranked by the mean of their runs' validation `values` (`goal`: max or min); ties keep the
-    settings' order. Also each setting's ranking entry, best first."""
-    ranking = [
-        {"runs": run_ids, "value": sum(values[run_id] for run_id in run_ids) / len(run_ids)}
-        for run_ids in settings.values()
-    ]
-    ranking.sort(key=lambda entry: -entry["value"] if goal == "max" else entry["value"])  # stable: ties keep order
+    ranked by the mean of their runs' validation `values` (`goal`: max or min); ties go by TIE_BREAK
+    (`losses`: the runs' validation losses, where they report one). Also each setting's ranking
+    entry, best first."""
+    losses = losses or {}
+    ranking = []
+    for run_ids in settings.values():
+        entry: dict[str, Any] = {"runs": run_ids, "value": sum(values[run_id] for run_id in run_ids) / len(run_ids)}
+        if all(run_id in losses for run_id in run_ids):
+            entry["loss"] = sum(losses[run_id] for run_id in run_ids) / len(run_ids)
+        ranking.append(entry)
+
+    def order(entry: dict[str, Any]) -> tuple[float, float]:
+        return (-entry["value"] if goal == "max" else entry["value"]), entry.get("loss", math.inf)
+
+    ranking.sort(key=order)  # stable: the earlier trial goes first among equals
     kept = max(1, math.floor(len(ranking) * keep + 1e-9))
     for place, entry in enumerate(ranking):
         entry["promoted"] = place < kept

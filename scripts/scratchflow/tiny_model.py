@@ -31,9 +31,12 @@ def build_tiny_bert(
     hidden_size: int = 64,
     layers: int = 2,
     heads: int = 2,
+    dropout: float = 0.1,
     seed: int = 0,
 ) -> Path:
-    """Save a randomly initialised BERT and its tokenizer to `destination` (save_pretrained layout)."""
+    """Save a randomly initialised BERT and its tokenizer to `destination` (save_pretrained layout).
+    With `dropout` 0, training draws no random numbers after the classifier head is made: runs of
+    different shapes can then be compared weight for weight."""
     import torch
     from transformers import BertConfig, BertModel, BertTokenizer
 
@@ -45,6 +48,8 @@ def build_tiny_bert(
         num_attention_heads=heads,
         intermediate_size=hidden_size * 2,
         max_position_embeddings=512,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     torch.manual_seed(seed)
     BertModel(config).save_pretrained(destination)

@@ -31,7 +31,10 @@ class UnknownTask(ValueError):
 
 
 class TrainingStopped(RuntimeError):
-    """Training stopped early on request (time limit near, job cancelled); its progress is saved."""
+    """Training stopped early on request (time limit near, job cancelled); its progress is saved.
+    `log`: the piece's own log, once the job knows it."""
+
+    log: Path | None = None
 
 
 @dataclass(frozen=True)
