@@ -300,7 +300,10 @@ CASES = {
     # An image of its own for a rule that runs where Snakemake runs: refused by a local run too.
     "an image for a rule that runs no job": (
         set_key("cluster", rule_image_variables={"aggregate": "SCRATCHFLOW_CPU_IMAGE"}),
-        ["config key cluster.rule_image_variables: 'aggregate' is not a rule that runs as a job"],
+        [
+            "config key cluster.rule_image_variables: 'aggregate' is not a rule that runs as a job (the rules: "
+            "archive_dataset, pack_predict, pack_train, predict, train, train_rung)"
+        ],
     ),
     "packing with the local profile": (
         set_key("cluster", pack_runs=4),

@@ -134,8 +134,14 @@ def rule_requests(workflow: Any) -> RuleRequests:
 
 
 def job_rules(workflow: Any) -> set[str]:
-    """The rules whose jobs go to the executor (not the local rules)."""
-    return {rule.name for rule in workflow.rules if not workflow.is_local(rule)}
+    """The rules whose jobs go to a cluster's executor (not the local rules), whatever the executor
+    of this run: Snakemake's own `is_local` says every rule is local while the workflow is read,
+    and with the local executor."""
+    return {
+        rule.name
+        for rule in workflow.rules
+        if rule.group is not None or not (rule.name in workflow._localrules or rule.norun or rule.is_template_engine)
+    }
 
 
 def rules_to_submit(workflow: Any) -> set[str]:
