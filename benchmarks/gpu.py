@@ -205,10 +205,14 @@ def utilisation(seen: dict[str, Any]) -> dict[str, dict[str, float]]:
 # -- the parts ------------------------------------------------------------------------------------
 
 
-def precision(work: Path, model: Path, data: Path, training: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
-    results = {}
+def precision(
+    work: Path, model: Path, data: Path, training: dict[str, Any], on_gpu: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The figures of each precision, and what the job of `training`'s own precision saw (the
+    uninterrupted run that the resume is compared with)."""
+    results, runs = {}, {}
     for bf16, tf32 in ((False, False), (True, True)) if on_gpu else ((False, False),):
-        seen = run_job(work / f"bf16-{bf16}", model, data, {**training, "bf16": bf16, "tf32": tf32})
+        seen = runs[bf16, tf32] = run_job(work / f"bf16-{bf16}", model, data, {**training, "bf16": bf16, "tf32": tf32})
         results[f"bf16={bf16}, tf32={tf32}"] = {
             "device": seen["device"],
             "trainer_bf16_tf32": [seen["bf16"], seen["tf32"]],
@@ -237,7 +241,7 @@ def precision(work: Path, model: Path, data: Path, training: dict[str, Any], on_
             ["phase", "s", "mean utilisation %", "idle share"],
             [[phase, f["seconds"], f["mean_utilisation_percent"], f["idle_share"]] for phase, f in r["phases"].items()],
         )
-    return results
+    return results, runs[training["bf16"], training["tf32"]]
 
 
 def throughput(model: Path, data: Path, training: dict[str, Any], repeats: int) -> dict[str, Any]:
@@ -257,12 +261,15 @@ def throughput(model: Path, data: Path, training: dict[str, Any], repeats: int) 
     )
 
 
-def resume(work: Path, model: Path, data: Path, training: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
-    """A run stopped after its first checkpoint and resumed, against one uninterrupted (on a GPU, also
-    with deterministic algorithms, which a CPU has anyway)."""
+def resume(
+    work: Path, model: Path, data: Path, training: dict[str, Any], on_gpu: bool, whole: dict[str, Any]
+) -> dict[str, Any]:
+    """A run stopped after its first checkpoint and resumed, against one uninterrupted (`whole`; on a
+    GPU also with deterministic algorithms, which a CPU has anyway)."""
     results = {}
     for name, env in (("default", {}), ("deterministic algorithms", DETERMINISTIC))[: 2 if on_gpu else 1]:
-        whole = run_job(work / f"whole-{len(env)}", model, data, training, env)
+        if env:
+            whole = run_job(work / "whole-deterministic", model, data, training, env)
         folder = work / f"resumed-{len(env)}"
         stopped = run_job(folder, model, data, training, env, stop=True)
         resumed = run_job(folder, model, data, training, env)
@@ -343,8 +350,8 @@ def main() -> None:
 
         shutil.rmtree(ARCHIVE_FOLDER, ignore_errors=True)
         archive_dataset({**DATASET, "path": str(data)}, ARCHIVE, MANIFEST)
-        figures["precision"] = precision(work, model, data, training, gpu is not None)
-        figures["resume"] = resume(work, model, data, training, gpu is not None)
+        figures["precision"], whole = precision(work, model, data, training, gpu is not None)
+        figures["resume"] = resume(work, model, data, training, gpu is not None, whole)
         figures["throughput"] = throughput(model, data, {**training, "tf32": True}, options.repeats)
         shutil.rmtree(ARCHIVE_FOLDER)
     save(options.json, "gpu", figures)

@@ -310,10 +310,10 @@ def test_two_processes_log_the_models_losses_and_train_like_one_process_with_the
     for processes, batch_size in ((1, 14), (2, 7)):
         workdir = tmp_path / f"{processes}-processes"
         config = workflow_config(bbc_subset, tiny_model_without_dropout, workdir / "scratch", grid={"seed": [0]})
-        config["training"].update(batch_size=batch_size, epochs=3)
+        config["training"].update(batch_size=batch_size, epochs=2)
         config["checkpointing"] = {"every_steps": 1000, "keep": 1}
         write_config(workdir, config)
-        run_workflow(workdir, "--set-resources", f"train:processes_per_node={processes}")
+        run_workflow(workdir, "--set-resources", f"train:processes_per_node={processes}", "--until", "train")
         (run,) = (workdir / "results" / "runs").iterdir()
         curves[processes] = read_curves(run / TENSORBOARD_FOLDER)
         weights[processes] = trained_weights(workdir)

@@ -321,7 +321,7 @@ def test_a_run_killed_then_paused_between_logging_steps_ends_like_an_uninterrupt
     )
     # Each piece's log is kept: Snakemake deletes the rule's log before it runs the job again.
     killed_log = (tmp_path / killed["log"]).read_text()
-    assert f"run {run_id}, piece 1:" in killed_log and "checkpoint checkpoint-140 saved" in killed_log
+    assert f"run {run_id}, piece 1:" in killed_log and "checkpoint checkpoint-120 saved" in killed_log
     assert "resuming from" not in killed_log
     paused_log = (tmp_path / paused["log"]).read_text()
     assert "SIGUSR1 received" in paused_log and "INFO scratchflow: paused, not failed: stopped on SIGUSR1" in paused_log
