@@ -66,8 +66,8 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
                 mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
     if isinstance(failure, TrainingStopped):
         # Still a failed job for Snakemake, whose retry resumes: said first, with the log that stays.
-        print(f"scratchflow: {paused_line(failure)}; this piece's log: {failure.log or Path(log_path).resolve()}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        kept_log = failure.log or Path(log_path).resolve()
+        print(f"scratchflow: {paused_line(failure)}; this piece's log: {kept_log}", file=sys.stderr, flush=True)
     elif failure is not None:
         print(
             f"scratchflow: job failed: {describe_failure(failure)}\n"
