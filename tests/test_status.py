@@ -206,22 +206,30 @@ def test_a_packed_run_trains_in_the_job_of_its_pack(tmp_path):
     assert status.state == "interrupted"
 
 
-def test_the_squeue_listing_is_read_by_rule_and_run(tmp_path):
+def test_the_squeue_listing_is_read_by_rule_and_run_of_this_directory_only(tmp_path):
+    """The same grid in another directory has the same run ids: its jobs are not this grid's."""
+    here, elsewhere = tmp_path / "grid", tmp_path / "copy-of-the-grid"
     squeue = tmp_path / "squeue"
     squeue.write_text(
         "#!/bin/sh\n"
-        "echo '11|PENDING|Resources||rule_train_wildcards_aaaaaaaaaa'\n"
-        "echo '12|RUNNING|None|n2|rule_predict_wildcards_bbbbbbbbbb'\n"
-        "echo '13|RUNNING|None|n1|an interactive job'\n"
-        "echo '14|RUNNING|None|n1|rule_packed_train'\n"
-        "echo '15|RUNNING|None|n1|rule_train_rung_wildcards_cccccccccc_1'\n"
+        f"echo '11|PENDING|Resources||{here}|rule_train_wildcards_aaaaaaaaaa'\n"
+        f"echo '12|RUNNING|None|n2|{here}/|rule_predict_wildcards_bbbbbbbbbb'\n"
+        f"echo '13|RUNNING|None|n1|{here}|an interactive job'\n"
+        f"echo '14|RUNNING|None|n1|{here}|rule_packed_train'\n"
+        f"echo '15|RUNNING|None|n1|{here}|rule_train_rung_wildcards_cccccccccc_1'\n"
+        f"echo '16|RUNNING|None|n2|{elsewhere}|rule_train_wildcards_aaaaaaaaaa'\n"
+        f"echo '17|RUNNING|None|n2|{elsewhere}|rule_predict_wildcards_dddddddddd'\n"
     )
     squeue.chmod(0o755)
-    assert slurm_jobs(str(squeue)) == {
+    assert slurm_jobs(here, str(squeue)) == {
         ("train", "cccccccccc"): SlurmJob("15", "RUNNING", "None", "n1"),  # a halving search's rung
         ("train", "aaaaaaaaaa"): SlurmJob("11", "PENDING", "Resources", ""),
         ("predict", "bbbbbbbbbb"): SlurmJob("12", "RUNNING", "None", "n2"),
         ("packed_train", "14"): SlurmJob("14", "RUNNING", "None", "n1"),
+    }
+    assert slurm_jobs(elsewhere, str(squeue)) == {
+        ("train", "aaaaaaaaaa"): SlurmJob("16", "RUNNING", "None", "n2"),
+        ("predict", "dddddddddd"): SlurmJob("17", "RUNNING", "None", "n2"),
     }
 
 

@@ -366,6 +366,7 @@ def predict_job(job: PredictJob) -> None:
     switch_hub_off()
     timer = PhaseTimer()
     with scratch_directory(job.scratch_root, f"predict-{job.run_id}", timer) as scratch:
+        log.info("run %s: predicting in scratch %s", job.run_id, scratch)
         with timer.phase("stage"):
             data = staged_sources(stage_in(job.archive, job.manifest, scratch), job.identity["dataset"])
             local_model = scratch / "model"

@@ -59,28 +59,32 @@ class RunStatus:
     log: str | None = None  # the log to read, for a failure
 
 
-def slurm_jobs(squeue: str | None = None) -> dict[tuple[str, str], SlurmJob] | None:
-    """This user's queued and running jobs of the workflow by (rule, run_id), a group job's by (group,
-    job id), from one squeue; None without Slurm."""
+def slurm_jobs(workdir: Path, squeue: str | None = None) -> dict[tuple[str, str], SlurmJob] | None:
+    """This user's queued and running jobs of the workflow in `workdir` by (rule, run_id), a group
+    job's by (group, job id), from one squeue; None without Slurm. Jobs are told apart by their
+    working directory (the plugin submits each with -D <workdir>): the same grid run in another
+    directory has the same run ids, and its jobs are not this one's."""
     squeue = squeue or shutil.which("squeue")
     if squeue is None:
         return None
     try:
         listed = subprocess.run(
-            [squeue, "--me", "-h", "-o", "%i|%T|%r|%N|%k"], capture_output=True, text=True, timeout=30
+            [squeue, "--me", "-h", "-o", "%i|%T|%r|%N|%Z|%k"], capture_output=True, text=True, timeout=30
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if listed.returncode != 0:
         return None
+    here = workdir.resolve()
     jobs = {}
     for line in listed.stdout.splitlines():
-        job_id, state, reason, nodes, comment = (line.split("|", 4) + [""] * 5)[:5]
+        job_id, state, reason, nodes, directory, comment = (line.split("|", 5) + [""] * 6)[:6]
+        if not comment.startswith(COMMENT_PREFIX) or Path(directory).resolve() != here:
+            continue
         rule, _, wildcards = comment.removeprefix(COMMENT_PREFIX).partition("_wildcards_")
         run_id = wildcards.split("_", 1)[0]  # a rung's job: <run_id>_<rung>
-        if comment.startswith(COMMENT_PREFIX):
-            # A halving search's rung job trains its run, as a train job does.
-            jobs["train" if rule in TRAINING_RULES else rule, run_id or job_id] = SlurmJob(job_id, state, reason, nodes)
+        # A halving search's rung job trains its run, as a train job does.
+        jobs["train" if rule in TRAINING_RULES else rule, run_id or job_id] = SlurmJob(job_id, state, reason, nodes)
     return jobs
 
 
@@ -256,7 +260,7 @@ def current_status(workdir: Path) -> tuple[list[RunStatus], str | None]:
     (once) only when the grid's jobs go there; a Slurm client with no controller to answer waits 9 s."""
     plan = Plan.read(workdir)
     decisions = plan.decisions(workdir)
-    statuses = _statuses(workdir, plan, slurm_jobs() if plan.executor == "slurm" else None, decisions)
+    statuses = _statuses(workdir, plan, slurm_jobs(workdir) if plan.executor == "slurm" else None, decisions)
     return statuses, rung_line(plan, decisions)
 
 
