@@ -63,16 +63,17 @@ $(VENV)/bin/python:
 # animal-mnist declares tensorflow, which nothing here needs: installed without its dependencies.
 NO_DEPS := animal-mnist==0.4
 
-# --no-compile: Python compiles a module when it is first imported; compiling every installed one
-# up front doubled the install (57 s against 28 s for requirements-dev.txt here).
+# pip compiles what it installs (its default; about 30 s more here). Not left to the first import:
+# where PYTHONDONTWRITEBYTECODE is set (this machine, and every job that inherits its environment)
+# nothing compiled is kept, and every process compiled torch and transformers again (README, "Speed").
 $(VENV)/.installed-runtime: requirements.txt | $(VENV)/bin/python
-	$(PYTHON) -m pip install --quiet --no-compile -r requirements.txt
-	$(PYTHON) -m pip install --quiet --no-compile --no-deps $(NO_DEPS)
+	$(PYTHON) -m pip install --quiet -r requirements.txt
+	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@
 
 $(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-wandb.txt | $(VENV)/bin/python
-	$(PYTHON) -m pip install --quiet --no-compile -r requirements-dev.txt
-	$(PYTHON) -m pip install --quiet --no-compile --no-deps $(NO_DEPS)
+	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
+	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@ $(VENV)/.installed-runtime
 
 clean:  ## Remove everything the workflow wrote here (not the venv).

@@ -13,7 +13,9 @@ for tool in tar rsync; do
     fi
 done
 python3 -m venv --system-site-packages /opt/scratchflow
-/opt/scratchflow/bin/python -m pip install --quiet --no-compile --disable-pip-version-check -r "$requirements"
+# Compiled here, once (pip's default): a job step's container is a fresh copy of the image, so what
+# Python compiles while a job imports torch and transformers is lost with it, every job.
+/opt/scratchflow/bin/python -m pip install --quiet --disable-pip-version-check -r "$requirements"
 # enroot sets a container's environment from its /etc/environment (an imported registry image's
 # ENV lines are written there), and pyxis lets the image's values win over the job's; then enroot
 # starts a login shell, whose /etc/profile may set PATH again (Debian's does): /etc/profile.d too.
