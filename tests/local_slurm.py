@@ -36,14 +36,15 @@ DATABASE = "scratchflow_slurm_acct"
 DB_USER, DB_PASSWORD = "slurm", "scratchflow-test-only"
 MARIADB_SOCKET = Path("/run/mysqld/mysqld.sock")
 NETWORK_NAMESPACE = "scratchflow-slurm"
-FAKE_GPUS = 2
+# Four a node, so that the Slurm tests side by side fit: two two-node jobs of 2 GPUs a node at once.
+FAKE_GPUS = 4
 GPU_TYPE = "a100"
 # Two nodes on this host, so that multi-node training runs for real (each its own slurmd and port).
 NODES = ("n1", "n2")
 FIRST_SLURMD_PORT = 17001
 # Each node claims what the profiles ask of a real GPU node (SlurmdParameters=config_overrides keeps
 # slurmd from draining it for lacking them), so each profile's own requests schedule as they are.
-NODE_CPUS = 64
+NODE_CPUS = 128
 NODE_MEMORY_MB = 512_000
 # The real clusters' partition names (README, "Clusters"); `batch` is the default, which
 # is where a job without a partition (the Alliance's way) lands.
@@ -304,12 +305,20 @@ class LocalSlurm:
         self.run("sacctmgr", "-i", "add", "user", user, f"account={ACCOUNT}", f"cluster={CLUSTER}")
         self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
         self._wait("slurmctld", lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0)
-        # Configless, like many real clusters: the node fetches its config from slurmctld and caches
-        # it under /run/slurm/conf, where clients inside jobs find it (the jobstep plugin strips
-        # every SLURM_* variable, $SLURM_CONF included, before its nested srun).
+        # Configless, like many real clusters: the node fetches its config from slurmctld and links
+        # its cache as /run/slurm/conf, where clients inside jobs find it (the jobstep plugin strips
+        # every SLURM_* variable, $SLURM_CONF included, before its nested srun). Each slurmd has a
+        # mount namespace and a /run/slurm of its own, which its jobs inherit: on the host, that
+        # link sent every Slurm client outside the cluster's network to a controller it cannot
+        # reach, ten tries a second apart; the slurm plugin's `scontrol show config` when Snakemake
+        # loads it made every snakemake started beside the Slurm tests wait 9 s for nothing.
         for node in NODES:
             (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
-            command = ["slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"]
+            private_run = 'mkdir -p /run/slurm && mount -t tmpfs slurm-run /run/slurm && exec "$@"'
+            command = [
+                *("unshare", "--mount", "--propagation", "slave", "sh", "-c", private_run, "sh"),
+                *("slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"),
+            ]
             self._start(f"slurmd-{node}", command, env=self.node_env(node))
         self._wait("the nodes", self._nodes_idle)
         return self
