@@ -4,6 +4,7 @@ workflow in a directory of its own."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import json
 import os
@@ -25,6 +26,25 @@ from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
 # A folder that the two pytest processes of one `make test` share (tests/run_all.sh sets it): the
 # data, model and reference runs both need are built there once (built_once).
 SHARED = os.environ.get("SCRATCHFLOW_TEST_SHARED")
+# Set by pytest-xdist in its workers: how many there are.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_xdist_run_folder: list[Path] = []  # set by pytest_configure in a pytest-xdist worker
+
+
+def pytest_configure(config) -> None:
+    if XDIST_WORKER:  # each worker's basetemp is <the run's basetemp>/<worker>: pytest keeps and clears it
+        _xdist_run_folder.append(Path(config.option.basetemp).parent / "shared")
+        _xdist_run_folder[0].mkdir(exist_ok=True)
+
+
+def run_folder() -> Path | None:
+    """A folder every pytest process of this test run shares: SHARED, or one for the workers of a
+    pytest-xdist run; None for a single pytest process."""
+    if SHARED:
+        return Path(SHARED)
+    return _xdist_run_folder[0] if _xdist_run_folder else None
+
 
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / "tests" / "slurm_overlay"
@@ -45,16 +65,18 @@ def copy_bbc_subset(destination: Path, per_label: int) -> Path:
 
 def built_once(tmp_path_factory, name: str, build) -> Path:
     """`build(folder)` run in a new folder, which it returns: in this session's temporary folder, or
-    under SHARED, where the first of the pytest processes to ask builds it and the others wait for it
-    and take it as it is (the same data, model and reference runs, at the same paths)."""
-    if not SHARED:
+    in the run's shared folder (run_folder), where the first of the pytest processes to ask builds it
+    and the others wait for it and take it as it is (the same data, model and reference runs, at the
+    same paths)."""
+    shared = run_folder()
+    if shared is None:
         folder = tmp_path_factory.mktemp(name)
         build(folder)
         return folder
-    folder = Path(SHARED) / name
-    with open(Path(SHARED) / f"{name}.lock", "w") as lock:
+    folder = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, whatever happens
-        built = Path(SHARED) / f"{name}.built"
+        built = shared / f"{name}.built"
         if not built.exists():
             shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way
             folder.mkdir(parents=True)
@@ -231,12 +253,40 @@ def same_results(workdir: Path, reference: Path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    """A real Slurm cluster on this machine, for the whole session, started as the README starts one
-    (`python tests/local_slurm.py start`) and stopped with SIGTERM, after which no daemon of it may
-    be left (a test of that command's own way out)."""
+    """A real Slurm cluster on this machine, for the whole test run, started as the README starts
+    one (`python tests/local_slurm.py start`) and stopped with SIGTERM, after which no daemon of it
+    may be left (a test of that command's own way out).
+
+    The Slurm tests run side by side (pytest-xdist workers, tests/run_all.sh), on one cluster: the
+    first worker to ask starts it, the others use it, and the one that started it stops it once
+    every other worker has finished (pytest_sessionfinish leaves a mark for each)."""
     from local_slurm import LocalSlurm, is_zombie, namespace_pids
 
-    root = tmp_path_factory.mktemp("slurm")
+    shared = run_folder() or tmp_path_factory.getbasetemp()
+    started_root = shared / "slurm.root"
+    with open(shared / "slurm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        root = Path(started_root.read_text()) if started_root.exists() else None
+        if root is None:
+            root = shared / "slurm"
+            started, said, daemons = start_cluster(root)
+            started_root.write_text(str(root))
+        else:
+            started = None
+    yield LocalSlurm(root)
+    if started is None:  # another worker's
+        return
+    while XDIST_WORKER and len(list(finished_workers().glob("*"))) < XDIST_WORKERS - 1:
+        time.sleep(1)
+    started.send_signal(signal.SIGTERM)
+    assert started.wait(timeout=120) == 128 + signal.SIGTERM, "".join(said) + started.stdout.read()
+    left = [pid for pid in daemons + namespace_pids() if Path(f"/proc/{pid}").exists() and not is_zombie(pid)]
+    assert left == [], f"local_slurm.py start left processes running after SIGTERM: {left}"
+
+
+def start_cluster(root: Path) -> tuple[subprocess.Popen, list[str], list[int]]:
+    """`python tests/local_slurm.py start ROOT`, once the cluster is up: the command, what it said,
+    its daemons' pids."""
     started = subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "local_slurm.py"), "start", str(root)],
         stdout=subprocess.PIPE,
@@ -252,11 +302,59 @@ def slurm(tmp_path_factory):
     else:
         pytest.fail(f"the test cluster did not start ({started.wait()}):\n{''.join(said)[-4000:]}")
     daemons = [int(entry.split("=")[1]) for entry in next(started.stdout).split()]
-    yield LocalSlurm(root)
-    started.send_signal(signal.SIGTERM)
-    assert started.wait(timeout=120) == 128 + signal.SIGTERM, "".join(said) + started.stdout.read()
-    left = [pid for pid in daemons + namespace_pids() if Path(f"/proc/{pid}").exists() and not is_zombie(pid)]
-    assert left == [], f"local_slurm.py start left processes running after SIGTERM: {left}"
+    return started, said, daemons
+
+
+def finished_workers() -> Path:
+    """Where each pytest-xdist worker of this run says it has finished (pytest_sessionfinish)."""
+    folder = _xdist_run_folder[0] / "finished-workers"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The tests that need the test cluster alone come last, once the others are done with it
+    (while one waits for it, no other Slurm test starts)."""
+    items.sort(key=lambda item: item.get_closest_marker("alone_on_the_cluster") is not None)
+
+
+def pytest_sessionfinish(session) -> None:
+    if XDIST_WORKER:
+        (finished_workers() / XDIST_WORKER).touch()
+
+
+@contextlib.contextmanager
+def using_the_cluster(alone: bool = False):
+    """Tests side by side share the cluster; one that changes it for every job (it restarts the
+    controller, counts every idle GPU) has it `alone`: it waits until the tests using it now end,
+    and no test starts meanwhile. (A reader-writer lock between the processes of the run: the
+    turnstile keeps new users out while one waits to be alone.)"""
+    shared = run_folder()
+    if shared is None or _cluster_users:  # one pytest process, or this one holds it already
+        yield
+        return
+    with open(shared / "cluster-turnstile.lock", "w") as turnstile, open(shared / "cluster-use.lock", "w") as use:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(use, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _cluster_users.append(alone)
+        try:
+            yield
+        finally:
+            _cluster_users.pop()
+
+
+_cluster_users: list[bool] = []  # this process's holds of the cluster (using_the_cluster)
+
+
+@pytest.fixture(autouse=True)
+def cluster_use(request):
+    """Every test on the test cluster holds it shared, or alone where marked `alone_on_the_cluster`."""
+    if "slurm" not in request.fixturenames:
+        yield
+        return
+    with using_the_cluster(alone=request.node.get_closest_marker("alone_on_the_cluster") is not None):
+        yield
 
 
 def slurm_workflow_command(slurm, profile: str, *arguments: str) -> list[str]:
@@ -296,6 +394,28 @@ def run_on_slurm(
 def sbatch_lines(output: str, rule: str) -> list[str]:
     """The plugin's sbatch calls (--verbose) for a rule's jobs, or a group's (it names both rule_<name>)."""
     return [line for line in output.splitlines() if line.startswith("sbatch call:") and f"rule_{rule}" in line]
+
+
+def queued_jobs(slurm, workdir: Path, rule: str = "", states: str = "all") -> list[str]:
+    """Ids of the jobs of the workflow in `workdir` in Slurm's queue (in `states`, squeue -t), of
+    `rule` if given (the plugin puts the rule in the job's comment). The plugin submits every job
+    with -D <workdir>, so tests side by side on the one cluster each find their own jobs."""
+    listing = slurm.run("squeue", "-h", "-t", states, "-o", "%i|%Z|%k").stdout
+    here = workdir.resolve()
+    return [
+        job_id
+        for job_id, directory, comment in (line.split("|", 2) for line in listing.splitlines())
+        if Path(directory).resolve() == here and comment.startswith(f"rule_{rule}")
+    ]
+
+
+def scratch_named_in_logs(workdir: Path) -> set[Path]:
+    """Every node-local scratch the workflow's jobs in `workdir` say they used (train, predict, and
+    each further node's launcher)."""
+    named = set()
+    for log in (workdir / "logs").rglob("*.log"):
+        named.update(map(Path, re.findall(r"(?:in scratch|: scratch|staging into) (/\S+)", log.read_text())))
+    return named
 
 
 def live_pieces(workdir: Path) -> list[dict]:
@@ -350,11 +470,16 @@ def two_node_config(workdir: Path, data: Path, model: Path) -> None:
 def two_node_run(slurm, tmp_path_factory, bbc_subset, tiny_model) -> tuple[Path, str]:
     """That grid point trained without interruption on the test cluster's two nodes with the OSCER
     profile: its directory, and the workflow's output."""
-    workdir = tmp_path_factory.mktemp("two-nodes")
-    two_node_config(workdir, bbc_subset, tiny_model)
-    result = run_on_slurm(slurm, workdir, "oscer", {})
-    assert result.returncode == 0, result.stdout[-6000:]
-    return workdir, result.stdout
+
+    def train(workdir: Path) -> None:
+        two_node_config(workdir, bbc_subset, tiny_model)
+        with using_the_cluster():
+            result = run_on_slurm(slurm, workdir, "oscer", {})
+        assert result.returncode == 0, result.stdout[-6000:]
+        (workdir / "workflow.out").write_text(result.stdout)
+
+    workdir = built_once(tmp_path_factory, "two-nodes", train)
+    return workdir, (workdir / "workflow.out").read_text()
 
 
 # -- the other tasks: images, and a lab's own command ---------------------------------------------
@@ -638,13 +763,15 @@ def start_on_slurm(slurm, workdir: Path, profile: str, env: dict[str, str]) -> s
 def wheelhouse(tmp_path_factory) -> Path:
     """Wheels for requirements.txt, from this machine's package index, for installs with no
     internet: a venv built in a job (narval) and the container image (dfki, lrz)."""
-    folder = tmp_path_factory.mktemp("wheelhouse")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "-r", REPO / "requirements.txt", "-d", folder],
-        check=True,
-        capture_output=True,
-    )
-    return folder
+
+    def download(folder: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "-r", REPO / "requirements.txt", "-d", folder],
+            check=True,
+            capture_output=True,
+        )
+
+    return built_once(tmp_path_factory, "wheelhouse", download)
 
 
 @pytest.fixture(scope="session")
@@ -652,7 +779,8 @@ def scratchflow_image(slurm, wheelhouse) -> Path:
     """The image the container profiles run every job step in (tests/local_containers.py)."""
     from local_containers import scratchflow_image as built
 
-    return built(slurm, wheelhouse)
+    with using_the_cluster():
+        return built(slurm, wheelhouse)
 
 
 @pytest.fixture(scope="session")
@@ -660,7 +788,8 @@ def scratchflow_cpu_image(slurm, wheelhouse) -> Path:
     """A small image of requirements-cpu.txt (no torch): enough for the archive's job, not to train."""
     from local_containers import scratchflow_image as built
 
-    return built(slurm, wheelhouse, REPO / "requirements-cpu.txt")
+    with using_the_cluster():
+        return built(slurm, wheelhouse, REPO / "requirements-cpu.txt")
 
 
 def netscratch_directory() -> Path:

@@ -14,6 +14,7 @@ Debian 12 minbase root filesystem with python3, made by debootstrap and squashed
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -261,17 +262,19 @@ def scratchflow_image(slurm, wheelhouse: Path, requirements: Path = REPO / "requ
     inputs = [requirements, REPO / "scripts" / "install_into_image.sh", REPO / "scripts" / "build_image.sh"]
     key = hashlib.sha256(b"".join(path.read_bytes() for path in inputs) + base.name.encode()).hexdigest()[:16]
     image = CACHE / f"scratchflow-{requirements.stem}-{key}.sqsh"
-    if not image.is_file():
-        partial = image.with_name(f"{image.name}.partial")
-        built = slurm.run(
-            str(REPO / "scripts" / "build_image.sh"),
-            str(base),
-            str(partial),
-            "--partition=batch",
-            check=False,
-            env={"SCRATCHFLOW_WHEELHOUSE": str(wheelhouse), "SCRATCHFLOW_REQUIREMENTS": str(requirements)},
-        )
-        if built.returncode != 0:
-            raise RuntimeError(f"building the test image failed:\n{built.stdout[-3000:]}{built.stderr[-3000:]}")
-        partial.rename(image)
+    with open(image.with_name(f"{image.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # tests side by side: the first builds it, the others wait
+        if not image.is_file():
+            partial = image.with_name(f"{image.name}.partial")
+            built = slurm.run(
+                str(REPO / "scripts" / "build_image.sh"),
+                str(base),
+                str(partial),
+                "--partition=batch",
+                check=False,
+                env={"SCRATCHFLOW_WHEELHOUSE": str(wheelhouse), "SCRATCHFLOW_REQUIREMENTS": str(requirements)},
+            )
+            if built.returncode != 0:
+                raise RuntimeError(f"building the test image failed:\n{built.stdout[-3000:]}{built.stderr[-3000:]}")
+            partial.rename(image)
     return image

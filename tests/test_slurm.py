@@ -28,10 +28,12 @@ from conftest import (
     USER,
     image_config,
     netscratch_directory,
+    queued_jobs,
     run_on_slurm,
     sbatch_lines,
     start_on_slurm,
     switched_profile,
+    using_the_cluster,
     workflow_config,
     write_config,
 )
@@ -91,41 +93,43 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
     (their jobs fit at once: one GPU each, four in all): profile -> (its directory, its output).
     The host profiles start first; the container image is built while they run (narval's jobs each
     build a venv with one pip, which leaves the second core to the image's build)."""
-    started = {}
-    for profile in sorted(PROFILES, key=lambda name: name in CONTAINER_PROFILES):
-        env: dict[str, str] = {}
-        workdir = netscratch_directory() if profile == "dfki" else tmp_path_factory.mktemp(profile)
-        if profile in CONTAINER_PROFILES:
-            env["SCRATCHFLOW_IMAGE"] = str(request.getfixturevalue("scratchflow_image"))
-        if profile == "lrz":  # the archive in a small image of its own (cluster.rule_image_variables)
-            env["SCRATCHFLOW_CPU_IMAGE"] = str(request.getfixturevalue("scratchflow_cpu_image"))
-        if profile == "narval":
-            env.update(alliance_software, SBATCH_ACCOUNT=ACCOUNT)
-        if profile == "edinburgh":
-            Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the nodes' local disk
-        config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
-        config["training"]["epochs"] = 2
-        del config["cluster"]  # the profile's cluster facts apply
-        if profile == "edinburgh":  # a random search of one trial: a search's jobs on Slurm
-            del config["grid"]
-            config["search"] = {
-                "kind": "random",
-                "trials": 1,
-                "space": {"learning_rate": {"log_uniform": [1e-3, 3e-3]}},
-            }
-        if profile == "lrz":
-            config["cluster"] = {"rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"}}
-        write_config(workdir, config)
-        started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env))
-    finished = {}
-    for profile, (workdir, workflow) in started.items():
-        workflow.wait(timeout=900)
-        finished[profile] = (workdir, workflow.returncode, workdir.with_suffix(".out").read_text())
+    with using_the_cluster():
+        started = {}
+        for profile in sorted(PROFILES, key=lambda name: name in CONTAINER_PROFILES):
+            env: dict[str, str] = {}
+            workdir = netscratch_directory() if profile == "dfki" else tmp_path_factory.mktemp(profile)
+            if profile in CONTAINER_PROFILES:
+                env["SCRATCHFLOW_IMAGE"] = str(request.getfixturevalue("scratchflow_image"))
+            if profile == "lrz":  # the archive in a small image of its own (cluster.rule_image_variables)
+                env["SCRATCHFLOW_CPU_IMAGE"] = str(request.getfixturevalue("scratchflow_cpu_image"))
+            if profile == "narval":
+                env.update(alliance_software, SBATCH_ACCOUNT=ACCOUNT)
+            if profile == "edinburgh":
+                Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the nodes' local disk
+            config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+            config["training"]["epochs"] = 2
+            del config["cluster"]  # the profile's cluster facts apply
+            if profile == "edinburgh":  # a random search of one trial: a search's jobs on Slurm
+                del config["grid"]
+                config["search"] = {
+                    "kind": "random",
+                    "trials": 1,
+                    "space": {"learning_rate": {"log_uniform": [1e-3, 3e-3]}},
+                }
+            if profile == "lrz":
+                config["cluster"] = {"rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"}}
+            write_config(workdir, config)
+            started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env))
+        finished = {}
+        for profile, (workdir, workflow) in started.items():
+            workflow.wait(timeout=900)
+            finished[profile] = (workdir, workflow.returncode, workdir.with_suffix(".out").read_text())
     yield finished
     shutil.rmtree(finished["dfki"][0])  # outside pytest's temporary folders
     finished["dfki"][0].with_suffix(".out").unlink()
 
 
+@pytest.mark.xdist_group("profile_lifecycles")  # one worker runs the four side by side (the fixture)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     profile, slurm, profile_lifecycles, scratchflow_image, scratchflow_cpu_image
@@ -150,9 +154,12 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
 
     # Slurm's own accounting of this workflow's jobs (named after its run id).
     workflow_run = re.search(r"--job-name (\S+)", train_line).group(1)
-    jobs = slurm.run("sacct", "-X", "-n", "--parsable2", "--format=Account,State", f"--name={workflow_run}").stdout
-    accounting = [line.split("|") for line in jobs.splitlines() if line]
-    assert len(accounting) == 3 and all(state == "COMPLETED" for _account, state in accounting)
+    jobs = slurm.run("sacct", "-X", "-n", "--parsable2", "--format=JobID,Account,State", f"--name={workflow_run}")
+    accounting = {
+        job_id: (account, state)
+        for job_id, account, state in (line.split("|") for line in jobs.stdout.splitlines() if line)
+    }
+    assert len(accounting) == 3 and all(state == "COMPLETED" for _account, state in accounting.values())
 
     environment = record["environment"]
     if profile in CONTAINER_PROFILES:
@@ -170,7 +177,7 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     scratch = scratch_used(tmp_path, run.name)
     if profile == "narval":
         assert scratch.parent.parent == slurm.scratch_root  # $SLURM_TMPDIR = <root>/job_<id>
-        assert {account for account, _state in accounting} == {ACCOUNT}  # billed to $SBATCH_ACCOUNT
+        assert {account for account, _state in accounting.values()} == {ACCOUNT}  # billed to $SBATCH_ACCOUNT
         # The job ran the venv it built in its own $SLURM_TMPDIR with Lmod's python/3.11.
         python = record["environment"]["python_executable"]
         assert Path(python).relative_to(slurm.scratch_root).parts[1:] == ("env", "bin", "python")
@@ -179,7 +186,8 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     else:  # no node-local scratch known: the node's temporary directory
         assert scratch.parent == Path(tempfile.gettempdir())
     assert not scratch.exists()
-    assert list(slurm.scratch_root.iterdir()) == [], "Slurm's epilog removed every job's scratch"
+    left = [job_id for job_id in accounting if (slurm.scratch_root / f"job_{job_id}").exists()]
+    assert left == [], "Slurm's epilog removed every job's scratch"
 
 
 def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image_without_transformers_fails_at_once(
@@ -343,14 +351,15 @@ def test_the_preflight_lists_every_request_the_live_cluster_would_refuse_before_
     assert not any((tmp_path / folder).exists() for folder in ("archives", "models", "results", "checkpoints"))
 
 
+@pytest.mark.alone_on_the_cluster  # every idle GPU counted: no other test's job may hold one
 def test_make_cluster_shows_each_partition_of_a_profile_with_its_idle_gpus_and_pending_jobs(slurm):
     command = [sys.executable, str(REPO / "scripts" / "cluster.py"), str(REPO / "profiles" / "oscer")]
     shown = subprocess.run(slurm.inside(*command), env=slurm.env, capture_output=True, text=True, check=True).stdout
     rows = {line.split()[0]: line.split() for line in shown.splitlines()[1:]}
-    # OSCER's jobs go to normal (the archive) and gpu; each partition spans both nodes of 2 a100s.
+    # OSCER's jobs go to normal (the archive) and gpu; each partition spans both nodes of 4 a100s.
     assert set(rows) == {"normal", "gpu"}
     for row in rows.values():
-        assert row[1:] == ["2", "a100", "4/4", "0"], shown
+        assert row[1:] == ["2", "a100", "8/8", "0"], shown
 
 
 SECRETS = {"HF_TOKEN": "hf_secret_from_the_environment", "WANDB_API_KEY": "wandb_secret_from_the_environment"}
@@ -391,8 +400,7 @@ def test_tokens_and_shell_characters_in_data_stay_data_and_a_grid_larger_than_jo
 
     def count_queued_jobs() -> None:
         while not finished.is_set():
-            listing = slurm.run("squeue", "-h", "-o", "%k").stdout  # the plugin's comment names the rule
-            queued.append(sum("rule_" in line for line in listing.splitlines()))
+            queued.append(len(queued_jobs(slurm, tmp_path)))
             time.sleep(0.2)
 
     watcher = threading.Thread(target=count_queued_jobs)

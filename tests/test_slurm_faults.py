@@ -30,11 +30,13 @@ from conftest import (
     long_run,
     netscratch_directory,
     processes_in,
+    queued_jobs,
     recipe,
     same_metrics,
     same_results,
     same_weights,
     sbatch_lines,
+    scratch_named_in_logs,
     slurm_workflow_command,
     slurm_workflow_env,
     switched_profile,
@@ -51,11 +53,17 @@ SCRATCH = Path(f"/disk/scratch/{USER}")  # the profile's node-local scratch root
 
 
 @pytest.fixture(autouse=True)
-def node_local_disk():
+def node_local_scratch_removed(request):
+    """After each test, every node-local scratch its jobs used is gone: each one its jobs' logs name
+    (tests side by side share the nodes' disks, so what else is there is not this test's)."""
     SCRATCH.mkdir(parents=True, exist_ok=True)
-    before = set(SCRATCH.iterdir())
+    workdir = request.getfixturevalue(
+        "netscratch_workdir" if "netscratch_workdir" in request.fixturenames else "tmp_path"
+    )
     yield
-    assert set(SCRATCH.iterdir()) == before, "every job removed its node-local scratch"
+    used = scratch_named_in_logs(workdir)
+    assert used, "the jobs' logs name the scratch they used"
+    assert [path for path in used if path.exists()] == [], "every job removed its node-local scratch"
 
 
 def configure_long_run(workdir: Path, data: Path, model: Path) -> dict:
@@ -124,10 +132,9 @@ def first_checkpoint(workdir: Path, marker: str = "trainer_state.json"):
     return folders[0] if folders and newest_complete_checkpoint(folders[0], marker) else None
 
 
-def active_jobs(slurm, rule: str) -> list[str]:
-    """Ids of this rule's jobs that Slurm is running (the plugin puts the rule in the comment)."""
-    listing = slurm.run("squeue", "-h", "-t", "RUNNING", "-o", "%i %k").stdout
-    return [line.split()[0] for line in listing.splitlines() if f"rule_{rule}" in line]
+def active_jobs(slurm, workdir: Path, rule: str) -> list[str]:
+    """Ids of the running jobs of `rule` of the workflow in `workdir`."""
+    return queued_jobs(slurm, workdir, rule, states="RUNNING")
 
 
 def grid_status(slurm, workdir: Path) -> str:
@@ -175,7 +182,7 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
         )
 
     wait_until(second_run_checkpointed, workflow, tmp_path, "the second run's first checkpoint", timeout=400)
-    (pack,) = active_jobs(slurm, "packed_train")
+    (pack,) = active_jobs(slurm, tmp_path, "packed_train")
     # The grid's status, while it trains: where, how far, how fast.
     training = rf"trains +piece 1, step \d+ of 280 \(\d+%\), [\d.]+ samples/s, .* \(Slurm job {pack} running on n1\)"
     assert re.search(training, grid_status(slurm, tmp_path))
@@ -246,7 +253,7 @@ def test_a_halving_search_with_a_rung_cancelled_decides_and_ends_as_the_uninterr
     halving_search(tmp_path, bbc_subset, tiny_model, scratch=None)
     workflow = start(slurm, tmp_path)
     cancelled = wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a rung's first checkpoint").name
-    (job,) = active_jobs(slurm, f"train_rung_wildcards_{cancelled}_0")
+    (job,) = active_jobs(slurm, tmp_path, f"train_rung_wildcards_{cancelled}_0")
     slurm.run("scancel", job)
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
@@ -265,6 +272,7 @@ def test_a_halving_search_with_a_rung_cancelled_decides_and_ends_as_the_uninterr
         assert written.read_bytes() == (reference / "runs" / promoted / name).read_bytes(), name
 
 
+@pytest.mark.alone_on_the_cluster  # the controller's outage would reach every other test's jobs
 def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_predict_lose_nothing(
     slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
@@ -282,13 +290,13 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
     configure_long_run(tmp_path, bbc_subset, tiny_model)
     workflow = start(slurm, tmp_path)
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
-    (job,) = active_jobs(slurm, "train")
+    (job,) = active_jobs(slurm, tmp_path, "train")
     trainer, _environ = wait_until(lambda: trainer_of(job), workflow, tmp_path, "the trainer")
     os.kill(trainer, signal.SIGSTOP)
     restarted_at = max(int(path.name.split("-")[1]) for path in tmp_path.glob("checkpoints/*/checkpoint-*"))
     slurm.restart_controller(down_seconds=5)
     os.kill(trainer, signal.SIGCONT)
-    assert active_jobs(slurm, "train") == [job], "the job lived through the outage"
+    assert active_jobs(slurm, tmp_path, "train") == [job], "the job lived through the outage"
     wait_until(
         lambda: shared_checkpoint_after(tmp_path, restarted_at), workflow, tmp_path, "a checkpoint after the outage"
     )
@@ -314,7 +322,7 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
     )
     os.kill(workflow.pid, signal.SIGKILL)  # Snakemake only: its Slurm job trains on, orphaned
     workflow.wait()
-    assert active_jobs(slurm, "train") == [job]
+    assert active_jobs(slurm, tmp_path, "train") == [job]
 
     # Snakemake's lock outlives a SIGKILL: lift it (README), then the same command again.
     assert finish(start(slurm, tmp_path, "--unlock"), tmp_path)[0] == 0
@@ -351,7 +359,7 @@ def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_re
     write_config(tmp_path, config)
     workflow = start(slurm, tmp_path)
     wait_until(lambda: first_checkpoint(tmp_path, "COMPLETE"), workflow, tmp_path, "a first checkpoint")
-    (job,) = active_jobs(slurm, "train")
+    (job,) = active_jobs(slurm, tmp_path, "train")
     slurm.run("scancel", job)
 
     returncode, output = finish(workflow, tmp_path)
@@ -376,7 +384,7 @@ def cancelled_after_a_checkpoint(slurm, workflow: subprocess.Popen, workdir: Pat
     retry to start, and return the step its piece stopped at on SIGTERM."""
     pieces = len(live_pieces(workdir))
     wait_until(lambda: shared_checkpoint_after(workdir, step), workflow, workdir, f"a checkpoint of piece {pieces}")
-    (job,) = active_jobs(slurm, "train")
+    (job,) = active_jobs(slurm, workdir, "train")
     slurm.run("scancel", job)
     wait_until(lambda: len(live_pieces(workdir)) == pieces + 1, workflow, workdir, f"piece {pieces + 1}")
     return stopped_at(live_pieces(workdir)[pieces - 1], "SIGTERM")
@@ -428,8 +436,6 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     # steps: its evaluation, its summary, the loss it cut).
     assert same_results(workdir, reference) == []
     assert different_curves(workdir, reference) == []
-    (run,) = (workdir / "results" / "runs").iterdir()
-    assert not list(Path("/tmp").glob(f"scratchflow-train-{run.name}*")), "every node's scratch is removed"
 
 
 def job_processes(pattern: str, job: str) -> dict[int, dict[str, str]]:
@@ -471,7 +477,7 @@ def test_two_nodes_in_dfkis_containers_stopped_by_one_node_end_like_an_uninterru
     workflow = start(slurm, workdir, profile=str(profile), env=image)
 
     wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
-    (job,) = active_jobs(slurm, "train")
+    (job,) = active_jobs(slurm, workdir, "train")
     launcher = wait_until(lambda: launcher_of(job, "n2"), workflow, workdir, "n2's launcher")
     environ = Path(f"/proc/{launcher}/environ").read_bytes().decode()
     assert f"PYXIS_CONTAINER_IMAGE={scratchflow_image}" in environ, "the launcher runs in the image"
@@ -487,11 +493,19 @@ def test_two_nodes_in_dfkis_containers_stopped_by_one_node_end_like_an_uninterru
     reference, _output = two_node_run
     assert same_results(workdir, reference) == []
     assert different_curves(workdir, reference) == []
-    (run,) = (workdir / "results" / "runs").iterdir()
-    assert not list(Path("/tmp").glob(f"scratchflow-train-{run.name}*")), "the batch host's scratch is removed"
+    assert containers_left(slurm, output) == [], "no enroot container is left on either node"
+
+
+def containers_left(slurm, output: str) -> list[Path]:
+    """What the jobs a workflow submitted (its output names them) left of their containers: enroot's
+    unpacked containers (pyxis_<job>.<step>) and pyxis's runtime files (<job>.<step>.squashfs)."""
     from local_containers import container_runtime
 
-    assert list(container_runtime().data.glob("*/*")) == [], "no enroot container is left on either node"
+    jobs = "|".join(re.findall(r"SLURM jobid (\d+)", output))
+    assert jobs, "the workflow submitted jobs"
+    mine = re.compile(rf"(pyxis_)?({jobs})[._]")
+    found = [*container_runtime().data.glob("*/*"), *(slurm.root / "pyxis").glob("*/*")]
+    return [path for path in found if mine.match(path.name)]
 
 
 def trainer_of(job: str) -> tuple[int, dict[str, str]] | None:
@@ -523,7 +537,7 @@ def test_in_dfkis_container_the_warning_signal_a_scancel_and_a_killed_trainer_en
     workflow = start(slurm, workdir, "--retries", "3", profile="dfki", env=image)
 
     wait_until(lambda: first_checkpoint(workdir), workflow, workdir, "a first checkpoint")
-    (job,) = active_jobs(slurm, "train")
+    (job,) = active_jobs(slurm, workdir, "train")
     slurm.run("scancel", "--signal=USR1", job)
     wait_until(lambda: len(live_pieces(workdir)) == 2, workflow, workdir, "a second piece")
     after_usr1 = stopped_at(live_pieces(workdir)[0], "SIGUSR1")
@@ -531,13 +545,13 @@ def test_in_dfkis_container_the_warning_signal_a_scancel_and_a_killed_trainer_en
     after_scancel = cancelled_after_a_checkpoint(slurm, workflow, workdir, after_usr1)
 
     wait_until(lambda: shared_checkpoint_after(workdir, after_scancel), workflow, workdir, "a checkpoint of piece 3")
-    (job,) = active_jobs(slurm, "train")
+    (job,) = active_jobs(slurm, workdir, "train")
     pid, environ = wait_until(lambda: trainer_of(job), workflow, workdir, "the trainer")
     assert environ["PYXIS_CONTAINER_IMAGE"] == str(scratchflow_image), "the trainer runs in the image"
     os.kill(pid, signal.SIGKILL)
 
-    returncode, output = finish(workflow, workdir)
-    assert returncode == 0, output[-6000:]
+    returncode, first_output = finish(workflow, workdir)
+    assert returncode == 0, first_output[-6000:]
     paused, cancelled, killed, finished = pieces_of(workdir)
     assert "stopped on SIGUSR1" in paused["outcome"] and "stopped on SIGTERM" in cancelled["outcome"]
     assert cancelled["resumed_from_step"] == after_usr1 and killed["resumed_from_step"] == after_scancel
@@ -550,7 +564,4 @@ def test_in_dfkis_container_the_warning_signal_a_scancel_and_a_killed_trainer_en
 
     returncode, output = finish(start(slurm, workdir, profile="dfki", env=image), workdir)
     assert returncode == 0 and "Nothing to be done" in output, output[-3000:]
-    from local_containers import container_runtime
-
-    assert list(container_runtime().data.glob("*/*")) == [], "no enroot container is left"
-    assert list((slurm.root / "pyxis").glob("*/*")) == [], "no pyxis runtime file is left"
+    assert containers_left(slurm, first_output) == [], "no enroot container or pyxis runtime file is left"
