@@ -396,11 +396,11 @@ def sbatch_lines(output: str, rule: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("sbatch call:") and f"rule_{rule}" in line]
 
 
-def queued_jobs(slurm, workdir: Path, rule: str = "", states: str = "all") -> list[str]:
-    """Ids of the jobs of the workflow in `workdir` in Slurm's queue (in `states`, squeue -t), of
-    `rule` if given (the plugin puts the rule in the job's comment). The plugin submits every job
-    with -D <workdir>, so tests side by side on the one cluster each find their own jobs."""
-    listing = slurm.run("squeue", "-h", "-t", states, "-o", "%i|%Z|%k").stdout
+def queued_jobs(slurm, workdir: Path, rule: str = "", states: str | None = None) -> list[str]:
+    """Ids of the jobs of the workflow in `workdir` in Slurm's queue (pending and running, or those
+    in `states`, squeue -t), of `rule` if given (the plugin puts the rule in the job's comment). The
+    plugin submits every job with -D <workdir>, so tests side by side each find their own jobs."""
+    listing = slurm.run("squeue", "-h", *(("-t", states) if states else ()), "-o", "%i|%Z|%k").stdout
     here = workdir.resolve()
     return [
         job_id

@@ -29,6 +29,7 @@ from conftest import (
     image_config,
     netscratch_directory,
     queued_jobs,
+    run_folder,
     run_on_slurm,
     sbatch_lines,
     start_on_slurm,
@@ -93,6 +94,10 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
     (their jobs fit at once: one GPU each, four in all): profile -> (its directory, its output).
     The host profiles start first; the container image is built while they run (narval's jobs each
     build a venv with one pip, which leaves the second core to the image's build)."""
+    if shared := run_folder():  # one worker runs them (xdist_group); a second would run all four again
+        ran = shared / "profile-lifecycles.ran"
+        assert not ran.exists(), "the profiles' lifecycles ran twice: --dist loadgroup did not group their tests"
+        ran.touch()
     with using_the_cluster():
         started = {}
         for profile in sorted(PROFILES, key=lambda name: name in CONTAINER_PROFILES):
