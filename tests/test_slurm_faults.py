@@ -61,6 +61,7 @@ def node_local_scratch_removed(request):
         "netscratch_workdir" if "netscratch_workdir" in request.fixturenames else "tmp_path"
     )
     yield
+    stop_what_is_left()
     used = scratch_named_in_logs(workdir)
     assert used, "the jobs' logs name the scratch they used"
     assert [path for path in used if path.exists()] == [], "every job removed its node-local scratch"
@@ -80,7 +81,7 @@ def start(
 ) -> subprocess.Popen:
     """The profile's command in the background; its output goes to <workdir>.out."""
     output = open(workdir.with_suffix(".out"), "w")  # noqa: SIM115 (closed by finish)
-    return subprocess.Popen(
+    workflow = subprocess.Popen(
         slurm_workflow_command(slurm, profile, *arguments),
         cwd=workdir,
         env=slurm_workflow_env(slurm, env),
@@ -88,6 +89,25 @@ def start(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    _started.append(workflow)
+    return workflow
+
+
+_started: list[subprocess.Popen] = []
+
+
+def stop_what_is_left() -> None:
+    """A workflow a failed test left running is stopped as a user stops one (Ctrl-C: Snakemake
+    cancels its Slurm jobs), so that its jobs hold no GPU the tests beside it wait for."""
+    for workflow in _started:
+        if workflow.poll() is None:
+            workflow.send_signal(signal.SIGINT)
+            try:
+                workflow.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(workflow.pid, signal.SIGKILL)
+                workflow.wait()
+    _started.clear()
 
 
 def finish(workflow: subprocess.Popen, workdir: Path, timeout: float = 480) -> tuple[int, str]:
@@ -184,7 +204,10 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
     wait_until(second_run_checkpointed, workflow, tmp_path, "the second run's first checkpoint", timeout=400)
     (pack,) = active_jobs(slurm, tmp_path, "packed_train")
     # The grid's status, while it trains: where, how far, how fast.
-    training = rf"trains +piece 1, step \d+ of 280 \(\d+%\), [\d.]+ samples/s, .* \(Slurm job {pack} running on n1\)"
+    node = slurm.run("squeue", "-h", "-j", pack, "-o", "%N").stdout.strip()  # with tests beside, n1 or n2
+    training = (
+        rf"trains +piece 1, step \d+ of 280 \(\d+%\), [\d.]+ samples/s, .* \(Slurm job {pack} running on {node}\)"
+    )
     assert re.search(training, grid_status(slurm, tmp_path))
     slurm.run("scancel", pack)  # SIGTERM to every process of the job, SIGKILL after KillWait
 
@@ -233,7 +256,7 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     workflow = start(
         slurm, tmp_path, "--set-resources", "train:runtime=4*attempt-1", "train:slurm_extra='--signal=USR2@90'"
     )
-    returncode, output = finish(workflow, tmp_path)
+    returncode, output = finish(workflow, tmp_path, timeout=900)  # 3 minutes, then at most 7
     assert returncode == 0, output[-6000:]
 
     first, second = pieces_of(tmp_path)
