@@ -246,17 +246,17 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     config["training"]["epochs"] = 200  # about 115 s of training, from 10 to 20 s into the job (quiet)
     config["checkpointing"]["stop_signal"] = "USR2"
     write_config(tmp_path, config)
-    # Three minutes for the first attempt, seven for the second; USR2 90 s before the end. slurmctld
-    # checks time limits every 30 s and sends the warning at the first check that finds fewer than
-    # 90 + 30 s left: 60 to 90 s into the first job, after the trainer started listening (beside two
-    # other Slurm tests and the rest of the suite, its start took up to 50 s) and before it would
-    # finish. A warning that comes before the trainer listens is not heard, and the job runs to its
-    # limit (noted in the faults issue). The retry's warning comes 5.5 minutes in, after its at most
-    # 4 minutes of training on a machine twice as busy.
+    # Three minutes for the first attempt, fifteen for the second; USR2 90 s before the end.
+    # slurmctld checks time limits every 30 s and sends the warning at the first check that finds
+    # fewer than 90 + 30 s left: 60 to 90 s into the first job, after the trainer started listening
+    # (beside two other Slurm tests and the rest of the suite, its start took up to 50 s) and before
+    # it would finish. A warning that comes before the trainer listens is not heard, and the job
+    # runs to its limit (noted in the faults issue). The retry trains the rest (about 2,300 steps:
+    # 5.5 minutes beside the other tests, where 7 minutes left too little) before its own warning.
     workflow = start(
-        slurm, tmp_path, "--set-resources", "train:runtime=4*attempt-1", "train:slurm_extra='--signal=USR2@90'"
+        slurm, tmp_path, "--set-resources", "train:runtime=3+12*(attempt-1)", "train:slurm_extra='--signal=USR2@90'"
     )
-    returncode, output = finish(workflow, tmp_path, timeout=900)  # 3 minutes, then at most 7
+    returncode, output = finish(workflow, tmp_path, timeout=1200)
     assert returncode == 0, output[-6000:]
 
     first, second = pieces_of(tmp_path)
