@@ -65,7 +65,8 @@ NO_DEPS := animal-mnist==0.4
 
 # pip compiles what it installs (its default; about 30 s more here). Not left to the first import:
 # where PYTHONDONTWRITEBYTECODE is set (this machine, and every job that inherits its environment)
-# nothing compiled is kept, and every process compiled torch and transformers again (README, "Speed").
+# nothing compiled is kept, and every process compiled torch and transformers again: 10.9 s of CPU
+# to import transformers' model and Trainer code instead of 5.0 s (benchmarks/README.md, section 16).
 $(VENV)/.installed-runtime: requirements.txt | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet -r requirements.txt
 	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
