@@ -522,3 +522,14 @@ def test_the_oscer_profile_trains_on_two_nodes_of_two_gpus_with_four_processes(s
     workflow_run = re.search(r"--job-name (\S+)", train_line).group(1)
     jobs = slurm.run("sacct", "-X", "-n", "--parsable2", "--format=State", f"--name={workflow_run}").stdout
     assert jobs.split() == ["COMPLETED"] * 3
+
+
+def test_clients_outside_the_cluster_find_no_configuration_of_it_and_fail_at_once(slurm):
+    """Each slurmd links its configless cache in a /run/slurm of its own: on the host, a Slurm client
+    without SLURM_CONF finds none and fails at once, instead of trying the unreachable controller for
+    9 s (the Slurm plugin's `scontrol show config` in every snakemake started beside the tests)."""
+    assert not Path("/run/slurm/conf").exists()
+    env = {key: value for key, value in os.environ.items() if key != "SLURM_CONF"}
+    started = time.monotonic()
+    subprocess.run(["scontrol", "show", "config"], env=env, capture_output=True, timeout=30)
+    assert time.monotonic() - started < 2
