@@ -686,6 +686,13 @@ def drawn_figure(path: Path) -> tuple[int, int]:
 # -- the README's recipes (config/tests/): documented config shapes, planned and run by the tests ----
 
 RECIPES = REPO / "config" / "tests"
+# What a user reads: the README and the docs it leads to.
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def docs_text() -> str:
+    """Every page a user reads, one after another."""
+    return "\n".join(page.read_text() for page in DOCS)
 
 
 def recipe(name: str) -> dict:

@@ -46,7 +46,7 @@ FIRST_SLURMD_PORT = 17001
 # slurmd from draining it for lacking them), so each profile's own requests schedule as they are.
 NODE_CPUS = 128
 NODE_MEMORY_MB = 512_000
-# The real clusters' partition names (README, "Clusters"); `batch` is the default, which
+# The real clusters' partition names (docs/clusters.md, "Notes per cluster"); `batch` is the default, which
 # is where a job without a partition (the Alliance's way) lands.
 NODE_LIST = f"{NODES[0][0]}[1-{len(NODES)}]"
 PARTITIONS = (
@@ -184,7 +184,7 @@ class LocalSlurm:
         # pyxis's defaults: each job step unpacks the image (enroot create). Not use_squashfuse=1,
         # which mounts it instead: its squashfuse process belongs to the job step, and the signals
         # Slurm sends the step (the wall-time warning, scancel's TERM) end it, taking the image's
-        # files away from the running trainer (README, "Containers").
+        # files away from the running trainer (docs/clusters.md, "Containers").
         (etc / "plugstack.conf").write_text(
             f"required {self.containers.pyxis} runtime_path={self.root / 'pyxis'}\n" if self.containers else ""
         )

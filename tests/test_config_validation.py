@@ -309,7 +309,7 @@ CASES = {
         set_key("cluster", pack_runs=4),
         ["config key cluster.pack_runs: 4 packs runs into cluster jobs", "with the 'local' executor"],
     ),
-    # A search instead of a grid (README, "Searching beyond a grid"): a space that cannot be drawn.
+    # A search instead of a grid (docs/search.md, "Searching beyond a grid"): a space that cannot be drawn.
     "a grid and a search": (a_search(keep_grid=True), ["config keys grid and search are both set"]),
     "neither a grid nor a search": (
         lambda config, _tmp_path: config.pop("grid"),

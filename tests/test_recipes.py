@@ -1,4 +1,4 @@
-"""Every config shape the README documents is a file in config/tests/ that the README shows verbatim,
+"""Every config shape the docs show is a file in config/tests/ that they show verbatim,
 and every one of them plans (`snakemake -n`, on the tests' small data); the tests named in each
 file's header run it."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RECIPES, REPO, run_workflow, switched_profile, write_recipe_data
+from conftest import RECIPES, REPO, docs_text, run_workflow, switched_profile, write_recipe_data
 
 RECIPE_FILES = sorted(path.name for path in RECIPES.glob("*.yaml"))
 PROFILE_SWITCHES = sorted(path.name for path in (RECIPES / "profiles").glob("*.yaml"))
@@ -18,9 +18,9 @@ PROFILE_SWITCHES = sorted(path.name for path in (RECIPES / "profiles").glob("*.y
 PROFILE = {"packed-runs.yaml": "edinburgh"}
 
 
-def readme_blocks() -> dict[str, str]:
-    """The README's YAML blocks that name a recipe on their first line, by the recipe's file name."""
-    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+def documented_blocks() -> dict[str, str]:
+    """The docs' YAML blocks that name a recipe on their first line, by the recipe's file name."""
+    blocks = re.findall(r"```yaml\n(.*?)```", docs_text(), re.DOTALL)
     named = {}
     for block in blocks:
         first = re.match(r"# config/tests/([\w.-]+\.yaml)", block)
@@ -29,11 +29,11 @@ def readme_blocks() -> dict[str, str]:
     return named
 
 
-def test_the_readme_shows_every_recipe_as_its_file_holds_it():
-    shown = readme_blocks()
-    assert sorted(shown) == RECIPE_FILES, "every recipe in the README, and every README recipe a file"
+def test_the_docs_show_every_recipe_as_its_file_holds_it():
+    shown = documented_blocks()
+    assert sorted(shown) == RECIPE_FILES, "every recipe in the docs, and every recipe the docs show a file"
     for name, block in shown.items():
-        assert block == (RECIPES / name).read_text(), f"README's {name} differs from config/tests/{name}"
+        assert block == (RECIPES / name).read_text(), f"the docs' {name} differs from config/tests/{name}"
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +65,14 @@ def test_every_recipe_plans(name, recipe_workdir):
         assert int(jobs["train"]) == int(jobs["predict"]) == runs
 
 
-def test_the_readme_names_every_profile_switch_and_each_it_names_is_a_file_the_tests_plan():
-    named = re.findall(r"\(config/tests/profiles/([\w.-]+\.yaml)\)", (REPO / "README.md").read_text())
+def test_the_docs_name_every_profile_switch_and_each_they_name_is_a_file_the_tests_plan():
+    named = re.findall(r"\((?:\.\./)?config/tests/profiles/([\w.-]+\.yaml)\)", docs_text())
     assert sorted(set(named)) == PROFILE_SWITCHES
 
 
-def test_the_readme_shows_narvals_several_node_switch_as_its_file_holds_it():
+def test_the_docs_show_narvals_several_node_switch_as_its_file_holds_it():
     text = (RECIPES / "profiles" / "narval-several-nodes.yaml").read_text()
-    assert f"```yaml\n{text}```" in (REPO / "README.md").read_text()
+    assert f"```yaml\n{text}```" in docs_text()
 
 
 @pytest.mark.parametrize("name", PROFILE_SWITCHES)
@@ -86,10 +86,10 @@ def test_every_profile_switch_plans(name, recipe_workdir, tmp_path):
     assert int(jobs["train"]) == 6
 
 
-def test_the_readmes_several_node_form_is_oscers_profile():
-    """The README's generic several-node train entry ("Several nodes") is what OSCER's profile,
-    which the tests run on two nodes, has."""
-    section = (REPO / "README.md").read_text().split("### Several nodes", 1)[1]
+def test_the_documented_several_node_form_is_oscers_profile():
+    """The generic several-node train entry (docs/clusters.md, "Several nodes") is what OSCER's
+    profile, which the tests run on two nodes, has."""
+    section = (REPO / "docs" / "clusters.md").read_text().split("## Several nodes", 1)[1]
     shown = yaml.safe_load(re.search(r"```yaml\n(  train:\n.*?)```", section, re.DOTALL).group(1))["train"]
     oscer = yaml.safe_load((REPO / "profiles" / "oscer" / "config.v8+.yaml").read_text())["set-resources"]["train"]
     assert shown == {key: oscer[key] for key in shown}

@@ -1,4 +1,4 @@
-"""Random search (README, "Searching beyond a grid"): trials drawn from (seed, trial index) alone, run
+"""Random search (docs/search.md, "Searching beyond a grid"): trials drawn from (seed, trial index) alone, run
 ids that are the runs' parameters, replicates per trial, and the whole lifecycle for every trial."""
 
 from __future__ import annotations

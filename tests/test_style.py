@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import docs_text
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -27,12 +28,12 @@ def test_the_workflow_passes(check):
 
 
 def test_every_make_command_the_readme_gives_runs_something():
-    """A target the README tells users to run must have commands (make -n prints them, runs none):
+    """A target the docs tell users to run must have commands (make -n prints them, runs none):
     `make example-image` once did nothing at all, since make applies no pattern rule to a .PHONY
     target."""
-    readme = (REPO / "README.md").read_text()
-    commands = set(re.findall(r"^make ([a-z-]+)", readme, re.MULTILINE))
-    commands |= set(re.findall(r"`make ([a-z-]+)", readme))
+    docs = docs_text()
+    commands = set(re.findall(r"^make ([a-z-]+)", docs, re.MULTILINE))
+    commands |= set(re.findall(r"`make ([a-z-]+)", docs))
     assert {"demo", "test", "example-image", "example-command", "check"} <= commands
     for target in sorted(commands):
         variables = ["PROFILE=profiles/narval"] if target == "cluster" else []

@@ -119,7 +119,7 @@ def validate_task(config: dict[str, Any]) -> Any:
             "config keys grid and search are both set: the runs are a grid or a search, not both; remove one"
             if swept
             else "config key grid: set grid: (lists of values, every combination a run) or search: (trials "
-            'drawn from a space; README, "Searching beyond a grid")'
+            'drawn from a space; docs/search.md, "Searching beyond a grid")'
         )
     sections = [("training", schema)] + ([("grid", grid_schema(schema))] if "grid" in config else [])
     for section, section_schema in sections:
@@ -175,7 +175,7 @@ def check_halving_setup(config: dict[str, Any]) -> None:
         raise ConfigError(
             f"config key training.{BUDGET_KEY}: a halving search trains each run to its last rung's "
             f"{BUDGET_KEY}, and the program declares no {BUDGET_KEY} parameter: add {BUDGET_KEY} to training: "
-            '(README, "Searching beyond a grid": what a program does with SCRATCHFLOW_BUDGET_EPOCHS)'
+            '(docs/search.md, "Successive halving": what a program does with SCRATCHFLOW_BUDGET_EPOCHS)'
         )
     if config["cluster"]["pack_runs"] > 1:
         raise ConfigError(
@@ -320,7 +320,7 @@ def check_training_shape(rule: str, resources: Mapping[str, Any], cluster_name: 
             )
         recipe = (
             f"nodes: {nodes}, mpi: srun, tasks: {nodes}, tasks_per_gpu: 0 and --ntasks-per-node=1 in slurm_extra "
-            '(README, "Several nodes")'
+            '(docs/clusters.md, "Several nodes")'
         )
         # For a GPU job (gpu, or gres with a GPU), the plugin would otherwise ask for --ntasks-per-gpu
         # (a launcher per GPU); --gpus-per-node in slurm_extra does not make one.

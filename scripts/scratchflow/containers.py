@@ -31,7 +31,7 @@ IMAGE_PYTHON = Path(__file__).resolve().parents[1] / "image_python"
 HANDED_OVER = "SCRATCHFLOW_"  # the prefix that keeps sbatch from reading PYXIS_CONTAINER_* itself
 RULE_IMAGES = "SCRATCHFLOW_RULE_IMAGES"  # rule -> its own image (cluster.rule_image_variables), JSON
 JOB_STEP_CACHE = Path(".snakemake/scratchflow/job-step-cache")
-BUILD_HINT = 'scripts/build_image.sh builds one (README, "Containers")'
+BUILD_HINT = 'scripts/build_image.sh builds one (docs/clusters.md, "Containers")'
 
 
 def check_image(variable: str | None, environ: Mapping[str, str], key: str = "cluster.image_variable") -> Path | None:

@@ -270,7 +270,7 @@ def write_rung_record(
     if not training.get("validation"):
         raise ValueError(
             f"rung {rung.index} of run {job.run_id}: the training reported no validation metrics, and a "
-            "halving search ranks the runs by them (a command program writes validation.json: README)"
+            "halving search ranks the runs by them (a command program writes validation.json: docs/search.md)"
         )
     write_json_atomically(
         {

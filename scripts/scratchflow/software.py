@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-BUILD_IMAGE = 'scripts/build_image.sh builds one with requirements.txt (README, "Containers")'
+BUILD_IMAGE = 'scripts/build_image.sh builds one with requirements.txt (docs/clusters.md, "Containers")'
 
 
 def missing_module_message(
@@ -23,7 +23,7 @@ def missing_module_message(
         )
     return (
         f"the Python environment of {executable} has no module {error.name!r}, which this job imports; "
-        'install requirements.txt into it (README, "Clusters")'
+        'install requirements.txt into it (docs/clusters.md, "Notes per cluster")'
     )
 
 

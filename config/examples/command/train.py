@@ -1,7 +1,7 @@
 """A lab's own training program in plain PyTorch, run by scratchflow's `command` task: a bag-of-words
 classifier for a folder-per-label text dataset (BBC News in the example config).
 
-What makes it fit the lifecycle (README, "Your own training code"):
+What makes it fit the lifecycle (docs/tasks.md, "Your own training code"):
 - it reads its data from $SCRATCHFLOW_DATA_DIR and its parameters from the JSON file $SCRATCHFLOW_PARAMS;
 - every $SCRATCHFLOW_SAVE_EVERY_STEPS steps, and when asked to stop ($SCRATCHFLOW_STOP_SIGNAL, USR1
   unless the config says otherwise, or SIGTERM), it saves

@@ -1,7 +1,8 @@
 """command: the lab's own training program, run inside the lifecycle.
 
 The program is `training.command`, an argv list run without a shell, in the workflow's working
-directory. It learns where things are from environment variables (the README's contract table):
+directory. It learns where things are from environment variables (the contract table of docs/tasks.md,
+"Your own training code"):
 
     SCRATCHFLOW_DATA_DIR          the verified, extracted data on node-local scratch, always a folder:
                                   dataset.path's folder, or the folder holding its one file, or with
