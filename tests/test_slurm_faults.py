@@ -8,6 +8,7 @@ environment's software, so that each test pays for its fault rather than for bui
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -238,25 +239,47 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
     assert same_results(tmp_path, uninterrupted_long_run) == []
 
 
+def held_until_signalled(pid: int, signal_number: int) -> bool:
+    """Whether a process held with SIGSTOP got `signal_number`: waiting for it, or already let go
+    (slurmstepd sends SIGCONT with the signals it delivers) or ended."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except FileNotFoundError:
+        return True
+    status = {name: value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    pending = any(int(status[mask], 16) >> (signal_number - 1) & 1 for mask in ("SigPnd", "ShdPnd"))
+    return pending or not status["State"].startswith("T")
+
+
 def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resumes(
-    slurm, tmp_path, bbc_subset, tiny_model
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
-    """With USR2 as the stop signal (checkpointing.stop_signal), as where NCCL takes USR1 for itself."""
+    """With USR2 as the stop signal (checkpointing.stop_signal), as where NCCL takes USR1 for itself:
+    Slurm's own warning (`--signal=USR2@90`) before a three-minute limit reaches the trainer, which
+    saves and ends its job before the limit; the retry resumes and ends with the weights of an
+    uninterrupted run. slurmctld checks time limits every 30 s and sends the warning at the first
+    check that finds fewer than 90 + 30 s left: 60 to 90 s into the job. The long run trains for
+    about 16 s, so once its first checkpoint is on shared storage (its trainer listens by then) the
+    trainer is held with SIGSTOP until the warning waits for it, then let go: it takes the signal at
+    once, as a trainer still training would."""
     config = configure_long_run(tmp_path, bbc_subset, tiny_model)
-    config["training"]["epochs"] = 200  # about 115 s of training, from 10 to 20 s into the job (quiet)
     config["checkpointing"]["stop_signal"] = "USR2"
     write_config(tmp_path, config)
-    # Three minutes for the first attempt, fifteen for the second; USR2 90 s before the end.
-    # slurmctld checks time limits every 30 s and sends the warning at the first check that finds
-    # fewer than 90 + 30 s left: 60 to 90 s into the first job, after the trainer started listening
-    # (beside two other Slurm tests and the rest of the suite, its start took up to 50 s) and before
-    # it would finish. A warning that comes before the trainer listens is not heard, and the job
-    # runs to its limit (noted in the faults issue). The retry trains the rest (about 2,300 steps:
-    # 5.5 minutes beside the other tests, where 7 minutes left too little) before its own warning.
     workflow = start(
-        slurm, tmp_path, "--set-resources", "train:runtime=3+12*(attempt-1)", "train:slurm_extra='--signal=USR2@90'"
+        slurm, tmp_path, "--set-resources", "train:runtime=3*attempt", "train:slurm_extra='--signal=USR2@90'"
     )
-    returncode, output = finish(workflow, tmp_path, timeout=1200)
+    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
+    (job,) = active_jobs(slurm, tmp_path, "train")
+    trainer, _environ = wait_until(lambda: trainer_of(job), workflow, tmp_path, "the trainer")
+    os.kill(trainer, signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: held_until_signalled(trainer, signal.SIGUSR2), workflow, tmp_path, "the warning", timeout=150
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(trainer, signal.SIGCONT)
+    returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
 
     first, second = pieces_of(tmp_path)
@@ -265,6 +288,7 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     assert second["resumed_from_step"] == step and second["outcome"] == "finished"
     # The first job ended itself, before Slurm's kill, so that its checkpoint was complete.
     assert states(slurm, [first["slurm_job_id"], second["slurm_job_id"]]) == ["FAILED", "COMPLETED"]
+    assert same_results(tmp_path, uninterrupted_long_run) == []
 
 
 def test_a_halving_search_with_a_rung_cancelled_decides_and_ends_as_the_uninterrupted_search(
@@ -532,8 +556,9 @@ def containers_left(slurm, output: str) -> list[Path]:
 
 
 def trainer_of(job: str) -> tuple[int, dict[str, str]] | None:
-    """The pid and environment of Slurm job `job`'s trainer (the train rule's script)."""
-    return next(iter(job_processes(r"\.train\.py", job).items()), None)
+    """The pid and environment of Slurm job `job`'s trainer: the train rule's script's Python, not
+    the shell that Snakemake starts it with (whose command line names the script too)."""
+    return next(iter(job_processes(r"^\S*python\S* \S*\.train\.py", job).items()), None)
 
 
 @pytest.fixture
