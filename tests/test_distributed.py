@@ -196,7 +196,7 @@ def test_a_stop_reaches_the_launchers_workers_and_the_launcher_itself_ignores_us
 
 def two_process_config(workdir: Path, data: Path, model: Path) -> None:
     config = workflow_config(data, model, workdir / "scratch", grid={"seed": [7]})
-    config["training"].update(epochs=12, max_length=128)
+    config["training"].update(epochs=8, max_length=128)  # 112 steps: a kill at 20, a stop at 40, then the rest
     config["checkpointing"] = {"every_steps": 20, "keep": 2}
     write_config(workdir, config)
 
