@@ -3,9 +3,8 @@
 # - the Slurm tests and every other test side by side. The Slurm tests run three at a time on one
 #   test cluster (pytest-xdist workers; each finds its own jobs by their working directory, and the
 #   few that change the cluster for every job run alone, last: conftest.using_the_cluster), since
-#   they wait on signals, checkpoints and the scheduler much of the time; the others run two at a
-#   time (a file to a worker, so that its module's fixtures are built once): one at a time, they ran
-#   on for minutes after the Slurm tests had ended, with a core idle. Every job trains with one thread, so none waits on a partner thread that another
+#   they wait on signals, checkpoints and the scheduler much of the time; the others keep about one
+#   core busy. Every job trains with one thread, so none waits on a partner thread that another
 #   holds off its core (benchmarks/README.md, section 12). The data, model and reference runs they
 #   share are built once (conftest.built_once);
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
@@ -16,7 +15,6 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
 slurm_tests=(tests/test_slurm.py tests/test_slurm_faults.py)
 slurm_workers=3
-other_workers=2
 alone=(tests/test_benchmarks.py)
 SCRATCHFLOW_TEST_SHARED=$(mktemp -d /tmp/scratchflow-tests-XXXXXX)
 export SCRATCHFLOW_TEST_SHARED
@@ -24,8 +22,8 @@ others_log=$SCRATCHFLOW_TEST_SHARED/others.log
 trap 'kill "$others" 2>/dev/null; rm -rf "$SCRATCHFLOW_TEST_SHARED"' EXIT
 
 # The references both compare with are trained first, by the others (conftest.shared_references_first).
-SCRATCHFLOW_TEST_TRAINS_REFERENCES=1 "$python" -m pytest -n "$other_workers" --dist loadfile \
-    "${slurm_tests[@]/#/--ignore=}" "${alone[@]/#/--ignore=}" "$@" >"$others_log" 2>&1 &
+SCRATCHFLOW_TEST_TRAINS_REFERENCES=1 "$python" -m pytest "${slurm_tests[@]/#/--ignore=}" "${alone[@]/#/--ignore=}" "$@" \
+    >"$others_log" 2>&1 &
 others=$!
 "$python" -m pytest -n "$slurm_workers" --dist loadgroup --no-loadscope-reorder "${slurm_tests[@]}" "$@"
 slurm_status=$?
