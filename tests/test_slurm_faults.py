@@ -239,14 +239,27 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
     assert same_results(tmp_path, uninterrupted_long_run) == []
 
 
-def held_until_signalled(pid: int, signal_number: int) -> bool:
-    """Whether a process held with SIGSTOP got `signal_number`: waiting for it, or already let go
-    (slurmstepd sends SIGCONT with the signals it delivers) or ended."""
+def process_status(pid: int) -> dict[str, str] | None:
+    """The fields of /proc/<pid>/status; None once the process has ended."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except FileNotFoundError:
+        return None
+    return {name: value.strip() for name, _, value in (line.partition(":") for line in lines)}
+
+
+def stopped(pid: int) -> bool:
+    """Whether a process is stopped (SIGSTOP takes effect a moment after it is sent), or gone."""
+    status = process_status(pid)
+    return status is None or status["State"].startswith("T")
+
+
+def held_until_signalled(pid: int, signal_number: int) -> bool:
+    """Whether a process held with SIGSTOP got `signal_number`: waiting for it, or already let go
+    (slurmstepd sends SIGCONT with the signals it delivers) or ended."""
+    status = process_status(pid)
+    if status is None:
         return True
-    status = {name: value.strip() for name, _, value in (line.partition(":") for line in lines)}
     pending = any(int(status[mask], 16) >> (signal_number - 1) & 1 for mask in ("SigPnd", "ShdPnd"))
     return pending or not status["State"].startswith("T")
 
@@ -273,6 +286,7 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     trainer, _environ = wait_until(lambda: trainer_of(job), workflow, tmp_path, "the trainer")
     os.kill(trainer, signal.SIGSTOP)
     try:
+        wait_until(lambda: stopped(trainer), workflow, tmp_path, "the trainer to stop")
         wait_until(
             lambda: held_until_signalled(trainer, signal.SIGUSR2), workflow, tmp_path, "the warning", timeout=150
         )
