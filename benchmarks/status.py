@@ -20,15 +20,16 @@ import time
 from pathlib import Path
 
 from measure import REPO, arguments, fastest, print_table, run_timed, save
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.plan import Plan
 
-MARKER = "trainer_state.json"
+MARKER = TRAINER_CHECKPOINT_MARKER
 
 FLOOR = """\
 import json, sys
 from pathlib import Path
 root = Path(sys.argv[1])
-for run_id in json.loads((root / "results/grid.json").read_text())["runs"]:
+for run_id in json.loads((root / "results/plan.json").read_text())["runs"]:
     for path in (root / "results/runs" / run_id / "metrics.json", *(root / "checkpoints" / run_id / name
                  for name in ("pieces.json", "running.json", "progress.json"))):
         try:

@@ -31,6 +31,7 @@ from measure import arguments, print_table, save
 from scratchflow import hf_trainer
 from scratchflow.animal_mnist import write_pngs
 from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import label_names, labelled_files, load_examples, resolve_location, split_examples
 from scratchflow.tasks import TrainContext, image_classification, text_classification
 from scratchflow.tiny_model import build_tiny_resnet
@@ -86,7 +87,7 @@ def scratchflow_train(
         params=params,
         model=model_dir,
         work_dir=work / "scratch",
-        checkpoints=RunCheckpoints(work / "shared", hf_trainer.CHECKPOINT_MARKER),
+        checkpoints=RunCheckpoints(work / "shared", TRAINER_CHECKPOINT_MARKER),
         tracking_dir=work / "tensorboard",
         tracking=tracking,
         save_every_steps=10**6,

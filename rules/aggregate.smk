@@ -1,6 +1,18 @@
 # The grid's settings (seeds as replicates) and runs in two tables, the best of each, and figures
 # comparing their test metrics and learning curves.
 
+# The comparison of a halving search also shows its rungs.
+SEARCH_RESULTS = (
+    {
+        "rungs": SEARCH_OUTPUTS["rungs"],
+        "rung_plot": report(
+            SEARCH_OUTPUTS["rung_plot"], caption="report/rungs.rst", category="Search"
+        ),
+    }
+    if PLAN.halving
+    else {}
+)
+
 
 localrules:
     aggregate,
@@ -11,24 +23,26 @@ rule aggregate:
         unpack(run_results),
     output:
         **SEARCH_RESULTS,
-        summary=GRID_OUTPUTS["summary"],
-        runs=GRID_OUTPUTS["runs"],
-        best=GRID_OUTPUTS["best"],
+        summary=COMPARISON_OUTPUTS["summary"],
+        runs=COMPARISON_OUTPUTS["runs"],
+        best=COMPARISON_OUTPUTS["best"],
         page=report(
-            GRID_OUTPUTS["page"], caption="report/summary.rst", category="Comparison"
+            COMPARISON_OUTPUTS["page"],
+            caption="report/summary.rst",
+            category="Comparison",
         ),
         plot=report(
-            GRID_OUTPUTS["plot"],
+            COMPARISON_OUTPUTS["plot"],
             caption="report/comparison.rst",
             category="Comparison",
         ),
         confusion=report(
-            GRID_OUTPUTS["confusion"],
+            COMPARISON_OUTPUTS["confusion"],
             caption="report/confusion_matrix.rst",
             category="Comparison",
         ),
         curves=report(
-            GRID_OUTPUTS["curves"],
+            COMPARISON_OUTPUTS["curves"],
             caption="report/curves.rst",
             category="Learning curves",
         ),

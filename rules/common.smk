@@ -1,4 +1,4 @@
-# Config validation, the grid's plan, and the named input functions the rules use. What the checks
+# Config validation, the plan of the grid or search, and the named input functions the rules use. What the checks
 # and hooks do lives in scripts/scratchflow (workflow_hooks, plan, snakemake_adapter).
 import sys
 from pathlib import Path
@@ -18,7 +18,8 @@ from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.models import is_local_source
 from scratchflow.files import read_json
 from scratchflow.plan import (
-    GRID_OUTPUTS,
+    COMPARISON_OUTPUTS,
+    MANIFEST,
     PACK_OUTPUT,
     RUN_PATHS,
     RUNG_BENCHMARK,
@@ -34,7 +35,6 @@ from scratchflow.snakemake_adapter import (
     string_resources_of,
     target_rules,
 )
-from scratchflow.staging import archive_suffix
 
 check_dataset_layout(config)
 try:
@@ -49,50 +49,8 @@ if workflow.remote_exec:
 
 DATASET = config["dataset"]
 MODEL = config.get("model")
-# cluster.pack_runs > 1: train jobs, and predict jobs, go to Slurm that many to a job (Snakemake's
-# groups). A pack is the runs one `pack` job gathers: that job joins them into one group job. A
-# group asks Slurm for the sum of what its jobs could run side by side; every train and predict job
-# takes the one `pack_slot` a packed job has (a "local" resource: each job gets its own), so the
-# runs go one after another and the job asks for one run's resources and the sum of their runtimes.
-PACKED_TRAIN = "packed_train" if PLAN.packed else None
-PACKED_PREDICT = "packed_predict" if PLAN.packed else None
-# Paths that depend on config alone are constants, not input functions: Snakemake calls an input
-# function once per job, through inspect.signature, which costs seconds on a grid of 10,000 runs.
-# The archive (its first part, when it has several) is .tar, or .tar.zst when compressed.
-ARCHIVE_OF_DATASET = f"archives/{{dataset}}{archive_suffix(DATASET)}"
-DATASET_ARCHIVE = ARCHIVE_OF_DATASET.format(dataset=DATASET["name"])
-DATASET_MANIFEST = f"archives/{DATASET['name']}.manifest.json"
-MODEL_CACHE = f"models/{MODEL['name']}" if MODEL else None
-# What a train job reads (the model cache only where the config names a model), and what predict
-# writes (predictions.csv only for tasks that make them).
-TRAIN_INPUTS = {
-    "archive": DATASET_ARCHIVE,
-    "manifest": DATASET_MANIFEST,
-    **({"base_model": MODEL_CACHE} if MODEL else {}),
-}
-# A halving search's last rung resumes each run it trains from its record of the rung before.
-LAST_TRAIN_INPUTS = (
-    {"last_rung": RUNG_RECORD.format(run_id="{run_id}", rung=len(PLAN.rungs) - 2)}
-    if PLAN.halving
-    else {}
-)
-# The comparison of a halving search also shows its rungs.
-SEARCH_RESULTS = (
-    {
-        "rungs": SEARCH_OUTPUTS["rungs"],
-        "rung_plot": report(
-            SEARCH_OUTPUTS["rung_plot"], caption="report/rungs.rst", category="Search"
-        ),
-    }
-    if PLAN.halving
-    else {}
-)
-PREDICT_OUTPUTS = {
-    "metrics": RUN_PATHS.metrics,
-    "record": RUN_PATHS.predict_record,
-    "curves": RUN_PATHS.curves,
-    **({"predictions": RUN_PATHS.predictions} if TASK.WRITES_PREDICTIONS else {}),
-}
+# Paths that depend on config alone are constants (PLAN's), not input functions: Snakemake calls an
+# input function once per job, through inspect.signature, which costs seconds for 10,000 runs.
 
 
 wildcard_constraints:
@@ -134,7 +92,7 @@ def run_results(wildcards):
     """The params, test metrics and records of every run of the grid (of a halving search: of the
     runs its last rung trained, and its decisions), for the comparison."""
     if PLAN.halving:
-        return PLAN.run_results(runs_in_rung(len(PLAN.rungs) - 1))
+        return PLAN.run_results(runs_in_rung(PLAN.last_rung))
     return PLAN.run_results()
 
 

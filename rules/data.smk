@@ -5,8 +5,8 @@ rule archive_dataset:
     input:
         dataset_locations,
     output:
-        archive=ARCHIVE_OF_DATASET,
-        manifest="archives/{dataset}.manifest.json",
+        archive=PLAN.archive_template,
+        manifest=MANIFEST,
     log:
         "logs/archive_dataset/{dataset}.log",
     benchmark:

@@ -1,5 +1,9 @@
-# cluster.pack_runs > 1: one job per pack of runs, after them and in their group, which it joins into
-# one Slurm job (common.smk says how).
+# cluster.pack_runs > 1: train jobs, and predict jobs, go to Slurm that many to a job (Snakemake's
+# groups, PLAN.pack_group). A pack is the runs one `pack` job gathers: that job joins them into one
+# group job. A group asks Slurm for the sum of what its jobs could run side by side; every train and
+# predict job takes the one `pack_slot` a packed job has (a "local" resource: each job gets its
+# own), so the runs go one after another and the job asks for one run's resources and the sum of
+# their runtimes.
 
 
 resource_scopes:

@@ -3,17 +3,17 @@
 
 rule predict:
     input:
-        archive=DATASET_ARCHIVE,
-        manifest=DATASET_MANIFEST,
+        archive=PLAN.archive,
+        manifest=PLAN.manifest,
         model=rules.train.output.model,
     output:
-        **PREDICT_OUTPUTS,
+        **PLAN.predict_outputs(TASK.WRITES_PREDICTIONS),
     log:
         RUN_PATHS.predict_log,
     benchmark:
         RUN_PATHS.predict_benchmark
     group:
-        PACKED_PREDICT
+        PLAN.pack_group("predict")
     conda:
         "../envs/scratchflow.yaml"
     threads: 4

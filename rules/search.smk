@@ -10,7 +10,7 @@ localrules:
 
 use rule train as train_rung with:
     input:
-        **TRAIN_INPUTS,
+        **PLAN.train_inputs(),
         previous_rung=previous_rung_record,
     output:
         record=RUNG_RECORD,

@@ -3,8 +3,8 @@
 
 rule train:
     input:
-        **TRAIN_INPUTS,
-        **LAST_TRAIN_INPUTS,
+        **PLAN.train_inputs(),
+        **PLAN.last_rung_input(),
     output:
         model=directory(RUN_PATHS.model),
         params=RUN_PATHS.params,
@@ -14,7 +14,7 @@ rule train:
     benchmark:
         RUN_PATHS.train_benchmark
     group:
-        PACKED_TRAIN
+        PLAN.pack_group("train")
     conda:
         "../envs/scratchflow.yaml"
     threads: 4

@@ -1,8 +1,9 @@
 # Entry point of rule promote (a halving search's decision after a rung); the work is
-# scratchflow.jobs.promote_job.
+# scratchflow.halving.promote_job.
 from pathlib import Path
 
-from scratchflow.jobs import job_context, promote_job
+from scratchflow.halving import promote_job
+from scratchflow.jobs import job_context
 
 with job_context(snakemake.log[0]):
     promote_job(

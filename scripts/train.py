@@ -1,10 +1,15 @@
-# Entry point of rules train and train_rung; the work is scratchflow.jobs.train_job.
+# Entry point of rules train and train_rung (a halving search's rung, which keeps its checkpoint and
+# syncs no model: its one output is the rung's record); the work is scratchflow.jobs.train_job.
 from pathlib import Path
 
 from scratchflow.distributed import shape_of
-from scratchflow.jobs import Rung, TrainJob, job_context, train_job
-from scratchflow.tracking import TENSORBOARD_FOLDER
+from scratchflow.halving import Rung
+from scratchflow.jobs import TrainJob, job_context, train_job
+from scratchflow.plan import RUN_PATHS
 
+# A rung's job is the one named by its rung (its rule's name may carry a module's prefix).
+rung_number = snakemake.wildcards.get("rung")
+rung = Rung(int(rung_number), snakemake.params.rung_epochs) if rung_number is not None else None
 with job_context(snakemake.log[0], snakemake.threads):
     train_job(
         TrainJob(
@@ -14,24 +19,21 @@ with job_context(snakemake.log[0], snakemake.threads):
             resolved_config=dict(snakemake.config),
             archive=Path(snakemake.input.archive),
             manifest=Path(snakemake.input.manifest),
-            base_model=Path(snakemake.input.base_model) if hasattr(snakemake.input, "base_model") else None,
+            base_model=Path(snakemake.input.base_model) if snakemake.input.get("base_model") else None,
             # Read from the config, not params: changing them must not make finished runs rerun.
             scratch_root=snakemake.config["cluster"]["scratch_root"],
             checkpointing=snakemake.config["checkpointing"],
             checkpoint_folder=Path(snakemake.params.checkpoints),
             threads=snakemake.threads,
             workflow_dir=Path(snakemake.scriptdir).parent,
-            # A halving search's rung (rule train_rung) keeps the checkpoint, and syncs no model.
-            model_out=Path(snakemake.output.model) if hasattr(snakemake.output, "model") else None,
-            params_out=Path(snakemake.output.params) if hasattr(snakemake.output, "params") else None,
+            model_out=None if rung else Path(snakemake.output.model),
+            params_out=None if rung else Path(snakemake.output.params),
             record_out=Path(snakemake.output.record),
-            tracking_dir=Path(snakemake.output.record).parent / TENSORBOARD_FOLDER,
+            tracking_dir=Path(RUN_PATHS.of(snakemake.wildcards.run_id).tensorboard),
             # From the config, not params: switching tracking on must not make finished runs rerun.
             tracking=snakemake.config["tracking"],
             log=Path(snakemake.log[0]),
             shape=shape_of(snakemake.resources),
-            rung=Rung(int(snakemake.wildcards.rung), snakemake.params.rung_epochs)
-            if hasattr(snakemake.params, "rung_epochs")
-            else None,
+            rung=rung,
         )
     )

@@ -21,7 +21,8 @@ import pandas as pd
 import pytest
 import yaml
 from scratchflow.dataset import load_examples, resolve_location, split_examples
-from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
+from scratchflow.plan import TENSORBOARD_FOLDER
+from scratchflow.tracking import read_curves
 
 # A folder that the two pytest processes of one `make test` share (tests/run_all.sh sets it): the
 # data, model and reference runs both need are built there once (built_once).
@@ -810,9 +811,9 @@ def netscratch_directory() -> Path:
 def validated(config: dict) -> dict:
     """A config as the workflow reads it: checked against the schema and the task's fragment, their
     defaults filled in."""
-    from scratchflow.config import validate_task
+    from scratchflow.config import configured_task
     from snakemake.utils import validate
 
     validate(config, str(REPO / "config" / "schemas" / "config.schema.yaml"))
-    validate_task(config)
+    configured_task(config)
     return config

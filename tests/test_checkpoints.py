@@ -9,7 +9,7 @@ import pytest
 from scratchflow import checkpoints
 from scratchflow.checkpoints import RunCheckpoints, this_process
 
-MARKER = "trainer_state.json"
+MARKER = "COMPLETE"  # any file a task writes last into a checkpoint
 
 
 def make_checkpoint(folder, step, complete=True):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import wandb_offline_runs
 from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.tasks import TrainContext
 from scratchflow.tasks.command import (
@@ -24,7 +25,6 @@ from scratchflow.tasks.command import (
     read_metrics,
     train,
 )
-from scratchflow.tracking import TENSORBOARD_FOLDER
 
 IGNORES_STOPS = """
 import pathlib, signal, sys, time

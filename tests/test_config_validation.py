@@ -428,16 +428,16 @@ def test_the_profiles_wall_time_signal_must_be_the_one_the_trainer_listens_for(s
 
 
 def test_a_large_grid_is_announced_with_its_planning_cost_and_one_above_max_runs_refused():
-    from scratchflow.config import ConfigError, check_grid_size
+    from scratchflow.config import ConfigError, check_run_count
 
     config = {"grid": {"learning_rate": list(range(100)), "seed": list(range(200))}, "max_runs": 100_000}
-    assert check_grid_size(config) == (
+    assert check_run_count(config) == (
         "scratchflow: a grid of 20,000 runs (learning_rate (100) x seed (200)); planning it takes about "
         "66 s and 1.0 GB of memory on 2 cores"
     )
-    assert check_grid_size({**config, "grid": {"seed": list(range(9_999))}}) is None
+    assert check_run_count({**config, "grid": {"seed": list(range(9_999))}}) is None
     with pytest.raises(ConfigError, match=r"20,000 runs \(learning_rate \(100\) x seed \(200\)\), more than max_runs"):
-        check_grid_size({**config, "max_runs": 19_999})
+        check_run_count({**config, "max_runs": 19_999})
     # Counted, never expanded: 60**6 points would take days to list.
     with pytest.raises(ConfigError, match=r"46,656,000,000 runs .* about 1,782 days and 2,332,800.0 GB"):
-        check_grid_size({"grid": HUGE_GRID, "max_runs": 100_000})
+        check_run_count({"grid": HUGE_GRID, "max_runs": 100_000})

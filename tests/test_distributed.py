@@ -25,14 +25,16 @@ from conftest import (
     write_config,
 )
 from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.dataset import load_examples
 from scratchflow.distributed import Shape, requested_gpus_per_node, seeing_in_image, shape_of
+from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
-from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
+from scratchflow.tracking import read_curves
 
 TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
-MARKER = "trainer_state.json"
+MARKER = TRAINER_CHECKPOINT_MARKER
 
 
 def test_the_shape_comes_from_the_resources_or_the_gpus_slurm_gives():

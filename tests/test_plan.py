@@ -1,4 +1,4 @@
-"""The grid's plan as a plain object: runs, settings, packs and every path a run writes, planned in
+"""The plan of a grid or search as a plain object: runs, settings, packs and every path a run writes, planned in
 Python (no Snakemake), and the same plan read back by the status."""
 
 import itertools
@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, validated
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.plan import RUN_PATHS, NoPlan, Plan
 
 
@@ -14,7 +15,7 @@ def plan_of(path: Path, **cluster) -> Plan:
     config = yaml.safe_load(path.read_text())
     config.setdefault("cluster", {}).update(cluster)
     validated(config)
-    return Plan.from_config(config, "trainer_state.json")
+    return Plan.from_config(config, TRAINER_CHECKPOINT_MARKER)
 
 
 # Run ids name every result on disk: a change of code must never rename the runs of an existing grid
@@ -84,7 +85,7 @@ def test_a_packed_demo_plans_the_same_runs_as_an_unpacked_one():
 
 def test_the_status_reads_the_plan_the_workflow_wrote(tmp_path):
     plan = plan_of(REPO / "config" / "config.yaml")
-    with pytest.raises(NoPlan, match=r"results/grid\.json is missing"):
+    with pytest.raises(NoPlan, match=r"results/plan\.json is missing"):
         Plan.read(tmp_path)
     plan.started("slurm").write(tmp_path)
     read = Plan.read(tmp_path)
@@ -101,9 +102,9 @@ def test_every_run_is_in_exactly_one_pack(pack_runs):
     assert all(len(pack) == pack_runs for pack in plan.packs[:-1]) and 0 < len(plan.packs[-1]) <= pack_runs
 
 
-def test_a_grid_file_of_another_version_is_refused_saying_what_to_do(tmp_path):
-    grid = tmp_path / "results" / "grid.json"
-    grid.parent.mkdir(parents=True)
-    grid.write_text('{"metric": "accuracy", "goal": "max", "executor": "local", "runs": {}}')
+def test_a_plan_file_of_another_version_is_refused_saying_what_to_do(tmp_path):
+    written = tmp_path / "results" / "plan.json"
+    written.parent.mkdir(parents=True)
+    written.write_text('{"metric": "accuracy", "goal": "max", "executor": "local", "runs": {}}')
     with pytest.raises(NoPlan, match="written by another version of scratchflow; run the workflow's command again"):
         Plan.read(tmp_path)

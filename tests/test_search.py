@@ -23,17 +23,10 @@ from conftest import (
     write_config,
     write_recipe_data,
 )
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.grid import build_run_table
-from scratchflow.search import (
-    TIE_BREAK,
-    SearchError,
-    check_halving,
-    check_space,
-    expand_search,
-    promoted,
-    trial,
-    validation_name,
-)
+from scratchflow.halving import TIE_BREAK, promoted, validation_name
+from scratchflow.search import SearchError, check_halving, check_space, expand_search, trial
 from scratchflow.tasks import training_schema
 
 SPACE = {
@@ -76,7 +69,7 @@ def test_each_trial_runs_once_per_seed_as_replicates_of_one_setting():
     from scratchflow.plan import Plan
 
     config = search_config(trials=3, seeds=[0, 1, 2])
-    plan = Plan.from_config(config, "trainer_state.json")
+    plan = Plan.from_config(config, TRAINER_CHECKPOINT_MARKER)
     assert len(plan.runs) == 9
     settings = plan.settings()
     assert len(settings) == 3
@@ -206,11 +199,11 @@ def test_a_rung_ranks_a_setting_by_the_mean_of_its_seeds():
 
 
 def test_a_search_larger_than_max_runs_is_refused_before_it_is_drawn():
-    from scratchflow.config import ConfigError, check_grid_size
+    from scratchflow.config import ConfigError, check_run_count
 
     config = search_config(trials=60_000, seeds=[0, 1])
     with pytest.raises(ConfigError, match=r"config key search: 120,000 runs \(trials \(60000\) x seeds \(2\)\)"):
-        check_grid_size(config)
+        check_run_count(config)
 
 
 @pytest.mark.slow

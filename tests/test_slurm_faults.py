@@ -45,6 +45,7 @@ from conftest import (
     write_config,
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -147,7 +148,7 @@ def slurm_now(workflow: subprocess.Popen) -> str:
     return "\n".join(shown)
 
 
-def first_checkpoint(workdir: Path, marker: str = "trainer_state.json"):
+def first_checkpoint(workdir: Path, marker: str = TRAINER_CHECKPOINT_MARKER):
     """The checkpoint folder of the (only) run, once it holds a complete checkpoint."""
     folders = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
     return folders[0] if folders and newest_complete_checkpoint(folders[0], marker) else None
@@ -198,7 +199,7 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
         trained = list((tmp_path / "results" / "runs").glob("*/record.json"))
         training = [path for path in (tmp_path / "checkpoints").glob("*") if path.is_dir()]
         return len(trained) == 1 and any(
-            folder.name != trained[0].parent.name and newest_complete_checkpoint(folder, "trainer_state.json")
+            folder.name != trained[0].parent.name and newest_complete_checkpoint(folder, TRAINER_CHECKPOINT_MARKER)
             for folder in training
         )
 

@@ -10,11 +10,16 @@ from pathlib import Path
 
 import pytest
 from scratchflow.plan import NoPlan, Plan
-from scratchflow.status import SlurmJob, grid_status, render, rung_line, slurm_jobs, summary_line
+from scratchflow.status import RunStatus, SlurmJob, current_status, render, rung_line, slurm_jobs, summary_line
 
 STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
 STAMP = "%Y-%m-%dT%H:%M:%S%z"
 MARKER = "COMPLETE"
+
+
+def statuses_in(workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = None) -> list[RunStatus]:
+    """Every run's status in `workdir`, with Slurm's `jobs` where given."""
+    return current_status(workdir, jobs)[0]
 
 
 def write(path: Path, content) -> None:
@@ -95,7 +100,7 @@ def by_id(statuses):
 
 def test_every_state_a_run_can_be_in_is_told_with_what_to_do_next(tmp_path):
     grid_in_every_state(tmp_path)
-    statuses = by_id(grid_status(tmp_path))
+    statuses = by_id(statuses_in(tmp_path))
 
     assert {run_id: status.state for run_id, status in statuses.items()} == {
         "finished00": "finished",
@@ -144,7 +149,7 @@ def test_a_halving_search_tells_its_rung_and_which_runs_it_stopped(tmp_path):
     )
     write(tmp_path / "results" / "runs" / "rungdone00" / "rung-1.json", {"epochs": 2, "validation": {"macro_f1": 0.8}})
     jobs = {("train", "inrung0000"): SlurmJob("21", "PENDING", "Priority", "")}
-    statuses = by_id(grid_status(tmp_path, jobs))
+    statuses = by_id(statuses_in(tmp_path, jobs))
     assert statuses["stopped000"].state == "stopped"
     assert statuses["stopped000"].detail == (
         "rung 0 (1 epochs): validation macro_f1 0.4100; not among the 2 of 3 settings that went on"
@@ -169,7 +174,7 @@ def test_slurm_says_which_runs_are_queued_and_where_they_run(tmp_path):
         ("predict", "predicts00"): SlurmJob("103", "RUNNING", "None", "n1"),
         ("train", "failed0000"): SlurmJob("104", "PENDING", "Priority", ""),
     }
-    statuses = by_id(grid_status(tmp_path, jobs))
+    statuses = by_id(statuses_in(tmp_path, jobs))
     assert statuses["waits00000"].detail == "not started yet (Slurm job 101 pending (Resources))"
     assert statuses["paused0000"].detail.endswith("resumes from checkpoint-40 (Slurm job 102 pending (BeginTime))")
     assert statuses["predicts00"].detail == "trained; prediction: Slurm job 103 running on n1"
@@ -184,9 +189,9 @@ def test_a_holder_whose_slurm_job_is_gone_is_not_training(tmp_path):
     folder = tmp_path / "checkpoints" / "gone000000"
     write(folder / "pieces.json", [piece(1, "running", time.time() - 60)])
     write(folder / "running.json", {"host": "node7", "pid": 1, "slurm_job_id": "77"})
-    (status,) = grid_status(tmp_path, jobs={})
+    (status,) = statuses_in(tmp_path, jobs={})
     assert status.state == "interrupted"
-    (status,) = grid_status(tmp_path, jobs={("train", "gone000000"): SlurmJob("77", "RUNNING", "None", "n2")})
+    (status,) = statuses_in(tmp_path, jobs={("train", "gone000000"): SlurmJob("77", "RUNNING", "None", "n2")})
     assert status.state == "trains"
 
 
@@ -197,12 +202,12 @@ def test_a_packed_run_trains_in_the_job_of_its_pack(tmp_path):
     folder = tmp_path / "checkpoints" / "packed0000"
     write(folder / "pieces.json", [piece(1, "running", time.time() - 60)])
     write(folder / "running.json", {"host": "n1", "pid": 1, "slurm_job_id": "88"})
-    (status,) = grid_status(tmp_path, jobs={("packed_train", "88"): SlurmJob("88", "RUNNING", "None", "n1")})
+    (status,) = statuses_in(tmp_path, jobs={("packed_train", "88"): SlurmJob("88", "RUNNING", "None", "n1")})
     assert status.state == "trains"
     assert re.fullmatch(
         r"piece 1, running for 1 min 0[01] s; no checkpoint yet \(Slurm job 88 running on n1\)", status.detail
     )
-    (status,) = grid_status(tmp_path, jobs={("packed_train", "89"): SlurmJob("89", "PENDING", "Resources", "")})
+    (status,) = statuses_in(tmp_path, jobs={("packed_train", "89"): SlurmJob("89", "PENDING", "Resources", "")})
     assert status.state == "interrupted"
 
 
@@ -236,7 +241,7 @@ def test_the_squeue_listing_is_read_by_rule_and_run_of_this_directory_only(tmp_p
 def test_the_status_changes_nothing(tmp_path):
     grid_in_every_state(tmp_path)
     before = sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*"))
-    render(grid_status(tmp_path))
+    render(statuses_in(tmp_path))
     assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before
 
 
@@ -250,11 +255,11 @@ def test_the_command_prints_every_run_and_a_total_line(tmp_path):
 
 
 def test_where_no_grid_exists_the_command_says_so_and_fails(tmp_path):
-    with pytest.raises(NoPlan, match=r"results/grid\.json is missing"):
-        grid_status(tmp_path)
+    with pytest.raises(NoPlan, match=r"results/plan\.json is missing"):
+        statuses_in(tmp_path)
     shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True)
     assert shown.returncode == 2
-    assert f"no grid in {tmp_path}" in shown.stderr
+    assert f"no grid or search in {tmp_path}" in shown.stderr
 
 
 def test_a_run_whose_program_reports_no_progress_is_told_by_its_newest_checkpoint(tmp_path):
@@ -273,7 +278,7 @@ def test_a_run_whose_program_reports_no_progress_is_told_by_its_newest_checkpoin
     os.utime(saved, (now - 30, now - 30))
     # Not complete (no marker): copied or written now, not yet a checkpoint to tell of.
     (tmp_path / "checkpoints" / "command000" / "checkpoint-1200").mkdir()
-    statuses = by_id(grid_status(tmp_path))
+    statuses = by_id(statuses_in(tmp_path))
     # The pieces' start is recorded to the second.
     running = r"piece 2, running for 10 min 0[01] s; "
     assert re.fullmatch(running + "newest checkpoint-1100, saved 30 s ago", statuses["command000"].detail)
@@ -286,6 +291,6 @@ def test_a_stopped_or_killed_piece_points_at_its_own_log(tmp_path):
     stopped = {**piece(2, "TrainingStopped: stopped on SIGUSR1 at step 40 of 280; saved", now), "log": "L2"}
     write(tmp_path / "checkpoints" / "paused0000" / "pieces.json", [piece(1, "killed", now - 60), stopped])
     write(tmp_path / "checkpoints" / "killed0000" / "pieces.json", [{**piece(1, "running", now), "log": "L1"}])
-    statuses = by_id(grid_status(tmp_path))
+    statuses = by_id(statuses_in(tmp_path))
     assert (statuses["paused0000"].state, statuses["paused0000"].log) == ("paused", "L2")
     assert (statuses["killed0000"].state, statuses["killed0000"].log) == ("interrupted", "L1")

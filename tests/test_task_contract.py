@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, command_config, image_config, validated, workflow_config
 from scratchflow import signals
 from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints
-from scratchflow.config import ConfigError, validate_task
+from scratchflow.config import ConfigError, configured_task
 from scratchflow.dataset import DatasetError, data_sources
 from scratchflow.tasks import (
     TASK_NAMES,
@@ -192,4 +192,4 @@ def test_a_task_copied_from_another_that_forgot_a_name_is_refused_naming_it(tmp_
     )
     config = {"task": "lab-images", "dataset": {}, "training": {}, "grid": {}, "aggregate": {"metric": None}}
     with pytest.raises(ConfigError, match=r"lacks predict \(what a task defines: the Task protocol"):
-        validate_task(config)
+        configured_task(config)

@@ -29,6 +29,7 @@ from conftest import (
     write_recipe_data,
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ def test_an_image_run_killed_midway_resumes_to_identical_metrics(
 ):
     write_config(tmp_path, image_config(animal_images, tiny_resnet, tmp_path / "scratch"))
     workflow = start_workflow(tmp_path)
-    run_id = wait_for_checkpoint(tmp_path, workflow, "trainer_state.json").name
+    run_id = wait_for_checkpoint(tmp_path, workflow, TRAINER_CHECKPOINT_MARKER).name
     os.killpg(workflow.pid, signal.SIGKILL)
     workflow.wait()
     assert not (tmp_path / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
@@ -200,7 +201,7 @@ def test_a_rung_jobs_progress_counts_to_the_rungs_end(tmp_path):
     from scratchflow.checkpoints import PROGRESS_FILE, RunCheckpoints
     from scratchflow.hf_trainer import ProgressLog
 
-    run = RunCheckpoints(tmp_path, "trainer_state.json")
+    run = RunCheckpoints(tmp_path, TRAINER_CHECKPOINT_MARKER)
     progress = ProgressLog("rung0run00", run, budget_epochs=1)
     args = SimpleNamespace(num_train_epochs=2, per_device_train_batch_size=8, world_size=1)
     state = SimpleNamespace(global_step=1, max_steps=60, is_world_process_zero=True)

@@ -32,8 +32,10 @@ from conftest import (
     write_recipe_data,
 )
 from scratchflow.checkpoints import newest_complete_checkpoint, step_of
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import load_examples
-from scratchflow.tracking import TENSORBOARD_FOLDER, read_curves
+from scratchflow.plan import TENSORBOARD_FOLDER
+from scratchflow.tracking import read_curves
 
 pytestmark = pytest.mark.slow
 STATUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "status.py"
@@ -260,7 +262,7 @@ def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen, step: i
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and workflow.poll() is None:
         found = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
-        newest = newest_complete_checkpoint(found[0], "trainer_state.json") if found else None
+        newest = newest_complete_checkpoint(found[0], TRAINER_CHECKPOINT_MARKER) if found else None
         if newest is not None and step_of(newest) >= step:
             return found[0]
         time.sleep(0.01)
@@ -295,7 +297,7 @@ def test_a_run_killed_then_paused_between_logging_steps_ends_like_an_uninterrupt
     run_id = wait_for_first_checkpoint(tmp_path, workflow, step=140).name
     os.killpg(workflow.pid, signal.SIGKILL)
     epoch_end = tmp_path / "checkpoints" / run_id / "checkpoint-140"
-    history = json.loads((epoch_end / "trainer_state.json").read_text())["log_history"]
+    history = json.loads((epoch_end / TRAINER_CHECKPOINT_MARKER).read_text())["log_history"]
     assert [entry["step"] for entry in history if "eval_loss" in entry][-1] == 140, "saved before its evaluation"
     workflow.wait()
     assert not (tmp_path / "results" / "runs" / run_id / "record.json").exists(), "killed too late"

@@ -1,7 +1,7 @@
 """scratchflow: the HPC experiment lifecycle (tar, stage, train, predict, sync back, clean up).
 
 The Snakemake rules declare files, resources and software; everything else lives in this package as
-plain functions and objects that tests and other tools call directly: the grid's plan (`plan`), the
+plain functions and objects that tests and other tools call directly: the plan of a grid or search (`plan`), the
 checks and hooks around the workflow (`workflow_hooks`), one function per job (`jobs`), and the tasks
 that jobs train (`tasks`). Only `snakemake_adapter` reaches into Snakemake's internals.
 """

@@ -16,7 +16,6 @@ from scratchflow.plan import REPLICATE_KEY
 
 # A plot stays readable up to about this many bars; larger grids show their best settings.
 MOST_SETTINGS_PLOTTED = 40
-GOALS = ("max", "min")
 
 
 class UnknownMetric(ValueError):
@@ -43,14 +42,14 @@ def summarize(runs: dict[str, dict[str, Path]]) -> pd.DataFrame:
         params = read_json(files["params"])
         metrics = numbers(read_json(files["metrics"]))
         metric_names.update(dict.fromkeys(metrics))
-        rows.append({"run_id": run_id, **{key: _cell(value) for key, value in params.items()}, **metrics})
+        rows.append({"run_id": run_id, **{key: cell(value) for key, value in params.items()}, **metrics})
     table = pd.DataFrame(rows)
     table = table[[column for column in table.columns if column not in metric_names] + list(metric_names)]
     table.attrs["metrics"] = list(metric_names)
     return table
 
 
-def _cell(value: Any) -> Any:
+def cell(value: Any) -> Any:
     """A parameter as one table cell (a command's argv becomes one string, a mapping its JSON)."""
     if isinstance(value, list):
         return " ".join(map(str, value))
@@ -169,55 +168,5 @@ def plot_comparison(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goa
     axes.set_xlim(*limits)
     shown = f"best {len(ordered)} of {len(settings)}" if len(ordered) < len(settings) else str(len(settings))
     axes.set_title(f"{shown} settings, {len(runs)} runs; best setting in orange")
-    figure.tight_layout()
-    save_png(figure, path, dpi=110)
-
-
-def rung_table(decisions: list[dict[str, Any]], last_epochs: int, last_values: dict[str, float]) -> pd.DataFrame:
-    """One row per run of a halving search: its parameters, the last rung it reached (0 for the
-    first) and the epochs it trained to there, and its validation metric at every rung it trained (after the
-    decisions' rungs, the last rung's: `last_values`, at `last_epochs`); the furthest first."""
-    metric = decisions[0]["metric"]
-    rows: dict[str, dict[str, Any]] = {}
-    budgets = [(decision["rung"], decision["epochs"], decision["values"]) for decision in decisions]
-    budgets.append((len(decisions), last_epochs, last_values))
-    for rung, epochs, values in budgets:
-        for run_id, value in values.items():
-            row = rows.setdefault(
-                run_id,
-                {"run_id": run_id, **{key: _cell(item) for key, item in decisions[0]["params"][run_id].items()}},
-            )
-            row.update({"rung": rung, "epochs_trained": epochs, f"validation_{metric}_at_{epochs}_epochs": value})
-    table = pd.DataFrame(list(rows.values()))
-    last = [column for column in table.columns if column.startswith("validation_")][::-1]
-    ascending = [False] + [decisions[0]["goal"] == "min"] * len(last)
-    return table.sort_values(["rung", *last], ascending=ascending, na_position="last").reset_index(drop=True)
-
-
-def plot_rungs(table: pd.DataFrame, metric: str, goal: str, path: Path) -> None:
-    """The validation metric against the epochs trained, a line per run across the rungs it
-    reached; the runs of the last rung drawn bold, in colour."""
-    plt = pyplot()
-    columns = [column for column in table.columns if column.startswith(f"validation_{metric}_at_")]
-    epochs = [int(column.split("_at_")[1].split("_")[0]) for column in columns]
-    last_rung = table["rung"].max()
-    figure, axes = plt.subplots(figsize=(8, 5))
-    for _, row in table.iloc[::-1].iterrows():  # the furthest drawn last, on top
-        reached = row["rung"] == last_rung
-        axes.plot(
-            epochs[: row["rung"] + 1],
-            [row[column] for column in columns[: row["rung"] + 1]],
-            marker="o",
-            color=None if reached else "lightgray",
-            linewidth=2.5 if reached else 1,
-            label=row["run_id"] if reached else None,
-            zorder=3 if reached else 2,
-        )
-    axes.set_xticks(epochs)
-    axes.set_xlabel("epochs trained (the rungs)")
-    axes.set_ylabel(f"validation {metric} ({'higher' if goal == 'max' else 'lower'} is better)")
-    finished = int((table["rung"] == last_rung).sum())
-    axes.set_title(f"successive halving: {len(table)} runs; the {finished} of the last rung in colour")
-    axes.legend(title="last rung", fontsize="small")
     figure.tight_layout()
     save_png(figure, path, dpi=110)

@@ -12,6 +12,11 @@ import pandas as pd
 from scratchflow.dataset import label_names, load_splits
 from scratchflow.tasks import Predicted
 
+# What the Hugging Face Trainer writes last into a checkpoint: the text and image tasks' marker of a
+# complete one (here, not in hf_trainer: the workflow loads the tasks when it plans, and hf_trainer
+# imports torch).
+TRAINER_CHECKPOINT_MARKER = "trainer_state.json"
+
 
 def splits_and_labels(context: Any, read: Callable[[Path], list[Any]]) -> tuple[dict[str, list[Any]], list[str]]:
     """The staged data of a train or predict context as train/validation/test, and the labels of

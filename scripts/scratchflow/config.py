@@ -18,7 +18,7 @@ from scratchflow.models import is_local_source
 from scratchflow.plan import TRAINING_RULES
 from scratchflow.search import BUDGET_KEY, HALVING, SearchError, check_halving, check_space, search_size, swept_values
 from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
-from scratchflow.tasks import UnknownTask, grid_schema, load_task, training_schema
+from scratchflow.tasks import Task, UnknownTask, grid_schema, load_task, training_schema
 from scratchflow.tracking import MissingPackage, require_wandb
 
 # Resources Snakemake defines, and those snakemake-executor-plugin-slurm 2.x turns into sbatch flags;
@@ -100,19 +100,34 @@ def check_dataset_layout(config: dict[str, Any]) -> None:
         raise ConfigError("config key dataset: set dataset.path (one file or folder) or dataset.splits (train, test)")
 
 
-def validate_task(config: dict[str, Any]) -> Any:
-    """Check `training:` and `grid:` against the task's schema fragment (filling in the defaults of
-    `training:`) and `model:` against what the task needs; return the task's module."""
-    import jsonschema
-
+def configured_task(config: dict[str, Any]) -> Task:
+    """The config's task module, its defaults filled into the config, and the config checked against
+    what the task takes and needs."""
     try:
         task = load_task(config["task"])
     except UnknownTask as error:
         raise ConfigError(str(error)) from None
-    schema = training_schema(config["task"])
-    for key, item in schema.get("properties", {}).items():
+    fill_task_defaults(config, task)
+    check_task_settings(config, task)
+    return task
+
+
+def fill_task_defaults(config: dict[str, Any], task: Task) -> None:
+    """The defaults of the task's `training:` keys (its schema fragment), and its first metric as the
+    one the runs are compared by, where the config leaves them out."""
+    for key, item in training_schema(config["task"]).get("properties", {}).items():
         if "default" in item:
             config["training"].setdefault(key, item["default"])
+    if config["aggregate"]["metric"] is None and task.METRICS:
+        config["aggregate"]["metric"] = task.METRICS[0]
+
+
+def check_task_settings(config: dict[str, Any], task: Task) -> None:
+    """`training:` and `grid:` (or `search:`) against the task's schema fragment, `model:` and
+    `aggregate.metric` against what the task needs and reports, and the task's own checks."""
+    import jsonschema
+
+    schema = training_schema(config["task"])
     swept = [section for section in ("grid", "search") if section in config]
     if len(swept) != 1:
         raise ConfigError(
@@ -137,13 +152,11 @@ def validate_task(config: dict[str, Any]) -> Any:
     if task.NEEDS_MODEL and not config.get("model"):
         raise ConfigError(f"config key model: task {config['task']!r} needs a model (model.name and model.source)")
     if config["aggregate"]["metric"] is None:
-        if not task.METRICS:
-            raise ConfigError(
-                f"config key aggregate.metric: task {config['task']!r} reports whatever metrics its code writes; "
-                "name the one to compare runs by (and aggregate.goal: min for a loss)"
-            )
-        config["aggregate"]["metric"] = task.METRICS[0]
-    elif task.METRICS and config["aggregate"]["metric"] not in task.METRICS:
+        raise ConfigError(
+            f"config key aggregate.metric: task {config['task']!r} reports whatever metrics its code writes; "
+            "name the one to compare runs by (and aggregate.goal: min for a loss)"
+        )
+    if task.METRICS and config["aggregate"]["metric"] not in task.METRICS:
         raise ConfigError(
             f"config key aggregate.metric: {config['aggregate']['metric']!r} is not a metric task "
             f"{config['task']!r} reports; it reports: {', '.join(task.METRICS)}"
@@ -152,7 +165,6 @@ def validate_task(config: dict[str, Any]) -> Any:
         task.check_settings(config)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    return task
 
 
 def check_halving_setup(config: dict[str, Any]) -> None:
@@ -184,7 +196,7 @@ def check_halving_setup(config: dict[str, Any]) -> None:
         )
 
 
-def check_grid_size(config: dict[str, Any]) -> str | None:
+def check_run_count(config: dict[str, Any]) -> str | None:
     """Refuse a grid of more than `max_runs` runs before expanding it (its size is the product of its
     lists' lengths, which hold no repeats); for one large enough that planning takes a while, the
     note to print first."""

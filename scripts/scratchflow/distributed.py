@@ -13,14 +13,15 @@ job's), verified as always, then starts torchrun with a static rendezvous that p
 batch host (`--node-rank=$SLURM_NODEID`, `--master-addr=$SLURM_LAUNCH_NODE_IPADDR`), and removes
 its scratch however it ends.
 
-Stop signals: torchrun ignores USR1 (it is not in its `--signals-to-handle`, and a handled one would
+Stop signals: torchrun starts with the stop signal (`checkpointing.stop_signal`) ignored, and USR1
+and USR2 are not in its `--signals-to-handle`, so it stays out of the stop (a signal it handled would
 send its agent out through the failure path, which skips the exit barrier: the other nodes' torchrun
-would then wait 300 s in theirs). The job, or each node's launcher, passes USR1 and TERM straight to
-torchrun's workers, and leaves the stop file for a worker that had no handler yet; the workers agree
-at each step whether any got one, stop at the same step and exit cleanly, so every torchrun ends
-at once. TERM from Slurm itself (scancel, the time limit) still reaches torchrun, which passes it on.
-A launcher whose processes fail exits non-zero, and srun (`--kill-on-bad-exit`) then ends the
-others at once.
+would then wait 300 s in theirs; HUP is one of torchrun's own). The job, or each node's launcher,
+passes the stop signal and TERM straight to torchrun's workers, and leaves the stop file for a
+worker that had no handler yet; the workers agree at each step whether any got one, stop at the
+same step and exit cleanly, so every torchrun ends at once. TERM from Slurm itself (scancel, the
+time limit) still reaches torchrun, which passes it on. A launcher whose processes fail exits
+non-zero, and srun (`--kill-on-bad-exit`) then ends the others at once.
 """
 
 from __future__ import annotations

@@ -22,16 +22,13 @@ from transformers.utils import is_torch_tf32_available
 
 from scratchflow import signals
 from scratchflow.checkpoints import RunCheckpoints, step_of
-from scratchflow.classification import classification_metrics
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER, classification_metrics
 from scratchflow.distributed import Rank
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.tasks import TrainContext, TrainingStopped
 from scratchflow.tracking import console_log, open_writer, progress_line, wandb_environment, wandb_run
 
 log = logging.getLogger(__name__)
-
-# The Trainer writes this last into a checkpoint, so a checkpoint without it is incomplete.
-CHECKPOINT_MARKER = "trainer_state.json"
 
 
 class MirrorCheckpointsToShared(TrainerCallback):
@@ -62,8 +59,8 @@ class MirrorCheckpointsToShared(TrainerCallback):
                 name for name in (f"rng_state_{rank}.pth" for rank in range(self.me.world_size))
                 if not (assembly / name).is_file()
             ]  # fmt: skip
-            if missing or not (assembly / CHECKPOINT_MARKER).is_file():
-                raise RuntimeError(f"{assembly} lacks {', '.join(missing) or CHECKPOINT_MARKER}: not published")
+            if missing or not (assembly / TRAINER_CHECKPOINT_MARKER).is_file():
+                raise RuntimeError(f"{assembly} lacks {', '.join(missing) or TRAINER_CHECKPOINT_MARKER}: not published")
             self.checkpoints.publish(assembly, self.me.world_size)
             log.info("checkpoint %s of %d processes saved to %s", local.name, self.me.world_size, assembly.parent)
 
@@ -485,5 +482,5 @@ def validation_figures(evaluation: dict[str, Any]) -> dict[str, float]:
 
 def reached_budget(checkpoint: Path, budget_epochs: int) -> bool:
     """Whether `checkpoint` lies at or past the end of epoch `budget_epochs` (its trainer state's)."""
-    state = json.loads((checkpoint / CHECKPOINT_MARKER).read_text())
+    state = json.loads((checkpoint / TRAINER_CHECKPOINT_MARKER).read_text())
     return state["global_step"] >= budget_step(state["max_steps"], int(state["num_train_epochs"]), budget_epochs)

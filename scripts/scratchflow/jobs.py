@@ -17,12 +17,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation, distributed, report, search, signals, tracking
+from scratchflow import aggregation, distributed, halving, report, signals, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.distributed import Shape
 from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.models import prefetch, switch_hub_off
+from scratchflow.plan import RUN_PATHS
 from scratchflow.record import (
     PhaseTimer,
     environment_record,
@@ -139,13 +140,7 @@ class TrainJob:
     tracking: str  # config key tracking
     log: Path  # the rule's log, which this job writes to
     shape: Shape = field(default_factory=Shape)
-    rung: Rung | None = None  # a halving search's rung: train to its epochs, keep the checkpoint
-
-
-@dataclass(frozen=True)
-class Rung:
-    index: int
-    epochs: int
+    rung: halving.Rung | None = None  # a halving search's rung: train to its epochs, keep the checkpoint
 
 
 def train_job(job: TrainJob) -> None:
@@ -216,7 +211,9 @@ def train_job(job: TrainJob) -> None:
                 copy_whole(trained.output, job.model_out)
                 write_json_atomically(params, job.params_out)
     if job.rung is not None:
-        write_rung_record(job, job.rung, trained.metrics, run.pieces(), timer.seconds)
+        halving.write_rung_record(
+            job.run_id, params, job.rung, trained.metrics, run.pieces(), timer.seconds, job.record_out
+        )
         return
     write_json_atomically(
         {
@@ -254,92 +251,6 @@ def pointing_at(piece_log: Path | None) -> Iterator[None]:
     except TrainingStopped as stopped:
         stopped.log = piece_log.resolve() if piece_log else None
         raise
-
-
-def last_validation(record: dict[str, Any], metric: str) -> float | None:
-    """A run's validation `metric` at the end of its training (its record.json), if it reported one."""
-    validation = record["training"].get("validation", {})
-    name = search.validation_name(metric, validation)
-    return validation[name] if name else None
-
-
-def write_rung_record(
-    job: TrainJob, rung: Rung, training: dict[str, Any], pieces: list[dict[str, Any]], timings: dict[str, float]
-) -> None:
-    """The run's validation metrics at the end of the rung's epochs, which the rung's decision ranks."""
-    if not training.get("validation"):
-        raise ValueError(
-            f"rung {rung.index} of run {job.run_id}: the training reported no validation metrics, and a "
-            "halving search ranks the runs by them (a command program writes validation.json: docs/search.md)"
-        )
-    write_json_atomically(
-        {
-            "run_id": job.run_id,
-            "rung": rung.index,
-            "epochs": rung.epochs,
-            "params": job.identity["training"],
-            "global_steps": training.get("global_steps"),
-            "validation": training["validation"],
-            "pieces": pieces,  # the run's jobs so far, as record.json lists them
-            "timings_seconds": timings,
-        },
-        job.record_out,
-    )
-    log.info(
-        "run %s, rung %d: %d epoch(s) trained; validation %s",
-        *(job.run_id, rung.index, rung.epochs, aggregation.numbers(training["validation"])),
-    )
-
-
-def promote_job(
-    *,
-    rung: int,
-    epochs: int,
-    records: list[Path],
-    settings: dict[str, list[str]],
-    metric: str,
-    goal: str,
-    keep: float,
-    decision_out: Path,
-) -> None:
-    """After a rung: rank its settings (`settings`: the whole search's) by the mean validation
-    `metric` of their runs in the rung, and name the runs of the best `keep` share, which go on to
-    the next rung (the others stop here)."""
-    values, losses, params = {}, {}, {}
-    for path in records:
-        record = read_json(path)
-        run_id, validation = record["run_id"], record["validation"]
-        name = search.validation_name(metric, validation)
-        if name is None:
-            raise ValueError(
-                f"rung {rung}: run {run_id} has no validation {metric!r} (it has: {', '.join(sorted(validation))}); "
-                "aggregate.metric names the metric a halving search ranks by"
-            )
-        values[run_id] = validation[name]
-        if "loss" in validation:
-            losses[run_id] = validation["loss"]
-        params[run_id] = record["params"]
-    in_rung = {label: [run_id for run_id in run_ids if run_id in values] for label, run_ids in settings.items()}
-    in_rung = {label: ids for label, ids in in_rung.items() if ids}
-    promoted, ranking = search.promoted(in_rung, values, keep, goal, losses)
-    decision = {
-        "rung": rung,
-        "epochs": epochs,
-        "metric": metric,
-        "goal": goal,
-        "keep": keep,
-        "ties": search.TIE_BREAK,
-        "values": values,
-        "ranking": ranking,
-        "params": params,
-        "promoted": [run_id for run_id in values if run_id in promoted],  # in the search's order
-    }
-    write_json_atomically(decision, decision_out, sort_keys=False)
-    log.info(
-        "rung %d (%d epoch(s)): %d of %d setting(s) go on by validation %s (%s): %s",
-        *(rung, epochs, sum(entry["promoted"] for entry in ranking), len(ranking), metric, goal),
-        ", ".join(decision["promoted"]),
-    )
 
 
 @dataclass(frozen=True)
@@ -391,7 +302,7 @@ def predict_job(job: PredictJob) -> None:
             write_json_atomically(predicted.metrics, job.metrics_out)
         with timer.phase("curves"):
             run_folder = job.curves_out.parent
-            curves = tracking.read_curves(run_folder / tracking.TENSORBOARD_FOLDER)
+            curves = tracking.read_curves(Path(RUN_PATHS.of(job.run_id).tensorboard))
             tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id}")
             if job.tracking == "wandb":
                 log_whole_run_to_wandb(job, run_folder, curves, predicted.metrics)
@@ -444,14 +355,14 @@ def aggregate_job(
     records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
     runs_written = table
     if decisions:
-        rungs = aggregation.rung_table(
+        rungs = halving.rung_table(
             [read_json(path) for path in decisions],
             int(table["epochs"].iloc[0]),
-            {run_id: last_validation(record, metric) for run_id, record in records.items()},
+            {run_id: halving.last_validation(record, metric) for run_id, record in records.items()},
         )
         with written_whole(rungs_out) as partial:
             rungs.to_csv(partial, sep="\t", index=False)
-        aggregation.plot_rungs(rungs, metric, goal, rung_plot_out)
+        halving.plot_rungs(rungs, metric, goal, rung_plot_out)
         validations = ["run_id", "rung", *(column for column in rungs.columns if column.startswith("validation_"))]
         runs_written = table.merge(rungs[validations], on="run_id", how="left")
     with written_whole(runs_out) as partial:
@@ -460,7 +371,7 @@ def aggregate_job(
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
     drawn = list(table["run_id"].head(tracking.MOST_RUNS_DRAWN))
     tracking.plot_curves(
-        {run_id: tracking.read_curves(runs[run_id]["params"].parent / tracking.TENSORBOARD_FOLDER) for run_id in drawn},
+        {run_id: tracking.read_curves(Path(RUN_PATHS.of(run_id).tensorboard)) for run_id in drawn},
         curves_out,
         (f"the best {len(drawn)} of {len(table)} runs" if len(drawn) < len(table) else f"{len(table)} runs")
         + f" by test {metric}; the best run in orange",

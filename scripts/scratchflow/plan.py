@@ -1,7 +1,7 @@
-"""The grid's plan: its runs, their settings and packs, and where each run writes, as one plain object.
+"""The plan of a grid or a search: its runs, their settings and packs, and where each run writes, as one plain object.
 
 Built once from the validated config (`Plan.from_config`) when the workflow is read, written to
-`results/grid.json` when it starts, and read back from there by `scripts/status.py` (`Plan.read`).
+`results/plan.json` when it starts, and read back from there by `scripts/status.py` (`Plan.read`).
 The rules declare the paths named here (`RUN_PATHS`), so the rules, the status, the aggregation and
 the benchmarks agree on them by construction.
 """
@@ -18,7 +18,9 @@ from scratchflow.files import write_json_atomically
 from scratchflow.grid import build_run_table, run_identity
 from scratchflow.search import HALVING, REPLICATE_KEY
 
-GRID_FILE = Path("results/grid.json")
+PLAN_FILE = Path("results/plan.json")
+# A run's TensorBoard folder, in its results (RunPaths.tensorboard): every piece of the run continues it.
+TENSORBOARD_FOLDER = "tensorboard"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class RunPaths:
     predict_record: str = "results/runs/{run_id}/predict_record.json"
     curves: str = "results/runs/{run_id}/curves.png"
     predictions: str = "results/runs/{run_id}/predictions.csv"
+    tensorboard: str = f"results/runs/{{run_id}}/{TENSORBOARD_FOLDER}"
     train_log: str = "logs/train/{run_id}.log"
     predict_log: str = "logs/predict/{run_id}.log"
     train_benchmark: str = "results/benchmarks/train/{run_id}.tsv"
@@ -44,6 +47,7 @@ class RunPaths:
 
 
 RUN_PATHS = RunPaths()
+MANIFEST = "archives/{dataset}.manifest.json"
 # A halving search's rungs: what a run's rung job writes (its validation metrics at the rung's
 # epochs), and the decision after each rung but the last (the runs that go on).
 RUNG_RECORD = "results/runs/{run_id}/rung-{rung}.json"
@@ -57,7 +61,7 @@ TRAINING_RULES = ("train", "train_rung")
 PACK_OUTPUT = "results/packs/{stage}-{pack}.json"
 PACK_STAGES = ("train", "predict")
 # What the aggregate rule writes, in the order the workflow's last message lists them.
-GRID_OUTPUTS = {
+COMPARISON_OUTPUTS = {
     "summary": "results/summary.tsv",
     "runs": "results/runs.tsv",
     "best": "results/best_run.json",
@@ -123,7 +127,7 @@ class Plan:
 
     def rung_decisions(self) -> list[str]:
         """The decisions after every rung but the last (a halving search's; none otherwise)."""
-        return [RUNG_DECISION.format(rung=rung) for rung in range(len(self.rungs) - 1)]
+        return [RUNG_DECISION.format(rung=rung) for rung in range(self.last_rung or 0)]
 
     def decisions(self, workdir: Path = Path()) -> list[dict[str, Any]]:
         """The decisions a halving search has made so far, rung by rung."""
@@ -140,8 +144,63 @@ class Plan:
         ]
 
     @property
+    def last_rung(self) -> int | None:
+        """A halving search's last rung, the one that trains its runs to their own epochs; None for a grid."""
+        return len(self.rungs) - 1 if self.halving else None
+
+    @property
+    def archive_template(self) -> str:
+        """The dataset's archive (its first part, when it has several), `{dataset}` for its name: .tar,
+        or .tar.zst compressed."""
+        from scratchflow.staging import archive_suffix  # not for the status, which reads no archive
+
+        return f"archives/{{dataset}}{archive_suffix(self.dataset)}"
+
+    @property
+    def archive(self) -> str:
+        return self.archive_template.format(dataset=self.dataset["name"])
+
+    @property
+    def manifest(self) -> str:
+        return MANIFEST.format(dataset=self.dataset["name"])
+
+    @property
+    def model_cache(self) -> str | None:
+        return f"models/{self.model_name}" if self.model_name else None
+
+    def train_inputs(self) -> dict[str, str]:
+        """What a training job reads: the archive and its manifest, and the model cache where the config
+        names a model."""
+        return {
+            "archive": self.archive,
+            "manifest": self.manifest,
+            **({"base_model": self.model_cache} if self.model_name else {}),
+        }
+
+    def last_rung_input(self) -> dict[str, str]:
+        """A halving search's last rung (rule train) resumes each run from its record of the rung before."""
+        if not self.halving:
+            return {}
+        return {"last_rung": RUNG_RECORD.format(run_id="{run_id}", rung=self.last_rung - 1)}
+
+    @staticmethod
+    def predict_outputs(writes_predictions: bool) -> dict[str, str]:
+        """What a predict job writes (predictions.csv only for a task that makes them)."""
+        return {
+            "metrics": RUN_PATHS.metrics,
+            "record": RUN_PATHS.predict_record,
+            "curves": RUN_PATHS.curves,
+            **({"predictions": RUN_PATHS.predictions} if writes_predictions else {}),
+        }
+
+    @property
     def packed(self) -> bool:
         return self.pack_runs > 1
+
+    def pack_group(self, stage: str) -> str | None:
+        """The Snakemake group that joins a pack's train (or predict) jobs into one Slurm job (rules/pack.smk);
+        none when runs are not packed."""
+        return f"packed_{stage}" if self.packed else None
 
     @property
     def packs(self) -> list[list[str]]:
@@ -192,26 +251,25 @@ class Plan:
         }
 
     def final_outputs(self) -> list[str]:
-        return (
-            self.pack_outputs() + list(GRID_OUTPUTS.values()) + (list(SEARCH_OUTPUTS.values()) if self.halving else [])
-        )
+        search = list(SEARCH_OUTPUTS.values()) if self.halving else []
+        return self.pack_outputs() + list(COMPARISON_OUTPUTS.values()) + search
 
     def started(self, executor: str) -> Plan:
         """The plan as the workflow runs it, with the executor that submits its jobs."""
         return Plan(**{**self._fields(), "executor": executor})
 
     def write(self, workdir: Path) -> None:
-        """`results/grid.json`: the plan, for the status (which knows the runs not started yet from it)."""
+        """`results/plan.json`: the plan, for the status (which knows the runs not started yet from it)."""
         # Unsorted: the runs stay in grid order, the order the status lists them in.
-        write_json_atomically(self._fields(), workdir / GRID_FILE, sort_keys=False)
+        write_json_atomically(self._fields(), workdir / PLAN_FILE, sort_keys=False)
 
     @classmethod
     def read(cls, workdir: Path) -> Plan:
-        path = workdir / GRID_FILE
+        path = workdir / PLAN_FILE
         if not path.is_file():
             raise NoPlan(
-                f"no grid in {workdir.resolve()}: {GRID_FILE} is missing. The workflow writes it when it starts; "
-                "run this in the directory you run snakemake in, or name that directory."
+                f"no grid or search in {workdir.resolve()}: {PLAN_FILE} is missing. The workflow writes it when "
+                "it starts; run this in the directory you run snakemake in, or name that directory."
             )
         written = json.loads(path.read_text())
         if set(written) != {name for name in cls.__dataclass_fields__ if not name.startswith("_")}:
@@ -226,4 +284,4 @@ class Plan:
 
 
 class NoPlan(RuntimeError):
-    """The directory holds no grid the workflow has started."""
+    """The directory holds no grid or search the workflow has started."""

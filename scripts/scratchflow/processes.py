@@ -110,10 +110,11 @@ def run_program(
     return its exit code and the tail of its output. `alongside` is entered while it runs (a
     checkpoint watcher). What the program leaves running in its group is killed at the end.
 
-    The program starts with the default stop signals: the rule's Snakemake ignores USR1, which would
-    stay ignored across exec, but here both are caught while it starts, and a caught signal is reset
-    to its default by exec. A launcher (torchrun), whose workers get the stop straight from `stop`
-    (`to_children`; see scratchflow.distributed), instead ignores USR1, and is killed when this
+    The program starts with the default stop signals: the rule's Snakemake ignores the stop signal
+    (`checkpointing.stop_signal`), which would stay ignored across exec, but here both it and TERM are
+    caught while it starts, and a caught signal is reset to its default by exec. A launcher
+    (torchrun), whose workers get the stop straight from `stop` (`to_children`; see
+    scratchflow.distributed), instead starts with the stop signal ignored, and is killed when this
     process is: a launcher killed must not leave torchrun and its workers training on, out of
     Slurm's sight."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)

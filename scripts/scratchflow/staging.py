@@ -83,11 +83,6 @@ def require_tools(*names: str) -> None:
         )
 
 
-def sha256_of(path: Path) -> str:
-    with open(path, "rb", buffering=0) as source:
-        return _sha256_of_open_file(source.fileno())
-
-
 # How an archive travels (dataset keys `compression` and `archive_parts`). Neither key has a schema
 # default: an unset key leaves the archive rule's params, and so the archives of existing grids, as
 # they were before the keys existed.

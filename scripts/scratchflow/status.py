@@ -149,7 +149,7 @@ def run_status(
             return RunStatus(run_id, "failed", f"prediction failed: {failure}", paths.predict_log)
         return RunStatus(run_id, "predicts", "trained; prediction waits")
     run = RunCheckpoints(workdir / paths.checkpoints, plan.checkpoint_marker)
-    in_rung = plan.halving and rung < len(plan.rungs) - 1
+    in_rung = plan.halving and rung < plan.last_rung
     log = RUNG_LOG.format(run_id=run_id, rung=rung) if in_rung else paths.train_log
     status = _training_status(run, run_id, log, (jobs or {}).get(("train", run_id)), active_jobs, now)
     if in_rung:
@@ -171,7 +171,7 @@ def _halving_status(workdir: Path, run_id: str, plan: Plan, decisions: list[dict
                 "settings that went on",
             )
     rung = len(decisions)
-    record = _read(workdir / RUNG_RECORD.format(run_id=run_id, rung=rung)) if rung < len(plan.rungs) - 1 else None
+    record = _read(workdir / RUNG_RECORD.format(run_id=run_id, rung=rung)) if rung < plan.last_rung else None
     if record is None:
         return None
     shown = ", ".join(f"{name} {value:.4f}" for name, value in sorted(record["validation"].items()))
@@ -189,7 +189,7 @@ def rung_line(plan: Plan, decisions: list[dict[str, Any]]) -> str | None:
     rung = len(decisions)
     alive = len(decisions[-1]["promoted"]) if decisions else len(plan.runs)
     return (
-        f"successive halving: rung {rung} of rungs 0 to {len(plan.rungs) - 1} ({plan.rungs[rung]} epochs), "
+        f"successive halving: rung {rung} of rungs 0 to {plan.last_rung} ({plan.rungs[rung]} epochs), "
         f"{alive} of {len(plan.runs)} runs in it"
     )
 
@@ -255,19 +255,17 @@ def _training_detail(run: RunCheckpoints, piece: dict[str, Any], now: float) -> 
     return f"{running}; resumed from checkpoint-{step}, none saved since"
 
 
-def current_status(workdir: Path) -> tuple[list[RunStatus], str | None]:
-    """The status as scripts/status.py tells it, with a halving search's rung line: Slurm is asked
-    (once) only when the grid's jobs go there; a Slurm client with no controller to answer waits 9 s."""
+def current_status(
+    workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = None
+) -> tuple[list[RunStatus], str | None]:
+    """Every run's status as scripts/status.py tells it, with a halving search's rung line. `jobs`:
+    Slurm's (slurm_jobs()); when not given, Slurm is asked once, and only when the grid's jobs go
+    there (a Slurm client with no controller to answer waits 9 s)."""
     plan = Plan.read(workdir)
     decisions = plan.decisions(workdir)
-    statuses = _statuses(workdir, plan, slurm_jobs(workdir) if plan.executor == "slurm" else None, decisions)
-    return statuses, rung_line(plan, decisions)
-
-
-def grid_status(workdir: Path, jobs: dict[tuple[str, str], SlurmJob] | None = None) -> list[RunStatus]:
-    """Every run's status; `jobs`: Slurm's (slurm_jobs()), None where the grid has no Slurm."""
-    plan = Plan.read(workdir)
-    return _statuses(workdir, plan, jobs, plan.decisions(workdir))
+    if jobs is None and plan.executor == "slurm":
+        jobs = slurm_jobs(workdir)
+    return _statuses(workdir, plan, jobs, decisions), rung_line(plan, decisions)
 
 
 class _UnknownJobs(dict):

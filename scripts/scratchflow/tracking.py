@@ -16,8 +16,6 @@ from typing import Any, TextIO
 
 from scratchflow.figures import pyplot, save_png
 
-# results/runs/<run_id>/tensorboard: `tensorboard --logdir results/runs` shows the whole grid.
-TENSORBOARD_FOLDER = "tensorboard"
 # results/runs/<run_id>/wandb/offline-run-*: W&B's offline runs of `tracking: wandb`.
 WANDB_FOLDER = "wandb"
 WANDB_EXTRA = "requirements-wandb.txt"

@@ -17,21 +17,22 @@ from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.config import (
     check_compression,
     check_dataset,
-    check_grid_size,
     check_packing,
     check_paths,
     check_precision,
     check_resources,
+    check_run_count,
     check_split_fractions,
     check_stop_signal,
     check_tracking,
+    configured_task,
     cpu_flags,
-    validate_task,
 )
 from scratchflow.containers import check_rule_image_rules, set_job_step_image, start_job_steps_in_image
 from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location
 from scratchflow.models import is_local_source
-from scratchflow.plan import GRID_OUTPUTS, Plan
+from scratchflow.plan import COMPARISON_OUTPUTS, Plan
+from scratchflow.tasks import Task
 from scratchflow.tracking import wandb_sync_command
 
 CHECKED_DATA = Path(".snakemake/scratchflow/checked-data")
@@ -39,14 +40,14 @@ CHECKED_DATA = Path(".snakemake/scratchflow/checked-data")
 
 def read_config(
     config: dict[str, Any], workflow_dir: Path, main_process: bool, job_rules: set[str] = frozenset()
-) -> tuple[Any, Plan, dict[str, Path], str]:
+) -> tuple[Task, Plan, dict[str, Path], str]:
     """Check a config that passed the schema, fill in its task's defaults, and plan it: the task's
     module, the plan, the data's files (name -> path) and their fingerprint (names, sizes and times,
     listed once per start: the data check and the archive rule's rebuild trigger both use it). The
     data itself is read once per version of it, by the main process only. `job_rules`: in a job's
     own Snakemake, the rules of the jobs it runs."""
-    task = validate_task(config)
-    planning_note = check_grid_size(config)
+    task = configured_task(config)
+    planning_note = check_run_count(config)
     if planning_note and main_process:
         print(planning_note, file=sys.stderr, flush=True)
     check_paths(config, workflow_dir)
@@ -156,7 +157,7 @@ def describe_results(plan: Plan, tracking: str) -> str:
     found = [Path(path).resolve() for path in plan.final_outputs() if Path(path).exists()]
     if not found:
         return "scratchflow: done."
-    runs = Path(GRID_OUTPUTS["summary"]).parent.resolve() / "runs"
+    runs = Path(COMPARISON_OUTPUTS["summary"]).parent.resolve() / "runs"
     lines = [
         "scratchflow: done. The comparison of the runs:",
         *(f"  {path}" for path in found),

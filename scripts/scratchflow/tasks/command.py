@@ -28,8 +28,9 @@ directory. It learns where things are from environment variables (the contract t
     SCRATCHFLOW_NODES, SCRATCHFLOW_PROCESSES_PER_NODE
                                   the train rule's shape, for a program that starts its own processes
 
-On SIGUSR1/SIGTERM the job forwards the signal to the program's process group, waits up to
-checkpointing.stop_grace_seconds for it to exit, mirrors its newest complete checkpoint, and records
+On the stop signal (checkpointing.stop_signal, named in SCRATCHFLOW_STOP_SIGNAL) or SIGTERM the job
+forwards the signal to the program's process group, waits up to checkpointing.stop_grace_seconds for
+it to exit, mirrors its newest complete checkpoint, and records
 the piece as paused: the retry resumes. After a stop the program's exit status does not matter
 (0, or 128 + the signal's number, are both fine): it paused unless it wrote metrics.json, which means
 it finished. `python` in the command is the workflow's own environment's (first on PATH).

@@ -6,13 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scratchflow.classification import predict_test_split, splits_and_labels
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER, predict_test_split, splits_and_labels
 from scratchflow.dataset import DatasetError, Example, check_labelled, describe, load_examples
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
-# What the Hugging Face Trainer writes last into a checkpoint (hf_trainer.CHECKPOINT_MARKER; not
-# imported from there: the workflow loads this module when it plans, and hf_trainer imports torch).
-CHECKPOINT_MARKER = "trainer_state.json"
+CHECKPOINT_MARKER = TRAINER_CHECKPOINT_MARKER
 NEEDS_MODEL = True
 METRICS = ("macro_f1", "accuracy")
 WRITES_PREDICTIONS = True
