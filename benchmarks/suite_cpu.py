@@ -1,0 +1,98 @@
+"""Where a command's CPU time goes, by kind of process: runs COMMAND (the test suite, say) while it
+reads every process's CPU time from /proc once a second, then prints the CPU minutes per kind (a
+train job's Python, a job step's Snakemake, a torchrun worker, slurmd, unsquashfs, ...) and the
+machine's own threads beside them. A process that lives less than a second may be missed, so the
+figures are a floor. Root sees every process, the test cluster's jobs included.
+
+    python benchmarks/suite_cpu.py [--json FILE] -- CI=true bash .ci/run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+# The kinds, first match wins: a command line's pattern and its name.
+KINDS = [
+    (r"\.snakemake/scripts/tmp\w*\.(\w+)\.py", None),  # a rule's script: train, predict, ...
+    (r"scratchflow\.distributed", "training process or launcher (several processes)"),
+    (r"snakemake.*--target-jobs", "a job step's Snakemake"),
+    (r"snakemake", "Snakemake (the workflow's, or a plan)"),
+    (r"-m pytest|execnet|exec\(eval\(sys\.stdin", "pytest"),
+    (r"pip install", "pip install"),
+    (r"^\S*?(slurmctld|slurmd|slurmstepd|slurmdbd|mariadbd|munged|unsquashfs|mksquashfs|enroot\S*|chrom\w*)", None),
+]
+
+
+def kind_of(command: str) -> str:
+    if not command:
+        return "the machine's own threads (no command line)"
+    for pattern, name in KINDS:
+        found = re.search(pattern, command)
+        if found:
+            return name or found.group(1)
+    return command.split()[0].rsplit("/", 1)[-1]
+
+
+def sample(seen: dict[str, list], stop: threading.Event) -> None:
+    """pid:start -> [CPU seconds spent since sampling began, command line, CPU seconds before it]."""
+    first = True
+    while not stop.is_set():
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                fields = stat[stat.rindex(")") + 2 :].split()
+                key, cpu = f"{pid}:{fields[19]}", (int(fields[11]) + int(fields[12])) / TICKS
+                entry = seen.setdefault(key, [0.0, "", cpu if first else 0.0])
+                entry[0] = max(entry[0], cpu - entry[2])
+                if not entry[1]:
+                    entry[1] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, ValueError, IndexError):  # ended meanwhile
+                continue
+        first = False
+        stop.wait(1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
+    options = parser.parse_args()
+    command = options.command[1:] if options.command[:1] == ["--"] else options.command
+    seen: dict[str, list] = {}
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample, args=(seen, stop), daemon=True)
+    started = time.monotonic()
+    sampler.start()
+    returncode = subprocess.run(" ".join(command), shell=True).returncode
+    wall = time.monotonic() - started
+    stop.set()
+    sampler.join()
+    minutes, counts = Counter(), Counter()
+    for cpu, line, _before in seen.values():
+        minutes[kind_of(line)] += cpu / 60
+        counts[kind_of(line)] += 1
+    total = sum(minutes.values())
+    print(
+        f"\n{wall / 60:.1f} min of wall time; {total:.1f} CPU minutes seen ({os.cpu_count()} cores: at most "
+        f"{wall / 60 * os.cpu_count():.1f})",
+        file=sys.stderr,
+    )
+    for kind, spent in minutes.most_common(25):
+        print(f"{spent:7.2f} min  {counts[kind]:5d} processes  {kind}", file=sys.stderr)
+    if options.json:
+        options.json.write_text(json.dumps({"wall_minutes": wall / 60, "cpu_minutes": dict(minutes)}, indent=1))
+    return returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
