@@ -13,7 +13,7 @@ use rule train as train_rung with:
         **PLAN.train_inputs(),
         previous_rung=previous_rung_record,
     output:
-        record=RUNG_RECORD,
+        rung_record=RUNG_RECORD,
     log:
         RUNG_LOG,
     benchmark:

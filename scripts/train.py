@@ -9,7 +9,11 @@ from scratchflow.plan import RUN_PATHS
 
 # A rung's job is the one named by its rung (its rule's name may carry a module's prefix).
 rung_number = snakemake.wildcards.get("rung")
-rung = Rung(int(rung_number), snakemake.params.rung_epochs) if rung_number is not None else None
+rung = (
+    Rung(int(rung_number), snakemake.params.rung_epochs, Path(snakemake.output.rung_record))
+    if rung_number is not None
+    else None
+)
 with job_context(snakemake.log[0], snakemake.threads):
     train_job(
         TrainJob(
@@ -28,7 +32,7 @@ with job_context(snakemake.log[0], snakemake.threads):
             workflow_dir=Path(snakemake.scriptdir).parent,
             model_out=None if rung else Path(snakemake.output.model),
             params_out=None if rung else Path(snakemake.output.params),
-            record_out=Path(snakemake.output.record),
+            record_out=None if rung else Path(snakemake.output.record),
             tracking_dir=Path(RUN_PATHS.of(snakemake.wildcards.run_id).tensorboard),
             # From the config, not params: switching tracking on must not make finished runs rerun.
             tracking=snakemake.config["tracking"],

@@ -24,10 +24,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Rung:
-    """A rung of a halving search: its index (0 first) and the epochs it trains its runs to."""
+    """A rung of a halving search, as a run's job there sees it: its index (0 first), the epochs it
+    trains the run to, and the run's record of the rung (results/runs/<run>/rung-<r>.json)."""
 
     index: int
     epochs: int
+    record_out: Path
 
 
 # How a rung orders settings of equal value (recorded in each decision).
@@ -83,10 +85,9 @@ def write_rung_record(
     training: dict[str, Any],
     pieces: list[dict[str, Any]],
     timings: dict[str, float],
-    record_out: Path,
 ) -> None:
-    """The run's validation metrics at the end of the rung's epochs, which the rung's decision ranks
-    (`record_out`: results/runs/<run>/rung-<r>.json); `params`: the run's training parameters."""
+    """The run's record of the rung (`rung.record_out`): its validation metrics at the end of the
+    rung's epochs, which the rung's decision ranks; `params`: the run's training parameters."""
     if not training.get("validation"):
         raise ValueError(
             f"rung {rung.index} of run {run_id}: the training reported no validation metrics, and a "
@@ -103,7 +104,7 @@ def write_rung_record(
             "pieces": pieces,  # the run's jobs so far, as record.json lists them
             "timings_seconds": timings,
         },
-        record_out,
+        rung.record_out,
     )
     log.info(
         "run %s, rung %d: %d epoch(s) trained; validation %s",

@@ -135,7 +135,7 @@ class TrainJob:
     workflow_dir: Path
     model_out: Path | None  # None for a rung's job, which trains on to the next rung or stops
     params_out: Path | None
-    record_out: Path  # record.json, written last; for a rung's job, the rung's record
+    record_out: Path | None  # record.json, written last; None for a rung's job (its record: the rung's)
     tracking_dir: Path  # results/runs/<run_id>/tensorboard: kept across pieces, so not an output
     tracking: str  # config key tracking
     log: Path  # the rule's log, which this job writes to
@@ -211,9 +211,7 @@ def train_job(job: TrainJob) -> None:
                 copy_whole(trained.output, job.model_out)
                 write_json_atomically(params, job.params_out)
     if job.rung is not None:
-        halving.write_rung_record(
-            job.run_id, params, job.rung, trained.metrics, run.pieces(), timer.seconds, job.record_out
-        )
+        halving.write_rung_record(job.run_id, params, job.rung, trained.metrics, run.pieces(), timer.seconds)
         return
     write_json_atomically(
         {
