@@ -1,5 +1,5 @@
-# Config validation, the plan of the grid or search, and the named input functions the rules use. What the checks
-# and hooks do lives in scripts/scratchflow (workflow_hooks, plan, snakemake_adapter).
+# Config validation, the plan of the grid or search, and the named input functions the rules use.
+# What the checks and hooks do lives in scripts/scratchflow (workflow_hooks, plan, snakemake_adapter).
 import sys
 from pathlib import Path
 
@@ -49,9 +49,6 @@ if workflow.remote_exec:
 
 DATASET = config["dataset"]
 MODEL = config.get("model")
-# Paths that depend on config alone are constants (PLAN's), not input functions: Snakemake calls an
-# input function once per job, through inspect.signature, which costs seconds for 10,000 runs.
-
 
 wildcard_constraints:
     run_id="[0-9a-f]{10}",

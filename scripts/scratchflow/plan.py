@@ -170,7 +170,9 @@ class Plan:
 
     def train_inputs(self) -> dict[str, str]:
         """What a training job reads: the archive and its manifest, and the model cache where the config
-        names a model."""
+        names a model. The rules take such paths, which depend on the config alone, from the plan as
+        constants, not through input functions: Snakemake calls an input function once per job, through
+        inspect.signature, which costs seconds for 10,000 runs."""
         return {
             "archive": self.archive,
             "manifest": self.manifest,
