@@ -40,7 +40,10 @@ def kind_of(command: str) -> str:
         found = re.search(pattern, command)
         if found:
             return name or found.group(1)
-    return command.split()[0].rsplit("/", 1)[-1]
+    words = [word.rsplit("/", 1)[-1] for word in command.split()[:2]]
+    if words[0].startswith("python") and len(words) > 1 and not words[1].startswith("-"):
+        return f"python {words[1]}"  # a Python program by its script
+    return words[0]
 
 
 def sample(seen: dict[str, list], stop: threading.Event) -> None:
@@ -54,8 +57,10 @@ def sample(seen: dict[str, list], stop: threading.Event) -> None:
                 key, cpu = f"{pid}:{fields[19]}", (int(fields[11]) + int(fields[12])) / TICKS
                 entry = seen.setdefault(key, [0.0, "", cpu if first else 0.0])
                 entry[0] = max(entry[0], cpu - entry[2])
-                if not entry[1]:
-                    entry[1] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                # Read again each time: a process that execs another program (`exec`, the image's
+                # python) keeps its pid and start time, and its CPU goes to what it became.
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                entry[1] = line or entry[1]
             except (OSError, ValueError, IndexError):  # ended meanwhile
                 continue
         first = False
@@ -73,7 +78,7 @@ def main() -> int:
     sampler = threading.Thread(target=sample, args=(seen, stop), daemon=True)
     started = time.monotonic()
     sampler.start()
-    returncode = subprocess.run(" ".join(command), shell=True).returncode
+    returncode = subprocess.run(["bash", "-c", " ".join(command)]).returncode
     wall = time.monotonic() - started
     stop.set()
     sampler.join()
