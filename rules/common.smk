@@ -50,6 +50,7 @@ if workflow.remote_exec:
 DATASET = config["dataset"]
 MODEL = config.get("model")
 
+
 wildcard_constraints:
     run_id="[0-9a-f]{10}",
     dataset=DATASET["name"],
