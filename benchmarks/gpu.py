@@ -71,7 +71,7 @@ def job_process(spec_path: Path) -> None:
     work = Path(spec["work"])
     seen: dict[str, Any] = {"started": started, "step_ends": []}
 
-    class ClockedStop(hf_trainer.StopOnSignal):
+    class ClockedStop(hf_trainer.StopWhenAsked):
         def on_step_end(self, args, state, control, **kwargs):
             seen["step_ends"].append(time.time())
             super().on_step_end(args, state, control, **kwargs)
@@ -84,7 +84,7 @@ def job_process(spec_path: Path) -> None:
         seen.update(device=str(parameter.device), dtype=str(parameter.dtype), bf16=args.bf16, tf32=args.tf32)
         return trainer, figures
 
-    hf_trainer.StopOnSignal, hf_trainer.train = ClockedStop, watched_train
+    hf_trainer.StopWhenAsked, hf_trainer.train = ClockedStop, watched_train
     run, runs = "gpu-bench", work / "results" / "runs" / "gpu-bench"
     identity = {"dataset": spec["dataset"], "model": {"name": "model"}, "training": spec["training"]}
     common = {"run_id": run, "task": "text-classification", "identity": identity, "scratch_root": str(work / "scratch")}

@@ -33,7 +33,8 @@ from scratchflow.animal_mnist import write_pngs
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import label_names, labelled_files, load_examples, resolve_location, split_examples
-from scratchflow.tasks import TrainContext, image_classification, text_classification
+from scratchflow.piece import Piece, PieceSpec
+from scratchflow.tasks import image_classification, text_classification
 from scratchflow.tiny_model import build_tiny_resnet
 from transformers import (
     AutoImageProcessor,
@@ -69,17 +70,19 @@ def loop_rate(clock: StepClock, batch_size: int) -> float:
 def scratchflow_train(
     task: Any, data: dict[str, Path], dataset: dict[str, Any], model_dir: Path, params, work: Path, tracking: str
 ):
-    """A task's train as the train job calls it (checkpoint interval longer than the run, as with
-    hourly checkpoints), with `tracking`; its StopOnSignal callback also keeps the step clock."""
+    """A task's train under its piece, as the train job runs it (checkpoint interval longer than the
+    run, as with hourly checkpoints), with `tracking`; its StopWhenAsked callback also keeps the step
+    clock."""
     clock = StepClock()
 
-    class ClockedStopOnSignal(hf_trainer.StopOnSignal):
+    class ClockedStopWhenAsked(hf_trainer.StopWhenAsked):
         def on_step_end(self, args, state, control, **kwargs):
             clock.on_step_end(args, state, control)
             super().on_step_end(args, state, control, **kwargs)
 
     (work / "scratch").mkdir()
-    context = TrainContext(
+    spec = PieceSpec(
+        task=task.__name__.rsplit(".", 1)[1].replace("_", "-"),
         run_id="throughput",
         piece=1,
         data=data,
@@ -94,12 +97,12 @@ def scratchflow_train(
         stop_grace_seconds=60,
         threads=torch.get_num_threads(),
     )
-    original, hf_trainer.StopOnSignal = hf_trainer.StopOnSignal, ClockedStopOnSignal
+    original, hf_trainer.StopWhenAsked = hf_trainer.StopWhenAsked, ClockedStopWhenAsked
     started = time.perf_counter()
     try:
-        task.train(context)
+        Piece(spec).train()
     finally:
-        hf_trainer.StopOnSignal = original
+        hf_trainer.StopWhenAsked = original
     return loop_rate(clock, params["batch_size"]), time.perf_counter() - started
 
 

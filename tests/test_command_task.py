@@ -14,16 +14,15 @@ from pathlib import Path
 import pytest
 from conftest import wandb_offline_runs
 from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.piece import Piece, PieceSpec
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
-from scratchflow.tasks import TrainContext
 from scratchflow.tasks.command import (
     CommandFailed,
     check_settings,
     data_locations,
     interpreted_script,
     read_metrics,
-    train,
 )
 
 IGNORES_STOPS = """
@@ -121,7 +120,8 @@ def test_with_tracking_wandb_a_bare_wandb_init_logs_the_piece_offline_beside_its
     run_folder = tmp_path / "results" / "runs" / "r1"
     (tmp_path / "data").mkdir()
     (tmp_path / "scratch").mkdir()
-    context = TrainContext(
+    spec = PieceSpec(
+        task="command",
         run_id="r1",
         piece=3,
         data={"all": tmp_path / "data"},
@@ -136,7 +136,7 @@ def test_with_tracking_wandb_a_bare_wandb_init_logs_the_piece_offline_beside_its
         stop_grace_seconds=1,
         threads=1,
     )
-    train(context)
+    Piece(spec).train()
     (piece,) = wandb_offline_runs(run_folder).values()
     assert (piece["id"], piece["group"], piece["job_type"]) == ("r1-piece3", "r1", "train-piece")
     assert piece["history"] == {10: {"train/loss": 0.1}, 20: {"train/loss": 0.05}}

@@ -28,7 +28,8 @@ from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_c
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.dataset import load_examples
-from scratchflow.distributed import Shape, requested_gpus_per_node, seeing_in_image, shape_of
+from scratchflow.distributed import requested_gpus_per_node, seeing_in_image, shape_of
+from scratchflow.piece import Shape
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.tracking import read_curves

@@ -47,7 +47,7 @@ from scratchflow.jobs import job_context, pointing_at
 from scratchflow.tasks import TrainingStopped
 
 with job_context({str(log)!r}), pointing_at(Path({str(kept)!r})):
-    raise TrainingStopped("stopped on SIGUSR1 at step 40 of 280; checkpoint-40 is saved in c")
+    raise TrainingStopped("stopped on SIGUSR1 at step 40 and paused; checkpoint-40 is saved in c")
 """
     script = tmp_path / "job.py"
     script.write_text(job)
@@ -55,7 +55,7 @@ with job_context({str(log)!r}), pointing_at(Path({str(kept)!r})):
     result = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        "scratchflow: paused, not failed: stopped on SIGUSR1 at step 40 of 280; checkpoint-40 is saved in c; "
+        "scratchflow: paused, not failed: stopped on SIGUSR1 at step 40 and paused; checkpoint-40 is saved in c; "
         f"this piece's log: {kept}"
     ]
     written = log.read_text()

@@ -84,7 +84,7 @@ def grid_in_every_state(workdir: Path) -> None:
     )
     write(checkpoints / "starting00" / "pieces.json", [piece(1, "running", now - 5)])
     write(checkpoints / "starting00" / "running.json", me)
-    stopped = "TrainingStopped: stopped on SIGUSR1 at step 40 of 280; checkpoint-40 is saved in checkpoints/x"
+    stopped = "TrainingStopped: stopped on SIGUSR1 at step 40 and paused; checkpoint-40 is saved in checkpoints/x"
     write(checkpoints / "paused0000" / "pieces.json", [piece(1, stopped, now - 900)])
     checkpoint(checkpoints / "paused0000" / "checkpoint-40")
     write(checkpoints / "killed0000" / "pieces.json", [piece(1, "running", now - 900)])
@@ -120,7 +120,7 @@ def test_every_state_a_run_can_be_in_is_told_with_what_to_do_next(tmp_path):
     assert trains.startswith("piece 2, step 120 of 280 (43%), 152.3 samples/s, 1 min 15 s left at that speed")
     assert re.fullmatch(r"piece 1, running for [56] s; no checkpoint yet", statuses["starting00"].detail)
     assert statuses["paused0000"].detail == (
-        "piece 1 stopped on SIGUSR1 at step 40 of 280; the next piece resumes from checkpoint-40"
+        "piece 1 stopped on SIGUSR1 at step 40 and paused; the next piece resumes from checkpoint-40"
     )
     assert statuses["killed0000"].detail == "piece 1 was killed; the next piece resumes from checkpoint-60"
     assert statuses["failed0000"].detail == "piece 1: ValueError: the loss is NaN"
@@ -288,7 +288,7 @@ def test_a_run_whose_program_reports_no_progress_is_told_by_its_newest_checkpoin
 def test_a_stopped_or_killed_piece_points_at_its_own_log(tmp_path):
     now = time.time()
     write_grid(tmp_path, {"paused0000": {}, "killed0000": {}}, "accuracy", "max", "local")
-    stopped = {**piece(2, "TrainingStopped: stopped on SIGUSR1 at step 40 of 280; saved", now), "log": "L2"}
+    stopped = {**piece(2, "TrainingStopped: stopped on SIGUSR1 at step 40 and paused; saved", now), "log": "L2"}
     write(tmp_path / "checkpoints" / "paused0000" / "pieces.json", [piece(1, "killed", now - 60), stopped])
     write(tmp_path / "checkpoints" / "killed0000" / "pieces.json", [{**piece(1, "running", now), "log": "L1"}])
     statuses = by_id(statuses_in(tmp_path))

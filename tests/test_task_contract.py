@@ -1,12 +1,14 @@
 """Every task in scripts/scratchflow/tasks/ through the same checks of the `Task` protocol: the names it
 must define, its schema fragment (valid, defaults filled in), an empty dataset refused at start-up,
-and train -> stop -> resume on tiny data, called directly (no workflow, no Slurm). A task module that
-lacks a name of the protocol is refused naming it."""
+and train -> stop -> resume on tiny data under its piece, called directly (no workflow, no Slurm),
+and nothing of its piece's duties in its code. A task module that lacks a name of the protocol is
+refused naming it."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import sys
@@ -19,9 +21,9 @@ from scratchflow import signals
 from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints
 from scratchflow.config import ConfigError, configured_task
 from scratchflow.dataset import DatasetError, data_sources
+from scratchflow.piece import Piece, PieceSpec
 from scratchflow.tasks import (
     TASK_NAMES,
-    TrainContext,
     TrainingStopped,
     UnknownTask,
     available_tasks,
@@ -115,10 +117,11 @@ class StopsAfterFirstCheckpoint(RunCheckpoints):
         return destination
 
 
-def context(config: dict, tmp_path: Path, piece: int, run: RunCheckpoints) -> TrainContext:
+def piece_spec(config: dict, tmp_path: Path, piece: int, run: RunCheckpoints) -> PieceSpec:
     work_dir = tmp_path / f"piece-{piece}"
     work_dir.mkdir()
-    return TrainContext(
+    return PieceSpec(
+        task=config["task"],
         run_id="contract00",
         piece=piece,
         data=data_sources(config["dataset"]),
@@ -137,18 +140,20 @@ def context(config: dict, tmp_path: Path, piece: int, run: RunCheckpoints) -> Tr
 
 @pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
 def test_a_task_stops_on_the_stop_signal_and_the_next_piece_resumes_from_its_checkpoint(tiny_config, tmp_path):
+    """The task under its piece, as a job runs it: the stop signal (a real one) makes the task save,
+    hand its checkpoint on and return; the piece says it paused; the next piece resumes from it."""
     task = load_task(tiny_config["task"])
     shared = tmp_path / "shared"
-    signals.use_stop_signal("USR2")  # not the default: the task listens for the one configured
+    signals.use_stop_signal("USR2")  # not the default: the piece listens for the one configured
     try:
         first = StopsAfterFirstCheckpoint(shared, task.CHECKPOINT_MARKER)
-        with pytest.raises(TrainingStopped, match="SIGUSR2"):
-            task.train(context(tiny_config, tmp_path, 1, first))
+        with pytest.raises(TrainingStopped, match=r"stopped on SIGUSR2 at step \d+ and paused; checkpoint-"):
+            Piece(piece_spec(tiny_config, tmp_path, 1, first)).train()
         stopped_at = first.newest_step()
         assert stopped_at is not None, "the stop saved a checkpoint to shared storage"
         assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_IGN
         resumed = StopsAfterFirstCheckpoint(shared, task.CHECKPOINT_MARKER, stop=False)
-        trained = task.train(context(tiny_config, tmp_path, 2, resumed))
+        trained = Piece(piece_spec(tiny_config, tmp_path, 2, resumed)).train()
     finally:
         signals.use_stop_signal(signals.DEFAULT_STOP_SIGNAL)
     assert trained.metrics["resumed_from_step"] == stopped_at
@@ -164,13 +169,32 @@ def test_a_task_trains_a_rungs_epochs_and_a_retry_after_the_rung_only_evaluates(
     task = load_task(tiny_config["task"])
     tiny_config["training"]["epochs"] = 2
     run = RunCheckpoints(tmp_path / "shared", task.CHECKPOINT_MARKER)
-    rung = task.train(dataclasses.replace(context(tiny_config, tmp_path, 1, run), budget_epochs=1))
-    retried = task.train(dataclasses.replace(context(tiny_config, tmp_path, 2, run), budget_epochs=1))
+    rung = Piece(dataclasses.replace(piece_spec(tiny_config, tmp_path, 1, run), budget_epochs=1)).train()
+    retried = Piece(dataclasses.replace(piece_spec(tiny_config, tmp_path, 2, run), budget_epochs=1)).train()
     assert rung.metrics["validation"] and retried.metrics["validation"] == rung.metrics["validation"]
     assert retried.metrics["global_steps"] == rung.metrics["global_steps"] == run.newest_step()
-    last = task.train(context(tiny_config, tmp_path, 3, run))
+    last = Piece(piece_spec(tiny_config, tmp_path, 3, run)).train()
     assert last.metrics["resumed_from_step"] == rung.metrics["global_steps"]
     assert last.metrics["global_steps"] == 2 * rung.metrics["global_steps"]
+
+
+# What a task leaves to its piece (scratchflow.piece): it must not do it itself.
+PIECE_DUTIES = {
+    "listening for signals": r"signal\.signal\(|scratchflow\.signals import (?!STOP_FILE_NAME$)|listening\(",
+    "running programs itself": r"scratchflow\.processes|subprocess",
+    "barriers or collectives": r"torch\.distributed",
+    "mirroring to shared storage": r"RunCheckpoints|\.mirror|restore_newest_to",
+    "deciding that it stopped": r"TrainingStopped",
+}
+
+
+@pytest.mark.parametrize(
+    "module", [*(f"tasks/{task.replace('-', '_')}.py" for task in TASKS), "hf_trainer.py", "classification.py"]
+)
+def test_a_task_leaves_signals_mirroring_barriers_and_the_outcome_to_its_piece(module):
+    source = (REPO / "scripts" / "scratchflow" / module).read_text()
+    found = {duty: pattern for duty, pattern in PIECE_DUTIES.items() if re.search(pattern, source, re.MULTILINE)}
+    assert not found, f"{module} does what its piece does: {', '.join(found)}"
 
 
 def test_a_task_copied_from_another_that_forgot_a_name_is_refused_naming_it(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -92,7 +93,7 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
 
     first, second = record_of(tmp_path)["pieces"]
     assert "stopped on SIGUSR1 at step" in first["outcome"] and "paused" in first["outcome"], output[-3000:]
-    stopped_at = int(first["outcome"].split("at step ")[1].split(":")[0])
+    stopped_at = int(re.search(r"at step (\d+)", first["outcome"]).group(1))
     assert first["reached_step"] == second["resumed_from_step"] == stopped_at > 0
     assert "SIGUSR1 received" in (tmp_path / first["log"]).read_text()
     assert "resumed at step" not in (tmp_path / first["log"]).read_text()
@@ -202,7 +203,8 @@ def test_a_rung_jobs_progress_counts_to_the_rungs_end(tmp_path):
     from scratchflow.hf_trainer import ProgressLog
 
     run = RunCheckpoints(tmp_path, TRAINER_CHECKPOINT_MARKER)
-    progress = ProgressLog("rung0run00", run, budget_epochs=1)
+    context = SimpleNamespace(run_id="rung0run00", budget_epochs=1, report_progress=run.report_progress)
+    progress = ProgressLog(context)
     args = SimpleNamespace(num_train_epochs=2, per_device_train_batch_size=8, world_size=1)
     state = SimpleNamespace(global_step=1, max_steps=60, is_world_process_zero=True)
     progress.on_train_begin(args, state, None)

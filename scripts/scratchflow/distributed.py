@@ -26,6 +26,7 @@ non-zero, and srun (`--kill-on-bad-exit`) then ends the others at once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,40 +34,28 @@ import re
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from scratchflow import signals
-from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.dataset import staged_sources
-from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
+from scratchflow.files import HOST, read_json, write_json_atomically
+from scratchflow.piece import Piece, PieceSpec, Rank, Shape
 from scratchflow.processes import StopForwarder, run_program, set_parent_death_signal
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import scratch_directory, stage_in
-from scratchflow.tasks import TrainContext, Trained, TrainingStopped, load_task
+from scratchflow.tasks import Trained, TrainingStopped, load_task
 
 log = logging.getLogger(__name__)
 
 # After torchrun's own shutdown wait (the stop grace period), time for it to kill and report.
 LAUNCHER_EXTRA_GRACE_SECONDS = 30
 SCRIPTS_DIR = Path(__file__).resolve().parents[1]
+RESULT_FILE = "trained.json"  # in the job's scratch: rank 0's outcome
 
 
 class TrainingFailed(RuntimeError):
     """A training process failed: torchrun ended without a result."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    """How many processes train one run: `processes_per_node` on each of `nodes`."""
-
-    nodes: int = 1
-    processes_per_node: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.processes_per_node
 
 
 def ranks_by_node(shape: Shape, environ: Mapping[str, str] = os.environ) -> dict[str, list[int]]:
@@ -116,48 +105,26 @@ def shape_of(resources: Mapping[str, Any], environ: Mapping[str, str] = os.envir
     return Shape(nodes=nodes, processes_per_node=processes)
 
 
-@dataclass(frozen=True)
-class Staging:
-    """Where a node's launcher finds the data to stage into its own scratch."""
-
-    archive: Path
-    manifest: Path
-    scratch_root: str | None
-
-
-def train(task_name: str, context: TrainContext, staging: Staging | None = None) -> Trained:
-    """Train one piece of a run with the context's shape; one process trains in this one. Several
-    nodes need `staging`: every other node stages the data in itself."""
-    task = load_task(task_name)
-    shape = Shape(context.nodes, context.processes_per_node)
-    if shape.world_size == 1 or task.LAUNCHES_OWN_PROCESSES:
-        return task.train(context)
+def train(spec: PieceSpec) -> Trained:
+    """Train one piece of a run with the spec's shape; one process trains in this one. Several
+    nodes need `spec.staging`: every other node stages the data in itself."""
+    shape = spec.shape
+    if shape.world_size == 1 or load_task(spec.task).LAUNCHES_OWN_PROCESSES:
+        return Piece(spec).train()
     # Seeded here, once for this node: the processes then find the copy in place.
-    context.checkpoints.restore_newest_to(context.work_dir / "checkpoints", shape.world_size)
-    spec, result = context.work_dir / "launch.json", context.work_dir / "trained.json"
-    write_json_atomically(
-        {
-            "task": task_name,
-            "context": _plain(context),
-            "result": str(result),
-            "assembly_tag": OWNER_TAG,
-            "batch_node": os.environ.get("SLURMD_NODENAME", HOST),
-            "staging": {key: str(value) if value else None for key, value in asdict(staging).items()}
-            if staging
-            else None,
-        },
-        spec,
-    )
-    environment = launch_environment(context.threads, shape)
+    spec.checkpoints.restore_newest_to(spec.checkpoint_dir, shape.world_size)
+    spec_file, result = spec.work_dir / "launch.json", spec.work_dir / RESULT_FILE
+    spec.write(spec_file)
+    environment = launch_environment(spec.threads, shape)
     if shape.nodes == 1:
-        argv = torchrun_argv(shape, context.stop_grace_seconds, ["--standalone"], spec)
+        argv = torchrun_argv(shape, spec.stop_grace_seconds, ["--standalone"], spec_file)
     else:
-        argv = srun_argv(shape, context.threads, spec)
-        environment = seeing_in_image(environment, context.work_dir)
+        argv = srun_argv(shape, spec.threads, spec_file)
+        environment = seeing_in_image(environment, spec.work_dir)
     log.info("training with %d processes: %s", shape.world_size, " ".join(argv))
     # One node: the stop goes to torchrun's workers. Several: srun passes it on to every launcher.
-    stop = StopForwarder(context.work_dir / STOP_FILE_NAME, to_children=shape.nodes == 1)
-    grace = context.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
+    stop = StopForwarder(spec.work_dir / STOP_FILE_NAME, to_children=shape.nodes == 1)
+    grace = spec.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
     code, tail = run_program(argv, environment, stop, grace)
     if result.is_file():
         outcome = read_json(result)
@@ -165,7 +132,7 @@ def train(task_name: str, context: TrainContext, staging: Staging | None = None)
             raise TrainingStopped(outcome["stopped"])
         return Trained(output=Path(outcome["output"]), metrics=outcome["metrics"])
     if stop.received:
-        newest = context.checkpoints.newest()
+        newest = spec.checkpoints.newest()
         raise TrainingStopped(
             f"stopped on {stop.received} before the processes could save; the next attempt resumes from "
             + (newest.name if newest else "the beginning")
@@ -233,114 +200,65 @@ def rendezvous_port(job_id: str) -> int:
     return 20_000 + int(job_id) % 20_000
 
 
-def run_node(spec_path: Path) -> int:
+def run_node(spec_file: Path) -> int:
     """One node's launcher in a multi-node job: its own stage-in (except on the batch host, whose
     scratch the job has staged), then torchrun for this node's processes. Returns the exit code:
     0 after a stop (the job reads the outcome from rank 0), non-zero when the processes failed."""
-    spec = read_json(spec_path)
+    spec = PieceSpec.read(spec_file)
     node, node_rank = os.environ.get("SLURMD_NODENAME", HOST), int(os.environ["SLURM_NODEID"])
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s node {node} %(name)s: %(message)s", force=True
     )
-    fields = spec["context"]
-    shape = Shape(fields["nodes"], fields["processes_per_node"])
     rendezvous = [
-        f"--nnodes={shape.nodes}",
+        f"--nnodes={spec.shape.nodes}",
         f"--node-rank={node_rank}",
         f"--master-addr={os.environ['SLURM_LAUNCH_NODE_IPADDR']}",
         f"--master-port={rendezvous_port(os.environ['SLURM_JOB_ID'])}",
     ]
     if node_rank == 0:
-        if node != spec["batch_node"]:
-            log.error("node rank 0 is %s, not the batch host %s, where the job syncs from", node, spec["batch_node"])
+        if node != spec.batch_node:
+            log.error("node rank 0 is %s, not the batch host %s, where the job syncs from", node, spec.batch_node)
             return 2
-        return _node_torchrun(shape, fields, rendezvous, spec_path)
-    staging = Staging(**spec["staging"])
-    with scratch_directory(staging.scratch_root, f"train-{fields['run_id']}-{node}") as scratch:
+        return _node_torchrun(spec, rendezvous, spec_file)
+    staging = spec.staging
+    with scratch_directory(staging.scratch_root, f"train-{spec.run_id}-{node}") as scratch:
         log.info("node rank %d: staging into %s", node_rank, scratch)
-        data = staged_sources(stage_in(Path(staging.archive), Path(staging.manifest), scratch), fields["dataset"])
-        context = _context({**fields, "work_dir": str(scratch), "data": {k: str(v) for k, v in data.items()}}, 1)
-        context.checkpoints.restore_newest_to(scratch / "checkpoints", shape.world_size)
-        node_spec = scratch / "launch.json"
-        write_json_atomically({**spec, "context": _plain(context)}, node_spec)
-        return _node_torchrun(shape, _plain(context), rendezvous, node_spec)
+        data = staged_sources(stage_in(staging.archive, staging.manifest, scratch), spec.dataset)
+        node_spec = dataclasses.replace(spec, work_dir=scratch, data=data)
+        node_spec.checkpoints.restore_newest_to(node_spec.checkpoint_dir, spec.shape.world_size)
+        node_spec.write(scratch / "launch.json")
+        return _node_torchrun(node_spec, rendezvous, scratch / "launch.json")
 
 
-def _node_torchrun(shape: Shape, fields: dict[str, Any], rendezvous: list[str], spec: Path) -> int:
-    argv = torchrun_argv(shape, fields["stop_grace_seconds"], rendezvous, spec)
-    stop = StopForwarder(Path(fields["work_dir"]) / STOP_FILE_NAME, to_children=True)
-    grace = fields["stop_grace_seconds"] + LAUNCHER_EXTRA_GRACE_SECONDS
-    code, _tail = run_program(argv, launch_environment(fields["threads"], shape), stop, grace)
+def _node_torchrun(spec: PieceSpec, rendezvous: list[str], spec_file: Path) -> int:
+    argv = torchrun_argv(spec.shape, spec.stop_grace_seconds, rendezvous, spec_file)
+    stop = StopForwarder(spec.work_dir / STOP_FILE_NAME, to_children=True)
+    grace = spec.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
+    code, _tail = run_program(argv, launch_environment(spec.threads, spec.shape), stop, grace)
     return 0 if stop.received else code
 
 
-def _plain(context: TrainContext) -> dict[str, Any]:
-    fields = asdict(context)
-    fields["data"] = {name: str(path) for name, path in context.data.items()}
-    fields["model"] = str(context.model) if context.model else None
-    fields["work_dir"] = str(context.work_dir)
-    fields["tracking_dir"] = str(context.tracking_dir)
-    fields["checkpoints"] = {
-        "folder": str(context.checkpoints.folder),
-        "marker": context.checkpoints.marker,
-        "keep": context.checkpoints.keep,
-    }
-    return fields
-
-
-def _context(fields: dict[str, Any], processes: int) -> TrainContext:
-    checkpoints = fields["checkpoints"]
-    return TrainContext(
-        **{
-            **fields,
-            "data": {name: Path(path) for name, path in fields["data"].items()},
-            "model": Path(fields["model"]) if fields["model"] else None,
-            "work_dir": Path(fields["work_dir"]),
-            "tracking_dir": Path(fields["tracking_dir"]),
-            "checkpoints": RunCheckpoints(Path(checkpoints["folder"]), checkpoints["marker"], checkpoints["keep"]),
-            "threads": max(1, fields["threads"] // processes),
-        }
-    )
-
-
-@dataclass(frozen=True)
-class Rank:
-    """This process's place among the training processes (torchrun's environment)."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Rank:
-        return cls(
-            rank=int(environ.get("RANK", 0)),
-            local_rank=int(environ.get("LOCAL_RANK", 0)),
-            world_size=int(environ.get("WORLD_SIZE", 1)),
-        )
-
-
-def main(spec_path: str) -> None:
-    """One training process under torchrun: the task's train; rank 0 writes the outcome."""
+def main(spec_file: Path) -> None:
+    """One training process under torchrun: its part of the piece; rank 0 writes the outcome where the
+    job reads it (rank 0 runs on the batch host, in the job's own scratch)."""
     set_parent_death_signal()  # a worker whose torchrun is killed dies too, instead of training on as an orphan
-    spec = read_json(Path(spec_path))
-    # Until the trainer listens (it also looks for the stop file at every step).
-    signals.listen_by_stop_file(Path(spec["context"]["work_dir"]) / STOP_FILE_NAME)
+    spec = PieceSpec.read(spec_file)
+    # Until the piece listens (it also looks for the stop file at every step).
+    signals.listen_by_stop_file(spec.work_dir / STOP_FILE_NAME)
     me = Rank.from_environment()
-    os.environ["SCRATCHFLOW_ASSEMBLY_TAG"] = spec["assembly_tag"]
     logging.basicConfig(
         level=logging.INFO if me.rank == 0 else logging.WARNING,
         format=f"%(asctime)s %(levelname)s rank {me.rank} %(name)s: %(message)s",
         force=True,
     )
-    context = _context(spec["context"], int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    threads = max(1, spec.threads // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     try:
-        trained = load_task(spec["task"]).train(context)
+        trained = Piece(dataclasses.replace(spec, threads=threads), me).train()
         outcome: dict[str, Any] = {"output": str(trained.output), "metrics": trained.metrics}
     except TrainingStopped as stopped:
         outcome = {"stopped": str(stopped)}
     if me.rank == 0:
-        write_json_atomically(outcome, Path(spec["result"]))
+        write_json_atomically(outcome, spec.work_dir / RESULT_FILE)
     log.info("rank %d of %d done: %s", me.rank, me.world_size, json.dumps(outcome)[:200])
 
 
@@ -348,4 +266,4 @@ if __name__ == "__main__":
     role, spec_file = sys.argv[1:3]
     if role == "node":
         sys.exit(run_node(Path(spec_file)))
-    main(spec_file)
+    main(Path(spec_file))

@@ -1,13 +1,11 @@
-"""What the Hugging Face tasks share: a Trainer that resumes from the run's shared checkpoints,
-mirrors each new checkpoint there, and stops cleanly on Slurm's signals."""
+"""What the Hugging Face tasks share: a Trainer that resumes exactly, hands each checkpoint it saves
+to the piece, and stops at the end of the step at which the piece is asked to stop."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
-import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,49 +18,23 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 from transformers.integrations import TensorBoardCallback, WandbCallback
 from transformers.utils import is_torch_tf32_available
 
-from scratchflow import signals
-from scratchflow.checkpoints import RunCheckpoints, step_of
+from scratchflow.checkpoints import step_of
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER, classification_metrics
-from scratchflow.distributed import Rank
-from scratchflow.signals import STOP_FILE_NAME
-from scratchflow.tasks import TrainContext, TrainingStopped
+from scratchflow.tasks import TrainContext
 from scratchflow.tracking import console_log, open_writer, progress_line, wandb_environment, wandb_run
 
 log = logging.getLogger(__name__)
 
 
-class MirrorCheckpointsToShared(TrainerCallback):
-    """After the trainer saves a checkpoint on scratch, copy it whole to shared storage.
+class CheckpointSaved(TrainerCallback):
+    """After the trainer saves a checkpoint on scratch (each process its part), the piece copies it
+    to shared storage."""
 
-    With several processes, each writes its part (its random states; its shard, if sharded) into
-    the checkpoint on its node's scratch. After a barrier, one process per node copies its node's
-    part into a hidden assembly folder on shared storage; after a second barrier, rank 0 checks that
-    every rank's random state is there and gives the checkpoint its name. A checkpoint on shared
-    storage is therefore complete, or hidden and removed later."""
-
-    def __init__(self, checkpoints: RunCheckpoints, local_folder: Path, me: Rank):
-        self.checkpoints, self.me = checkpoints, me
-        self.mirroring = checkpoints.mirroring(local_folder)
+    def __init__(self, context: TrainContext) -> None:
+        self.context = context
 
     def on_save(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.me.world_size == 1:
-            self.mirroring.mirror_newest()
-            return
-        local = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        assembly = self.checkpoints.assembly(local.name, os.environ["SCRATCHFLOW_ASSEMBLY_TAG"])
-        torch.distributed.barrier()  # every process has written its part
-        if self.me.local_rank == 0:
-            shutil.copytree(local, assembly, dirs_exist_ok=True)
-        torch.distributed.barrier()  # every node's part is on shared storage
-        if self.me.rank == 0:
-            missing = [
-                name for name in (f"rng_state_{rank}.pth" for rank in range(self.me.world_size))
-                if not (assembly / name).is_file()
-            ]  # fmt: skip
-            if missing or not (assembly / TRAINER_CHECKPOINT_MARKER).is_file():
-                raise RuntimeError(f"{assembly} lacks {', '.join(missing) or TRAINER_CHECKPOINT_MARKER}: not published")
-            self.checkpoints.publish(assembly, self.me.world_size)
-            log.info("checkpoint %s of %d processes saved to %s", local.name, self.me.world_size, assembly.parent)
+        self.context.checkpoint_saved(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
 
 class PrintLogsOnce(PrinterCallback):
@@ -155,51 +127,29 @@ def budget_step(max_steps: int, epochs: int, budget_epochs: int) -> int:
     return max_steps // epochs * budget_epochs
 
 
-class StopOnSignal(TrainerCallback):
-    """Turns a stop signal into "save a checkpoint now and stop"; also saves one after the last step,
-    so that a run whose job dies after training resumes from its end instead of from zero. Under
-    torchrun the job's launcher passes the signal on and also leaves `stop_file`, which counts as one
-    (the signal may have come before this process listened). With `budget_epochs` (a halving
-    search's rung), it stops the same way at the end of that epoch, its evaluation done."""
+class StopWhenAsked(TrainerCallback):
+    """Saves a checkpoint and stops at the end of the step at which the piece is asked to stop; also
+    saves one after the last step, so that a run whose job dies after training resumes from its end
+    instead of from zero. With `budget_epochs` (a halving search's rung), it stops the same way at
+    the end of that epoch, its evaluation done."""
 
-    def __init__(self, stop_file: Path | None = None, budget_epochs: int | None = None) -> None:
-        self.received: str | None = None
-        self.stop_file = stop_file
+    def __init__(self, context: TrainContext) -> None:
+        self.context = context
+        self.asked = False  # the piece was asked to stop
         self.stopping = False
-        self.budget_epochs = budget_epochs
         self.budget_step: int | None = None
         self.save_after_evaluation = False
 
     def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.budget_epochs is not None:
-            self.budget_step = budget_step(state.max_steps, int(args.num_train_epochs), self.budget_epochs)
+        if self.context.budget_epochs is not None:
+            self.budget_step = budget_step(state.max_steps, int(args.num_train_epochs), self.context.budget_epochs)
 
     @property
     def at_budget(self) -> bool:
-        return self.budget_step is not None and self.received is None and self.stopping
-
-    @contextmanager
-    def listening(self) -> Iterator[None]:
-        with signals.listening(self._receive):
-            yield
-
-    def _receive(self, number: int, _frame: Any) -> None:
-        self.received = signal.Signals(number).name
-        log.warning("%s received: saving a checkpoint after the current step, then stopping", self.received)
+        return self.budget_step is not None and not self.asked and self.stopping
 
     def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.received is None and self.stop_file is not None and self.stop_file.exists():
-            self.received = self.stop_file.read_text() or "a stop request"
-        stopping = self.received is not None
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            # A signal may reach one process, or one node, or all at different moments: every
-            # process learns at the end of each step whether any got one, so all stop at that step.
-            anyone = torch.tensor([int(stopping)], device=args.device)
-            torch.distributed.all_reduce(anyone, op=torch.distributed.ReduceOp.MAX)
-            if anyone.item():
-                # This process's own signal may have come while it waited here: its name wins.
-                self.received = self.received or "a stop signal to another process"
-                stopping = True
+        stopping = self.asked = self.context.stop_requested()  # every process, every step: they agree
         if self.budget_step is not None and state.global_step >= self.budget_step:
             stopping = True  # the epoch's evaluation still runs: the Trainer stops after it
         if stopping or state.global_step >= state.max_steps:
@@ -234,18 +184,16 @@ class ProgressLog(TrainerCallback):
     run's id, and reported to the run's checkpoint folder, for the grid's status), and the piece's
     speed. N is where the job stops: a rung's job (`budget_epochs`) stops at its rung's end."""
 
-    def __init__(self, run_id: str, checkpoints: RunCheckpoints, budget_epochs: int | None = None) -> None:
-        self.run_id = run_id
-        self.checkpoints = checkpoints
-        self.budget_epochs = budget_epochs
+    def __init__(self, context: TrainContext) -> None:
+        self.context = context
         self.end_step = 0  # where this job stops: the training's last step, or its rung's
         self.first: tuple[int, float] | None = None
         self.last: tuple[int, float] | None = None
 
     def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         self.end_step = state.max_steps
-        if self.budget_epochs is not None:
-            self.end_step = budget_step(state.max_steps, int(args.num_train_epochs), self.budget_epochs)
+        if self.context.budget_epochs is not None:
+            self.end_step = budget_step(state.max_steps, int(args.num_train_epochs), self.context.budget_epochs)
 
     def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.first is None:
@@ -274,8 +222,8 @@ class ProgressLog(TrainerCallback):
             *(progress[key] for key in ("step", "max_steps", "loss", "samples_per_second", "seconds_left"))
         )
         log.info(line)
-        console_log.info("run %s: %s", self.run_id, line)
-        self.checkpoints.report_progress(progress)
+        console_log.info("run %s: %s", self.context.run_id, line)
+        self.context.report_progress(progress)
 
     def on_train_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.first is None or state.global_step <= self.first[0] or not state.is_world_process_zero:
@@ -324,7 +272,7 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
         raise ValueError(f"training.fsdp: {params['fsdp']!r} shards the model across GPUs, and this job has none")
     workers = dataloader_workers(on_gpu, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return TrainingArguments(
-        output_dir=str(context.work_dir / "checkpoints"),
+        output_dir=str(context.checkpoint_dir),
         learning_rate=params["learning_rate"],
         per_device_train_batch_size=params["batch_size"],
         per_device_eval_batch_size=params["batch_size"] * 2,
@@ -341,7 +289,7 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
         eval_strategy="epoch" if has_validation else "no",
         save_strategy="steps",
         save_steps=context.save_every_steps,
-        save_total_limit=context.checkpoints.keep,
+        save_total_limit=context.keep_checkpoints,
         logging_steps=10,
         disable_tqdm=True,
         report_to="none",
@@ -357,26 +305,22 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
     )
 
 
-def train(context: TrainContext, args: TrainingArguments, **trainer_arguments: Any) -> tuple[Trainer, dict[str, Any]]:
-    """Build the Trainer (`args`, and model, datasets, collator: `trainer_arguments`), resume it from the
-    newest complete shared checkpoint, train until done or asked to stop, and return it with the
-    training figures. A stop raises TrainingStopped once its checkpoint is on shared storage."""
+def train(
+    context: TrainContext, args: TrainingArguments, **trainer_arguments: Any
+) -> tuple[Trainer, dict[str, Any] | None]:
+    """Build the Trainer (`args`, and model, datasets, collator: `trainer_arguments`), resume it from
+    `context.resume_from`, train until done or asked to stop, and return it with the training
+    figures; None for the figures when it stopped on request (its checkpoint saved)."""
     torch.set_num_threads(context.threads)
-    me = Rank.from_environment()
-    local = Path(args.output_dir)  # the checkpoints on scratch
-    stop = StopOnSignal(context.work_dir / STOP_FILE_NAME if me.world_size > 1 else None, context.budget_epochs)
+    stop = StopWhenAsked(context)
     trainer = ExactlyResumableTrainer(
         args=args,
         compute_metrics=accuracy_and_macro_f1,
-        # Mirroring comes after StopOnSignal has asked for the checkpoint it then copies.
-        callbacks=[
-            stop,
-            MirrorCheckpointsToShared(context.checkpoints, local, me),
-            ProgressLog(context.run_id, context.checkpoints, context.budget_epochs),
-        ],
+        # CheckpointSaved comes after StopWhenAsked has asked for the checkpoint it hands on.
+        callbacks=[stop, CheckpointSaved(context), ProgressLog(context)],
         **trainer_arguments,
     )
-    resume_from = context.checkpoints.restore_newest_to(local, me.world_size)
+    resume_from = context.resume_from
     if resume_from and context.budget_epochs and reached_budget(resume_from, context.budget_epochs):
         # A rung job killed after its last checkpoint: evaluate that checkpoint, train no further.
         trainer._load_from_checkpoint(str(resume_from))
@@ -386,25 +330,19 @@ def train(context: TrainContext, args: TrainingArguments, **trainer_arguments: A
             "resumed_from_step": step_of(resume_from),
             "validation": validation_figures(evaluation),
         }
-    with stop.listening(), curves_logged(trainer, context, resume_from, me.rank == 0):
+    with curves_logged(trainer, context, resume_from):
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if result.global_step < trainer.state.max_steps and not stop.at_budget:
-        raise TrainingStopped(
-            f"stopped on {stop.received} at step {result.global_step} of {trainer.state.max_steps}; "
-            f"checkpoint-{result.global_step} is saved in {context.checkpoints.folder} and the next attempt "
-            "resumes from it"
-        )
+        return trainer, None
     return trainer, training_figures(trainer, result, resume_from)
 
 
 @contextmanager
-def curves_logged(
-    trainer: Trainer, context: TrainContext, resume_from: Path | None, is_first_rank: bool
-) -> Iterator[None]:
+def curves_logged(trainer: Trainer, context: TrainContext, resume_from: Path | None) -> Iterator[None]:
     """The first rank logs the curves to shared storage: to TensorBoard, continued from where this
     piece resumes, and with `tracking: wandb` to a W&B offline run of this piece as well (a piece
     stopped on request ends its training normally, so its W&B run ends as finished)."""
-    if not is_first_rank:
+    if not trainer.is_world_process_zero():
         yield
         return
     writer = open_writer(context.tracking_dir, step_of(resume_from) if resume_from else None)

@@ -20,9 +20,9 @@ from typing import Any
 from scratchflow import aggregation, distributed, halving, report, signals, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
-from scratchflow.distributed import Shape
 from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.models import prefetch, switch_hub_off
+from scratchflow.piece import PieceSpec, Shape, Staging
 from scratchflow.plan import RUN_PATHS
 from scratchflow.record import (
     PhaseTimer,
@@ -33,7 +33,7 @@ from scratchflow.record import (
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
-from scratchflow.tasks import PredictContext, TrainContext, TrainingStopped, load_task
+from scratchflow.tasks import PredictContext, TrainingStopped, load_task
 
 log = logging.getLogger("scratchflow")
 
@@ -184,8 +184,8 @@ def train_job(job: TrainJob) -> None:
             data = staged_sources(stage_in(job.archive, job.manifest, scratch), job.identity["dataset"])
         with timer.phase("train"), pointing_at(piece_log):
             trained = distributed.train(
-                job.task,
-                TrainContext(
+                PieceSpec(
+                    task=job.task,
                     run_id=job.run_id,
                     piece=piece["piece"],
                     data=data,
@@ -199,11 +199,10 @@ def train_job(job: TrainJob) -> None:
                     save_every_steps=job.checkpointing["every_steps"],
                     stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
                     threads=job.threads,
-                    nodes=job.shape.nodes,
-                    processes_per_node=job.shape.processes_per_node,
+                    shape=job.shape,
                     budget_epochs=job.rung.epochs if job.rung else None,
-                ),
-                distributed.Staging(job.archive, job.manifest, job.scratch_root),
+                    staging=Staging(job.archive, job.manifest, job.scratch_root),
+                )
             )
         piece.update(reached_step=trained.metrics.get("global_steps"))
         if job.rung is None:

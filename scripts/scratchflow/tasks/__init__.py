@@ -1,27 +1,27 @@
-"""Tasks: what the lifecycle trains. The lifecycle (stage in, run lock, pieces, checkpoints mirrored to
-shared storage, stop signals, sync back, cleanup, records) lives in `scratchflow.jobs` and knows
-nothing about models or kinds of data; a task knows nothing about Slurm, scratch or shared storage:
-it trains in `TrainContext.work_dir` and hands each checkpoint it saves to `TrainContext.checkpoints`.
+"""Tasks: what the lifecycle trains. A task only trains and predicts: it knows nothing about Slurm,
+scratch, shared storage or signals. Around its `train`, the piece (scratchflow.piece) restores the
+newest checkpoint, hears the stop signal, mirrors each checkpoint to shared storage and decides
+whether the piece finished or paused; the job (scratchflow.jobs) stages the data in and syncs the
+result back.
 
 A task is one module here, `scratchflow.tasks.<name with _ for ->`, beside its schema fragment
 `<module>.schema.yaml` (the JSON schema of the `training:` section; `grid:` accepts exactly the same
 keys, as lists). What the module must define is the `Task` protocol below; `load_task` checks a
-module against it (and for its schema fragment) when the workflow starts, and names what is missing.
+module against it (and for its schema fragment) when the workflow starts, and names what is missing;
+tests/test_task_contract.py checks every task's behaviour against it.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 import yaml
-
-from scratchflow.checkpoints import RunCheckpoints
 
 DEFAULT_TASK = "text-classification"
 
@@ -37,26 +37,62 @@ class TrainingStopped(RuntimeError):
     log: Path | None = None
 
 
+class Lifecycle(Protocol):
+    """What the piece does for a task while it trains (scratchflow.piece.Piece)."""
+
+    def stop_requested(self) -> bool: ...
+    def checkpoint_saved(self, checkpoint: Path) -> None: ...
+    def report_progress(self, progress: dict[str, Any]) -> None: ...
+    def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]: ...
+
+
 @dataclass(frozen=True)
 class TrainContext:
+    """What a task's `train` is given: the run, where things are, and the piece's services."""
+
     run_id: str
     piece: int  # 1 for the first job that trains the run, 2 for the one that resumes it, ...
     data: dict[str, Path]  # the staged data on scratch: {"all": path} or {"train": ..., "test": ...}
     dataset: dict[str, Any]
     params: dict[str, Any]  # the run's training parameters
     model: Path | None  # the base model's cache on shared storage
-    work_dir: Path  # this job's private scratch directory
-    checkpoints: RunCheckpoints  # the run's checkpoint state on shared storage
+    work_dir: Path  # this piece's private scratch folder
+    checkpoint_dir: Path  # on scratch: save checkpoint-<step>/ here, the task's CHECKPOINT_MARKER last
+    resume_from: Path | None  # the newest complete checkpoint, copied into checkpoint_dir; None: from zero
+    keep_checkpoints: int  # how many complete checkpoints to keep on scratch (shared storage keeps as many)
+    save_every_steps: int
     tracking_dir: Path  # the run's TensorBoard folder on shared storage (scratchflow.tracking)
     tracking: str  # config key tracking: "tensorboard", or "wandb" (W&B offline as well)
-    save_every_steps: int
-    stop_grace_seconds: float
     threads: int  # CPU threads of this process
-    nodes: int = 1  # the job's shape: training processes = nodes x processes_per_node
-    processes_per_node: int = 1
-    # A halving search's rung: train until this many of the run's epochs are done, then stop with
-    # a checkpoint and the validation metrics there (Trained.metrics["validation"]).
-    budget_epochs: int | None = None
+    nodes: int  # the piece's shape: training processes = nodes x processes_per_node
+    processes_per_node: int
+    # A halving search's rung: train until this many of the run's epochs are done (the schedule
+    # still that of all its epochs), save a checkpoint there and return the validation metrics
+    # there (Trained.metrics["validation"]).
+    budget_epochs: int | None
+    lifecycle: Lifecycle = field(repr=False)
+
+    def stop_requested(self) -> bool:
+        """Whether the job is asked to stop (its wall time near, cancelled, preempted). Ask at the
+        end of every step; with several training processes every process must ask at the same
+        steps (they agree there), and all get the same answer."""
+        return self.lifecycle.stop_requested()
+
+    def checkpoint_saved(self, checkpoint: Path) -> None:
+        """Call after saving `checkpoint` (checkpoint_dir/checkpoint-<step>, complete) in every
+        process: the piece copies it to shared storage, where the next piece resumes from it."""
+        self.lifecycle.checkpoint_saved(checkpoint)
+
+    def report_progress(self, progress: dict[str, Any]) -> None:
+        """Where training is (step, max_steps, loss, samples_per_second, seconds_left, at), for the
+        grid's status; from the first process only. Optional."""
+        self.lifecycle.report_progress(progress)
+
+    def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+        """For a task whose training is another program: run it to its end, passing the stop signal on
+        to it, copying each complete checkpoint it writes into checkpoint_dir to shared storage as it
+        appears; returns its exit code and the last lines of its output."""
+        return self.lifecycle.run_program(argv, env)
 
 
 @dataclass(frozen=True)
@@ -83,7 +119,8 @@ class Predicted:
 
 
 class Task(Protocol):
-    """What a task module defines (module-level names; the functions as plain functions)."""
+    """What a task module defines (module-level names; the functions as plain functions). A task
+    imports no signal, mirrors nothing and raises nothing to stop: its `TrainContext` does that."""
 
     # The file the task writes last into `checkpoint-<step>/`: its presence makes the checkpoint
     # complete (mirrored to shared storage, resumable).
@@ -104,9 +141,15 @@ class Task(Protocol):
     def check_model(self, model_dir: Path) -> None:
         """Proves a prefetched model loads offline (if NEEDS_MODEL)."""
 
-    def train(self, context: TrainContext) -> Trained:
-        """Trains, resuming from `context.checkpoints`; raises TrainingStopped when asked to stop
-        (its progress saved)."""
+    def train(self, context: TrainContext) -> Trained | None:
+        """Trains `context.params` on `context.data`, from `context.resume_from` when set (its weights,
+        optimizer, schedule, random states and step). Every `context.save_every_steps` steps, and
+        after the last, saves `checkpoint-<step>/` into `context.checkpoint_dir` (its marker last)
+        and calls `context.checkpoint_saved` with it. Asks `context.stop_requested()` after every
+        step: when asked, saves a checkpoint the same way and returns None. With
+        `context.budget_epochs`, stops the same way at the end of that epoch and returns the
+        validation metrics there (a `resume_from` already there: evaluates it, trains no further).
+        Otherwise returns what it trained when done."""
 
     def predict(self, context: PredictContext) -> Predicted:
         """Tests what `train` made."""

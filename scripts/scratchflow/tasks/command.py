@@ -50,13 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow import tracking
-from scratchflow.checkpoints import step_of
+from scratchflow.checkpoints import newest_complete_checkpoint, step_of
 from scratchflow.dataset import DatasetError
 from scratchflow.files import read_json
-from scratchflow.processes import StopForwarder, run_program
 from scratchflow.search import swept_keys
 from scratchflow.signals import STOP_FILE_NAME
-from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained, TrainingStopped
+from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
 log = logging.getLogger(__name__)
 
@@ -188,30 +187,26 @@ def data_locations(data: dict[str, Path]) -> tuple[Path, Path | None]:
     return (whole.parent, whole) if whole.is_file() else (whole, None)
 
 
-def train(context: TrainContext) -> Trained:
+def train(context: TrainContext) -> Trained | None:
     params = {key: value for key, value in context.params.items() if key != "command"}
-    checkpoint_dir = context.work_dir / "checkpoints"
     output_dir = context.work_dir / "output"
-    checkpoint_dir.mkdir()
     output_dir.mkdir()
     params_file = context.work_dir / "params.json"
     params_file.write_text(json.dumps(params, indent=2, sort_keys=True))
-    resume_from = context.checkpoints.restore_newest_to(checkpoint_dir)
-    stop_file = context.work_dir / STOP_FILE_NAME
     data_dir, data_file = data_locations(context.data)
     env = {
         **os.environ,
         "SCRATCHFLOW_DATA_DIR": str(data_dir),
         "SCRATCHFLOW_DATA_FILE": str(data_file or ""),
-        "SCRATCHFLOW_CHECKPOINT_DIR": str(checkpoint_dir),
-        "SCRATCHFLOW_RESUME_FROM": str(resume_from or ""),
+        "SCRATCHFLOW_CHECKPOINT_DIR": str(context.checkpoint_dir),
+        "SCRATCHFLOW_RESUME_FROM": str(context.resume_from or ""),
         "SCRATCHFLOW_OUTPUT_DIR": str(output_dir),
         "SCRATCHFLOW_PARAMS": str(params_file),
         "SCRATCHFLOW_RUN_ID": context.run_id,
         "SCRATCHFLOW_PIECE": str(context.piece),
         "SCRATCHFLOW_SAVE_EVERY_STEPS": str(context.save_every_steps),
         "SCRATCHFLOW_TRACKING_DIR": str(context.tracking_dir),
-        "SCRATCHFLOW_STOP_FILE": str(stop_file),
+        "SCRATCHFLOW_STOP_FILE": str(context.work_dir / STOP_FILE_NAME),
         "SCRATCHFLOW_NODES": str(context.nodes),
         "SCRATCHFLOW_PROCESSES_PER_NODE": str(context.processes_per_node),
         "SCRATCHFLOW_BUDGET_EPOCHS": str(context.budget_epochs or ""),
@@ -221,35 +216,25 @@ def train(context: TrainContext) -> Trained:
         env.update(tracking.wandb_environment(context.tracking_dir.parent, context.run_id, context.piece))
     argv = context.params["command"]
     log.info("running %s", argv)
-    resumed_step = step_of(resume_from) if resume_from else None
-    mirror = context.checkpoints.mirroring(checkpoint_dir, resumed_step)
-    stop = StopForwarder(stop_file)
-    code, tail = run_program(argv, env, stop, context.stop_grace_seconds, alongside=mirror.watching())
+    code, tail = context.run_program(argv, env)
     # A rung's job is done when the program has written the rung's validation metrics.
     expected = output_dir / (VALIDATION_FILE if context.budget_epochs else METRICS_FILE)
     finished = code == 0 and expected.is_file()
-    if stop.received and not finished:
-        step = mirror.mirrored_step
-        raise TrainingStopped(
-            f"stopped on {stop.received} at step {step}: paused; "
-            + (
-                f"checkpoint-{step} is saved in {context.checkpoints.folder} and the next attempt resumes from it"
-                if step is not None
-                else "no complete checkpoint was written, so the next attempt starts from the beginning"
-            )
-        )
+    if context.stop_requested() and not finished:
+        return None  # paused: its newest complete checkpoint is on shared storage
     if code != 0:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         raise CommandFailed(f"the command {argv} {how}; its last lines:\n{tail}")
     read_metrics(expected)
     validation = output_dir / VALIDATION_FILE
+    newest = newest_complete_checkpoint(context.checkpoint_dir, CHECKPOINT_MARKER)
     return Trained(
         output=output_dir,
         metrics={
             "command": argv,
             "exit_code": code,
-            "resumed_from_step": resumed_step,
-            "global_steps": mirror.mirrored_step,
+            "resumed_from_step": step_of(context.resume_from) if context.resume_from else None,
+            "global_steps": step_of(newest) if newest else None,
             **({"validation": read_metrics(validation)} if validation.is_file() else {}),
         },
     )

@@ -72,7 +72,7 @@ class ImageExamples:
         return {"pixel_values": pixels, "labels": self.label_ids[file.label]}
 
 
-def train(context: TrainContext) -> Trained:
+def train(context: TrainContext) -> Trained | None:
     from transformers import AutoImageProcessor, AutoModelForImageClassification, set_seed
 
     from scratchflow import hf_trainer
@@ -99,6 +99,8 @@ def train(context: TrainContext) -> Trained:
         eval_dataset=ImageExamples(splits["validation"], processor, label_ids) if splits["validation"] else None,
         processing_class=processor,
     )
+    if figures is None:
+        return None  # stopped on request, its checkpoint saved
     trained = context.work_dir / "model"
     trainer.save_model(str(trained))
     return Trained(output=trained, metrics=figures)

@@ -68,7 +68,7 @@ class EncodedExamples:
         return item
 
 
-def train(context: TrainContext) -> Trained:
+def train(context: TrainContext) -> Trained | None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, set_seed
 
     from scratchflow import hf_trainer
@@ -98,6 +98,8 @@ def train(context: TrainContext) -> Trained:
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
     )
+    if figures is None:
+        return None  # stopped on request, its checkpoint saved
     trained = context.work_dir / "model"
     trainer.save_model(str(trained))
     return Trained(output=trained, metrics=figures)
