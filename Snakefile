@@ -35,3 +35,7 @@ onstart:
 
 onsuccess:
     print(workflow_hooks.on_success(config, PLAN))
+
+
+# Used as a module, Snakemake runs neither hook above: scratchflow runs them itself.
+workflow_hooks.run_hooks_as_a_module(workflow, config, PLAN)

@@ -6,7 +6,13 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+# This file's folder, not workflow.basedir: used as a module, that is the host workflow's. Its code
+# must be on disk (a checkout at a tag, not a remote source).
+if not hasattr(workflow.current_basedir, "__fspath__"):
+    raise WorkflowError(
+        f"{workflow.current_basedir}: pin scratchflow as a checkout (docs/lab-pipeline.md)"
+    )
+sys.path.insert(0, str(Path(workflow.current_basedir).parent / "scripts"))
 from scratchflow.software import missing_module_message
 
 try:
@@ -29,6 +35,7 @@ from scratchflow.plan import (
     SEARCH_OUTPUTS,
 )
 from scratchflow.snakemake_adapter import (
+    check_module_hooks,
     prepare_job_step,
     register_pack_slot,
     share_resources,
@@ -42,7 +49,7 @@ try:
 except WorkflowError as error:
     raise ConfigError(explain_schema_error(error) or str(error)) from None
 TASK, PLAN, DATA_SOURCES, DATA_FINGERPRINT = workflow_hooks.read_config(
-    config, Path(workflow.basedir), workflow.is_main_process, target_rules()
+    config, workflow, target_rules()
 )
 if workflow.remote_exec:
     prepare_job_step(config["checkpointing"]["stop_signal"])
@@ -96,7 +103,7 @@ def run_results(wildcards):
 
 def runs_in_rung(rung):
     """The runs rung `rung` of a halving search trains: all at rung 0, then those the decision after
-    the rung before promoted (known once that decision is made: a checkpoint rule)."""
+    the rung before promoted (`promote`: a Snakemake checkpoint rule, not a training checkpoint)."""
     if rung == 0:
         return PLAN.run_ids
     return read_json(checkpoints.promote.get(rung=rung - 1).output.decision)["promoted"]
@@ -131,6 +138,7 @@ def metrics_in_pack(wildcards):
 
 
 def final_outputs(wildcards):
+    check_module_hooks(workflow)  # once the host Snakefile, if any, is read whole
     return PLAN.final_outputs()
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs scratchflow on this machine (local profile) in the current directory, which holds
-# config/config.yaml and receives archives/, models/, checkpoints/, results/ and logs/.
+# config/config.yaml (and, for a lab's pipeline, its Snakefile) and receives archives/, models/,
+# checkpoints/, results/ and logs/.
 # Extra arguments go to Snakemake.
 #
 # A run killed outright (SIGKILL, a power cut) leaves Snakemake's directory lock behind, and the
@@ -12,7 +13,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 snakemake=snakemake
 # The project's venv first on PATH, so that a command task's `python` is the one with its packages.
 [ -x "$repo/.venv/bin/snakemake" ] && snakemake="$repo/.venv/bin/snakemake" && export PATH="$repo/.venv/bin:$PATH"
-workflow=(--snakefile "$repo/Snakefile" --profile "$repo/profiles/local")
+# A lab's pipeline (a Snakefile here that uses scratchflow as its module), or else scratchflow's own.
+snakefile="$repo/Snakefile"
+[ -f Snakefile ] && snakefile=Snakefile
+workflow=(--snakefile "$snakefile" --profile "$repo/profiles/local")
 
 # Nothing here uses Slurm, but the Slurm plugin runs `scontrol show config` whenever Snakemake
 # starts, which waits 9 s where a Slurm client is installed and no controller answers.

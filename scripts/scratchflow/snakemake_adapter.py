@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,53 @@ def notice_job_ends_at_once(workflow: Any) -> None:
         last_check[0] = time.time()
 
     executor.sleep = sleep
+
+
+class HostReplacedHooks(RuntimeError):
+    """A host Snakefile defined its own onstart or onsuccess after `module scratchflow:`."""
+
+
+def run_module_hooks(workflow: Any, on_start: Callable[[], None], on_success: Callable[[], None]) -> None:
+    """Snakemake runs the onstart and onsuccess of the main Snakefile only. Used as a module (a lab's
+    host Snakefile, `module scratchflow:`), scratchflow's run anyway, each before the host's own
+    (which it defined before the module; one defined after replaces them, `check_module_hooks`)."""
+    if workflow.modifier.is_main_snakefile():
+        return
+    host_start, host_success = workflow._onstart, workflow._onsuccess
+
+    def start(log: Any) -> None:
+        on_start()
+        host_start(log)
+
+    def success(log: Any) -> None:
+        on_success()
+        host_success(log)
+
+    workflow._onstart, workflow._onsuccess = start, success
+    workflow.scratchflow_hooks = (start, success)
+
+
+def check_module_hooks(workflow: Any) -> None:
+    """Refuse to start a host Snakefile whose own onstart or onsuccess, defined after the module,
+    replaced scratchflow's: its start-up checks, plan file and checkpoint release would not run."""
+    hooks = getattr(workflow, "scratchflow_hooks", None)
+    if hooks is not None and (workflow._onstart, workflow._onsuccess) != hooks:
+        raise HostReplacedHooks(
+            "the host Snakefile's onstart or onsuccess replaces scratchflow's (Snakemake keeps one of each): "
+            "define them before the line `module scratchflow:`, and scratchflow runs its own before them"
+        )
+
+
+def refuse_renamed_rules(workflow: Any) -> None:
+    """scratchflow's rules keep their names in a host Snakefile: the profiles give resources by rule
+    name (train, predict, ...), and so do its start-up checks."""
+    rename = workflow.modifier.resolved_rulename_modifier
+    if rename is not None and rename("train") != "train":
+        raise HostRenamedRules(
+            f"`use rule * from scratchflow as {rename('*')}`: scratchflow's rules keep their own names (the "
+            "profiles set each rule's resources by name: train, predict, ...); write `use rule * from scratchflow`"
+        )
+
+
+class HostRenamedRules(RuntimeError):
+    """A host Snakefile used scratchflow's rules under other names."""

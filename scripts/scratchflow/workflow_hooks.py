@@ -5,6 +5,7 @@ and `rules/common.smk` call one function each; Snakemake's internals are reached
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import shutil
@@ -32,20 +33,26 @@ from scratchflow.containers import check_rule_image_rules, set_job_step_image, s
 from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, Plan
-from scratchflow.tasks import Task
+from scratchflow.tasks import Task, find_lab_tasks_in
 from scratchflow.tracking import wandb_sync_command
 
 CHECKED_DATA = Path(".snakemake/scratchflow/checked-data")
+# scratchflow's own folder (its Snakefile, rules, scripts), also when a lab's Snakefile uses it as a module.
+SCRATCHFLOW_DIR = Path(__file__).resolve().parents[2]
 
 
 def read_config(
-    config: dict[str, Any], workflow_dir: Path, main_process: bool, job_rules: set[str] = frozenset()
+    config: dict[str, Any], workflow: Any, job_rules: set[str] = frozenset()
 ) -> tuple[Task, Plan, dict[str, Path], str]:
     """Check a config that passed the schema, fill in its task's defaults, and plan it: the task's
     module, the plan, the data's files (name -> path) and their fingerprint (names, sizes and times,
     listed once per start: the data check and the archive rule's rebuild trigger both use it). The
     data itself is read once per version of it, by the main process only. `job_rules`: in a job's
-    own Snakemake, the rules of the jobs it runs."""
+    own Snakemake, the rules of the jobs it runs. A lab's own tasks are found beside its Snakefile
+    (`workflow.basedir`, the host's when scratchflow is its module)."""
+    snakemake_adapter.refuse_renamed_rules(workflow)
+    workflow_dir, main_process = Path(workflow.basedir), workflow.is_main_process
+    find_lab_tasks_in(workflow_dir)
     task = configured_task(config)
     planning_note = check_run_count(config)
     if planning_note and main_process:
@@ -97,7 +104,7 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
         set_job_step_image(
             config["cluster"],
             Path.cwd(),
-            Path(workflow.basedir),
+            SCRATCHFLOW_DIR,
             read_inputs(config),
             sys.executable,
             snakemake_adapter.job_rules(workflow),
@@ -105,6 +112,13 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     plan.started(executor).write(Path("."))
     if executor == "slurm":
         snakemake_adapter.notice_job_ends_at_once(workflow)
+
+
+def run_hooks_as_a_module(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
+    """What the Snakefile's onstart and onsuccess do, when scratchflow is a lab's module."""
+    snakemake_adapter.run_module_hooks(
+        workflow, functools.partial(on_start, workflow, config, plan), lambda: print(on_success(config, plan))
+    )
 
 
 def check_against_cluster(workflow: Any, plan: Plan, runtimes: dict[str, list[int]]) -> None:

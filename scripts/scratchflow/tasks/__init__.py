@@ -14,7 +14,9 @@ tests/test_task_contract.py checks every task's behaviour against it.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -172,18 +174,43 @@ def missing_names(module: ModuleType) -> list[str]:
 
 
 def module_name(task: str) -> str:
-    return f"{__name__}.{task.replace('-', '_')}"
+    """A built-in task's module (`text-classification`), or a lab's own, named by its module path
+    (`ourlab.segmentation`: ourlab/segmentation.py beside the lab's Snakefile)."""
+    return task if is_lab_task(task) else f"{__name__}.{task.replace('-', '_')}"
+
+
+def is_lab_task(task: str) -> bool:
+    return "." in task
+
+
+def find_lab_tasks_in(folder: Path) -> None:
+    """A lab's task modules are found in `folder` (its Snakefile's), here and in every process the
+    workflow starts: jobs' scripts, their training processes."""
+    sys.path.insert(0, str(folder))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
 
 
 def available_tasks() -> list[str]:
+    """The built-in tasks."""
     return sorted(info.name.replace("_", "-") for info in pkgutil.iter_modules(__path__) if not info.ispkg)
 
 
 @cache
 def load_task(task: str) -> ModuleType:
-    if task not in available_tasks():
-        raise UnknownTask(f"config key task: unknown task {task!r}; the tasks are: {', '.join(available_tasks())}")
-    module = importlib.import_module(module_name(task))
+    if not is_lab_task(task) and task not in available_tasks():
+        raise UnknownTask(
+            f"config key task: unknown task {task!r}; the tasks are: {', '.join(available_tasks())}, or a module of "
+            "your own named by its module path (ourlab.segmentation: ourlab/segmentation.py beside your Snakefile)"
+        )
+    try:
+        module = importlib.import_module(module_name(task))
+    except ModuleNotFoundError as error:
+        if error.name is None or not task.startswith(error.name):
+            raise  # the task's module found, and one it imports missing
+        raise UnknownTask(
+            f"config key task: no module {task!r}: a task of your own is a Python module importable from the "
+            f"folder of your Snakefile ({task.replace('.', '/')}.py there, beside its schema fragment)"
+        ) from None
     missing = missing_names(module)
     schema = Path(module.__file__).with_suffix(".schema.yaml")
     if not schema.is_file():
