@@ -112,3 +112,12 @@ def test_every_reference_to_a_section_names_a_heading_of_its_file():
                 if quoted not in titles:
                     broken.append(f'{source.relative_to(REPO)}: see "{quoted}"')
     assert not broken, "references to no heading:\n" + "\n".join(broken)
+
+
+def test_the_version_has_its_changelog_section_and_the_licence_is_there():
+    """A release is a version bump with its CHANGELOG entry in one commit (CHANGELOG.md's own rule)."""
+    from scratchflow import __version__
+
+    releases = re.findall(r"^## (\d+\.\d+\.\d+) \((\d{4}-\d{2}-\d{2})\)$", (REPO / "CHANGELOG.md").read_text(), re.M)
+    assert releases and releases[0][0] == __version__, "the newest section of CHANGELOG.md is the version's"
+    assert "MIT License" in (REPO / "LICENSE").read_text()

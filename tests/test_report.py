@@ -8,13 +8,15 @@ from scratchflow.aggregation import best, by_setting, summarize
 from scratchflow.report import plot_confusion_matrix, provenance, write_summary_page
 
 
-def record(commit: str, host: str, dirty: bool = False) -> dict:
+def record(commit: str, host: str, dirty: bool = False, version: str = "0.1.0") -> dict:
     return {
         "task": "text-classification",
         "data": {"sha256": "abc"},
         "config": {"cluster": {"name": "narval"}},
         "environment": {
-            "git": {"commit": commit, "dirty": dirty},
+            "scratchflow_version": version,
+            "git": {"commit": "5c6852b", "dirty": False},
+            "pipeline_git": {"commit": commit, "dirty": dirty},
             "host": host,
             "python": "3.11.7",
             "packages": {"torch": "2.13.0", "wandb": None},
@@ -51,11 +53,20 @@ def test_the_page_holds_every_run_and_setting_escaped_sortable_and_self_containe
 
 def test_provenance_names_what_differs_between_runs_with_counts():
     facts = provenance([record("c0ffee", "n1"), record("c0ffee", "n2", dirty=True), record("c0ffee", "n2")])
-    assert facts["workflow commit"] == "c0ffee (2 runs), c0ffee (uncommitted changes) (1 run)"
+    assert facts["pipeline commit"] == "c0ffee (2 runs), c0ffee (uncommitted changes) (1 run)"
+    assert facts["scratchflow"] == "0.1.0, commit 5c6852b"
     assert facts["hosts"] == "n1 (1 run), n2 (2 runs)"
     assert facts["torch"] == "2.13.0"
     assert facts["wandb"] == "not installed"
     assert facts["cluster"] == "narval"
+
+
+def test_provenance_tells_runs_of_two_releases_and_a_record_from_before_versions():
+    before = record("c0ffee", "n1")
+    del before["environment"]["scratchflow_version"], before["environment"]["pipeline_git"]
+    facts = provenance([before, record("c0ffee", "n1", version="0.2.0")])
+    assert facts["scratchflow"] == "before 0.1.0, commit 5c6852b (1 run), 0.2.0, commit 5c6852b (1 run)"
+    assert facts["pipeline commit"] == "not recorded (1 run), c0ffee (1 run)"
 
 
 def test_the_confusion_matrix_is_drawn_and_a_task_without_one_says_so(tmp_path):

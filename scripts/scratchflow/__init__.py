@@ -5,3 +5,6 @@ plain functions and objects that tests and other tools call directly: the plan o
 checks and hooks around the workflow (`workflow_hooks`), one function per job (`jobs`), and the tasks
 that jobs train (`tasks`). Only `snakemake_adapter` reaches into Snakemake's internals.
 """
+
+# The release (CHANGELOG.md); recorded in every run's record.json with the commit it ran from.
+__version__ = "0.1.0"

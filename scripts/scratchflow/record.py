@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from scratchflow import __version__
+
 RECORDED_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "pandas", "numpy", "snakemake")
 
 
@@ -59,8 +61,10 @@ def package_versions(names: tuple[str, ...] = RECORDED_PACKAGES) -> dict[str, st
 
 
 def environment_record(workflow_dir: Path) -> dict[str, Any]:
-    """Where and with what a job ran."""
+    """Where and with what a job ran: scratchflow's release and commit (`git`), and the commit of the
+    pipeline it ran in (the working directory's repository: a lab's own, or scratchflow's)."""
     return {
+        "scratchflow_version": __version__,
         "host": socket.gethostname(),
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
@@ -70,6 +74,7 @@ def environment_record(workflow_dir: Path) -> dict[str, Any]:
         "container_image": os.environ.get("PYXIS_CONTAINER_IMAGE"),
         "packages": package_versions(),
         "git": git_state(workflow_dir),
+        "pipeline_git": git_state(Path.cwd()),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

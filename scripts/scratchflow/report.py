@@ -85,7 +85,12 @@ def provenance(records: list[dict[str, Any]]) -> dict[str, str]:
 
     environments = [record["environment"] for record in records]
     facts = {
-        "workflow commit": counted([commit(env["git"]) for env in environments]),
+        "scratchflow": counted(
+            [f"{env.get('scratchflow_version', 'before 0.1.0')}, commit {commit(env['git'])}" for env in environments]
+        ),
+        "pipeline commit": counted(
+            [commit(env["pipeline_git"]) if "pipeline_git" in env else "not recorded" for env in environments]
+        ),
         "data sha256": counted([record["data"]["sha256"] for record in records]),
         "task": counted([record["task"] for record in records]),
         "cluster": counted([record["config"].get("cluster", {}).get("name", "local") for record in records]),
