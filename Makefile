@@ -67,12 +67,12 @@ NO_DEPS := animal-mnist==0.4
 # where PYTHONDONTWRITEBYTECODE is set (this machine, and every job that inherits its environment)
 # nothing compiled is kept, and every process compiled torch and transformers again: 10.9 s of CPU
 # to import transformers' model and Trainer code instead of 5.0 s (benchmarks/README.md, section 16).
-$(VENV)/.installed-runtime: requirements.txt | $(VENV)/bin/python
-	$(PYTHON) -m pip install --quiet -r requirements.txt
+$(VENV)/.installed-runtime: requirements.txt requirements-demo.txt | $(VENV)/bin/python
+	$(PYTHON) -m pip install --quiet -r requirements-demo.txt
 	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-wandb.txt | $(VENV)/bin/python
+$(VENV)/.installed-dev: requirements.txt requirements-demo.txt requirements-dev.txt requirements-wandb.txt | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
 	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@ $(VENV)/.installed-runtime

