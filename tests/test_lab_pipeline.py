@@ -1,0 +1,158 @@
+"""A lab's own pipeline, made by scripts/new_pipeline.py in a folder outside scratchflow's tree, with
+scratchflow as its submodule at a release's tag and used as a Snakemake module: it plans, runs with a
+task of the lab's own, records both repositories' commits, refuses what would silently lose
+scratchflow's hooks or profiles, and moving the pin to a newer release retrains nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, workflow_config, workflow_env
+from scratchflow import __version__
+
+RELEASE, NEXT_RELEASE = f"v{__version__}", "v99.0.0"
+GIT_IDENTITY = ["-c", "user.name=Lab", "-c", "user.email=lab@example.org"]
+
+# The lab's own task: scratchflow's text task under the lab's name, found beside its Snakefile.
+LAB_TASK = '''"""Our lab's text classifier (scratchflow's, under our name)."""
+from scratchflow.tasks.text_classification import *  # noqa: F403
+'''
+
+
+def git(folder: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *GIT_IDENTITY, "-C", str(folder), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory) -> Path:
+    """scratchflow's repository as a lab would clone it: this commit tagged as its release, and a
+    newer release after it that changes code (the train rule's script among it) but no run's
+    identity, as its CHANGELOG says."""
+    source = tmp_path_factory.mktemp("scratchflow-releases") / "scratchflow"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(source)], check=True)
+    git(source, "tag", "--force", RELEASE)
+    init = source / "scripts" / "scratchflow" / "__init__.py"
+    init.write_text(init.read_text().replace(f'"{__version__}"', f'"{NEXT_RELEASE[1:]}"'))
+    changelog = source / "CHANGELOG.md"
+    entry = f"## {NEXT_RELEASE[1:]} (2026-12-01)\n\n### Changed\n- The train job's entry script.\n\n"
+    changelog.write_text(changelog.read_text().replace(f"## {__version__}", entry + f"## {__version__}", 1))
+    (source / "scripts" / "train.py").write_text((source / "scripts" / "train.py").read_text() + "\n# newer\n")
+    git(source, "commit", "--quiet", "--all", "--message", f"Release {NEXT_RELEASE[1:]}")
+    git(source, "tag", NEXT_RELEASE)
+    return source
+
+
+def new_pipeline(folder: Path, source: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, REPO / "scripts" / "new_pipeline.py", folder, "--source", source, *args],
+        capture_output=True,
+        text=True,
+        env=workflow_env(),
+    )
+
+
+@pytest.fixture
+def lab(tmp_path, releases, bbc_subset, tiny_model) -> Path:
+    """A new pipeline at the release, with the lab's own task and a small grid of it, committed."""
+    folder = tmp_path / "ourlab-pipeline"
+    made = new_pipeline(folder, releases, "--cluster", "narval", "--tag", RELEASE)
+    assert made.returncode == 0, made.stderr
+    (folder / "ourlab").mkdir()
+    (folder / "ourlab" / "texts.py").write_text(LAB_TASK)
+    shutil.copy(
+        REPO / "scripts" / "scratchflow" / "tasks" / "text_classification.schema.yaml",
+        folder / "ourlab" / "texts.schema.yaml",
+    )
+    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", task="ourlab.texts")
+    config["training"]["epochs"] = 2
+    (folder / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    git(folder, "add", "--all")
+    git(folder, "commit", "--quiet", "--message", "Our pipeline")
+    return folder
+
+
+def snakemake(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "scratchflow/profiles/local", *args],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**workflow_env(), "SLURM_CONF": "/dev/null"},
+    )
+
+
+def test_a_new_pipeline_holds_only_the_labs_files_and_scratchflow_at_the_release(lab, releases):
+    tracked = set(git(lab, "ls-files").splitlines())
+    assert tracked == {
+        ".gitignore", ".gitmodules", "Makefile", "README.md", "Snakefile", "config/config.yaml",
+        "profiles/narval/config.v8+.yaml", "scratchflow", "ourlab/texts.py", "ourlab/texts.schema.yaml",
+    }  # fmt: skip
+    assert git(lab / "scratchflow", "rev-parse", "HEAD") == git(releases, "rev-parse", f"{RELEASE}^{{commit}}")
+    shown = (REPO / "docs" / "lab-pipeline.md").read_text()
+    for name in ("Snakefile", "profiles/narval/config.v8+.yaml"):
+        assert f"\n{(lab / name).read_text()}```" in shown, f"docs/lab-pipeline.md shows the {name} it makes"
+    refused = new_pipeline(lab, releases, "--cluster", "narval")
+    assert refused.returncode != 0 and "is not empty" in refused.stderr
+
+
+def test_a_pipeline_plans_its_own_task_through_the_module(lab):
+    planned = snakemake(lab, "--dry-run")
+    assert planned.returncode == 0, planned.stdout[-3000:]
+    assert "train" in planned.stdout and "aggregate" in planned.stdout
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda snakefile: snakefile.replace("use rule * from scratchflow", "use rule * from scratchflow as sf_*"),
+            "scratchflow's rules keep their own names",
+        ),
+        (
+            lambda snakefile: snakefile + '\n\nonstart:\n    print("ours")\n',
+            "define them before the line `module scratchflow:`",
+        ),
+    ],
+    ids=["rules renamed", "onstart after the module"],
+)
+def test_a_host_snakefile_that_would_lose_scratchflows_profiles_or_hooks_is_refused(lab, change, message):
+    snakefile = lab / "Snakefile"
+    snakefile.write_text(change(snakefile.read_text()))
+    refused = snakemake(lab, "--dry-run")
+    assert refused.returncode != 0 and message in refused.stdout, refused.stdout[-3000:]
+
+
+def test_a_lab_task_that_is_not_there_is_named_with_where_it_belongs(lab):
+    config = yaml.safe_load((lab / "config" / "config.yaml").read_text())
+    (lab / "config" / "config.yaml").write_text(yaml.safe_dump({**config, "task": "ourlab.segmentation"}))
+    refused = snakemake(lab, "--dry-run")
+    assert refused.returncode != 0
+    assert "no module 'ourlab.segmentation'" in refused.stdout and "ourlab/segmentation.py" in refused.stdout
+
+
+@pytest.mark.slow
+def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothing(lab, releases):
+    run_local = lab / "scratchflow" / "scripts" / "run_local.sh"
+    first = subprocess.run([run_local], cwd=lab, capture_output=True, text=True, env=workflow_env())
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert (lab / "results" / "summary.tsv").is_file() and (lab / "results" / "plan.json").is_file()
+    records = [json.loads(path.read_text()) for path in (lab / "results" / "runs").glob("*/record.json")]
+    assert len(records) == 2 and {record["task"] for record in records} == {"ourlab.texts"}
+    environment = records[0]["environment"]
+    assert environment["scratchflow_version"] == __version__
+    assert environment["git"] == {"commit": git(releases, "rev-parse", f"{RELEASE}^{{commit}}"), "dirty": False}
+    assert environment["pipeline_git"] == {"commit": git(lab, "rev-parse", "HEAD"), "dirty": False}
+
+    git(lab / "scratchflow", "checkout", "--quiet", NEXT_RELEASE)
+    git(lab, "commit", "--quiet", "--all", "--message", f"scratchflow {NEXT_RELEASE}")
+    planned = snakemake(lab, "--dry-run")
+    assert planned.returncode == 0 and "Nothing to be done" in planned.stdout, planned.stdout[-3000:]
