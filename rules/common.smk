@@ -103,7 +103,7 @@ def run_results(wildcards):
 
 def runs_in_rung(rung):
     """The runs rung `rung` of a halving search trains: all at rung 0, then those the decision after
-    the rung before promoted (`promote`: a Snakemake checkpoint rule, not a training checkpoint)."""
+    the rung before promoted (`promote`: a Snakemake checkpoint, not a training one)."""
     if rung == 0:
         return PLAN.run_ids
     return read_json(checkpoints.promote.get(rung=rung - 1).output.decision)["promoted"]

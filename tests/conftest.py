@@ -691,9 +691,9 @@ RECIPES = REPO / "config" / "tests"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
-def docs_text() -> str:
-    """Every page a user reads, one after another."""
-    return "\n".join(page.read_text() for page in DOCS)
+def docs_text(but: tuple[str, ...] = ()) -> str:
+    """Every page a user reads (`but` those of these names), one after another."""
+    return "\n".join(page.read_text() for page in DOCS if page.name not in but)
 
 
 def recipe(name: str) -> dict:

@@ -6,6 +6,7 @@ scratchflow's hooks or profiles, and moving the pin to a newer release retrains 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,11 @@ def test_a_new_pipeline_holds_only_the_labs_files_and_scratchflow_at_the_release
     shown = (REPO / "docs" / "lab-pipeline.md").read_text()
     for name in ("Snakefile", "profiles/narval/config.v8+.yaml"):
         assert f"\n{(lab / name).read_text()}```" in shown, f"docs/lab-pipeline.md shows the {name} it makes"
+    targets = set(re.findall(r"^make ([a-z]+)", shown, re.MULTILINE)) | set(re.findall(r"`make ([a-z]+)", shown))
+    assert targets == {"run", "cluster", "status", "test"}
+    for target in targets:
+        planned = subprocess.run(["make", "-n", target], cwd=lab, capture_output=True, text=True)
+        assert planned.returncode == 0 and "Nothing to be done" not in planned.stdout, (target, planned.stderr)
     refused = new_pipeline(lab, releases, "--cluster", "narval")
     assert refused.returncode != 0 and "is not empty" in refused.stderr
 
