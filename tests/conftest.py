@@ -358,17 +358,21 @@ def cluster_use(request):
         yield
 
 
-def slurm_workflow_command(slurm, profile: str, *arguments: str) -> list[str]:
+def slurm_workflow_command(slurm, profile: str, *arguments: str, pipeline: Path | None = None) -> list[str]:
     """`snakemake --profile profiles/<profile>` on the test cluster's login side, layered with
-    tests/slurm_overlay (only what this 2-core machine cannot provide)."""
+    tests/slurm_overlay (only what this 2-core machine cannot provide). A lab's `pipeline`
+    (docs/lab-pipeline.md) runs its own Snakefile, with its scratchflow's profile and its layer over it."""
+    scratchflow = pipeline / "scratchflow" if pipeline else REPO
+    layer = ["--workflow-profile", str(pipeline / "profiles" / profile)] if pipeline else []
     return slurm.inside(
         str(Path(sys.executable).parent / "snakemake"),
         "--snakefile",
-        str(REPO / "Snakefile"),
+        str((pipeline or REPO) / "Snakefile"),
         "--profile",
-        str(REPO / "profiles" / profile),
+        str(scratchflow / "profiles" / profile),
         "--profile",
         str(OVERLAY),
+        *layer,
         "--verbose",
         *arguments,
     )
@@ -691,6 +695,38 @@ RECIPES = REPO / "config" / "tests"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
+# A lab's own task (docs/lab-pipeline.md): scratchflow's text task under the lab's name, a module
+# beside the lab's Snakefile.
+LAB_TASK = "ourlab.texts"
+LAB_TASK_SOURCE = '''"""Our lab's text classifier (scratchflow's, under our name)."""
+from scratchflow.tasks.text_classification import *  # noqa: F403
+'''
+
+
+def git(folder: Path, *args: str) -> str:
+    """git in `folder`, as a lab member (commits need a name)."""
+    identity = ["-c", "user.name=Lab", "-c", "user.email=lab@example.org"]
+    return subprocess.run(
+        ["git", *identity, "-C", str(folder), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def lab_pipeline(folder: Path, cluster: str, config: dict, source: Path = REPO, tag: str = "HEAD") -> Path:
+    """A lab's pipeline as scripts/new_pipeline.py makes it (scratchflow from `source` at `tag`), with
+    the lab's own task (LAB_TASK) and `config` (its task set to it), committed."""
+    from scratchflow.lab_pipeline import make_pipeline
+
+    make_pipeline(folder, cluster, str(source), tag)
+    (folder / "ourlab").mkdir()
+    (folder / "ourlab" / "texts.py").write_text(LAB_TASK_SOURCE)
+    schema = REPO / "scripts" / "scratchflow" / "tasks" / "text_classification.schema.yaml"
+    shutil.copy(schema, folder / "ourlab" / "texts.schema.yaml")
+    write_config(folder, {**config, "task": LAB_TASK})
+    git(folder, "add", "--all")
+    git(folder, "commit", "--quiet", "--message", "Our pipeline")
+    return folder
+
+
 def docs_text(but: tuple[str, ...] = ()) -> str:
     """Every page a user reads (`but` those of these names), one after another."""
     return "\n".join(page.read_text() for page in DOCS if page.name not in but)
@@ -754,12 +790,13 @@ def switched_profile(name: str, folder: Path, replace: dict[str, str] | None = N
     return folder
 
 
-def start_on_slurm(slurm, workdir: Path, profile: str, env: dict[str, str]) -> subprocess.Popen:
+def start_on_slurm(slurm, workdir: Path, profile: str, env: dict[str, str], pipeline: bool = False) -> subprocess.Popen:
     """`run_on_slurm` in the background; its output, stderr included, goes to <workdir>.out (a file,
-    not a pipe, so that workflows run side by side never wait for their reader)."""
+    not a pipe, so that workflows run side by side never wait for their reader). With `pipeline`,
+    `workdir` is a lab's pipeline, which runs its own Snakefile (slurm_workflow_command)."""
     with open(workdir.with_suffix(".out"), "w") as output:
         return subprocess.Popen(
-            slurm_workflow_command(slurm, profile),
+            slurm_workflow_command(slurm, profile, pipeline=workdir if pipeline else None),
             cwd=workdir,
             env=slurm_workflow_env(slurm, env),
             stdout=output,

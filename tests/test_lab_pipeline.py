@@ -7,29 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, workflow_config, workflow_env
+from conftest import LAB_TASK, REPO, git, lab_pipeline, workflow_config, workflow_env
 from scratchflow import __version__
 
 RELEASE, NEXT_RELEASE = f"v{__version__}", "v99.0.0"
-GIT_IDENTITY = ["-c", "user.name=Lab", "-c", "user.email=lab@example.org"]
-
-# The lab's own task: scratchflow's text task under the lab's name, found beside its Snakefile.
-LAB_TASK = '''"""Our lab's text classifier (scratchflow's, under our name)."""
-from scratchflow.tasks.text_classification import *  # noqa: F403
-'''
-
-
-def git(folder: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *GIT_IDENTITY, "-C", str(folder), *args], check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -63,21 +50,9 @@ def new_pipeline(folder: Path, source: Path, *args: str) -> subprocess.Completed
 @pytest.fixture
 def lab(tmp_path, releases, bbc_subset, tiny_model) -> Path:
     """A new pipeline at the release, with the lab's own task and a small grid of it, committed."""
-    folder = tmp_path / "ourlab-pipeline"
-    made = new_pipeline(folder, releases, "--cluster", "narval", "--tag", RELEASE)
-    assert made.returncode == 0, made.stderr
-    (folder / "ourlab").mkdir()
-    (folder / "ourlab" / "texts.py").write_text(LAB_TASK)
-    shutil.copy(
-        REPO / "scripts" / "scratchflow" / "tasks" / "text_classification.schema.yaml",
-        folder / "ourlab" / "texts.schema.yaml",
-    )
-    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", task="ourlab.texts")
+    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch")
     config["training"]["epochs"] = 2
-    (folder / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    git(folder, "add", "--all")
-    git(folder, "commit", "--quiet", "--message", "Our pipeline")
-    return folder
+    return lab_pipeline(tmp_path / "ourlab-pipeline", "narval", config, source=releases, tag=RELEASE)
 
 
 def snakemake(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -91,11 +66,13 @@ def snakemake(folder: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_new_pipeline_holds_only_the_labs_files_and_scratchflow_at_the_release(lab, releases):
-    tracked = set(git(lab, "ls-files").splitlines())
-    assert tracked == {
+def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_the_release(tmp_path, releases):
+    lab = tmp_path / "ourlab-pipeline"
+    made = new_pipeline(lab, releases, "--cluster", "narval", "--tag", RELEASE)
+    assert made.returncode == 0, made.stderr
+    assert set(git(lab, "ls-files").splitlines()) == {
         ".gitignore", ".gitmodules", "Makefile", "README.md", "Snakefile", "config/config.yaml",
-        "profiles/narval/config.v8+.yaml", "scratchflow", "ourlab/texts.py", "ourlab/texts.schema.yaml",
+        "profiles/narval/config.v8+.yaml", "scratchflow",
     }  # fmt: skip
     assert git(lab / "scratchflow", "rev-parse", "HEAD") == git(releases, "rev-parse", f"{RELEASE}^{{commit}}")
     shown = (REPO / "docs" / "lab-pipeline.md").read_text()
@@ -152,7 +129,7 @@ def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothi
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert (lab / "results" / "summary.tsv").is_file() and (lab / "results" / "plan.json").is_file()
     records = [json.loads(path.read_text()) for path in (lab / "results" / "runs").glob("*/record.json")]
-    assert len(records) == 2 and {record["task"] for record in records} == {"ourlab.texts"}
+    assert len(records) == 2 and {record["task"] for record in records} == {LAB_TASK}
     environment = records[0]["environment"]
     assert environment["scratchflow_version"] == __version__
     assert environment["git"] == {"commit": git(releases, "rev-parse", f"{RELEASE}^{{commit}}"), "dirty": False}

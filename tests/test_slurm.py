@@ -24,9 +24,12 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import (
+    LAB_TASK,
     REPO,
     USER,
+    git,
     image_config,
+    lab_pipeline,
     netscratch_directory,
     queued_jobs,
     run_folder,
@@ -39,6 +42,7 @@ from conftest import (
     write_config,
 )
 from local_slurm import ACCOUNT
+from scratchflow import __version__
 from scratchflow.dataset import load_examples
 
 pytestmark = pytest.mark.slow
@@ -123,8 +127,11 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
                 }
             if profile == "lrz":
                 config["cluster"] = {"rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"}}
-            write_config(workdir, config)
-            started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env))
+            if profile == "narval":  # as a lab's pipeline, with its own task, over scratchflow's profile
+                lab_pipeline(workdir, profile, config)
+            else:
+                write_config(workdir, config)
+            started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env, pipeline=profile == "narval"))
         finished = {}
         for profile, (workdir, workflow) in started.items():
             workflow.wait(timeout=900)
@@ -167,6 +174,10 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     assert len(accounting) == 3 and all(state == "COMPLETED" for _account, state in accounting.values())
 
     environment = record["environment"]
+    if profile == "narval":  # a lab's pipeline (docs/lab-pipeline.md): its task, its commit recorded
+        assert record["task"] == LAB_TASK and environment["scratchflow_version"] == __version__
+        assert environment["pipeline_git"] == {"commit": git(tmp_path, "rev-parse", "HEAD"), "dirty": False}
+        assert environment["git"]["commit"] == git(tmp_path / "scratchflow", "rev-parse", "HEAD")
     if profile in CONTAINER_PROFILES:
         # Trained in the image, with its Python, not the host's; results on the mounted storage, ours.
         assert environment["container_image"] == str(scratchflow_image)
