@@ -29,7 +29,7 @@ from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.dataset import load_examples
 from scratchflow.distributed import requested_gpus_per_node, seeing_in_image, shape_of
-from scratchflow.piece import Shape
+from scratchflow.piece import PieceSpec, Shape, Staging
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.tracking import read_curves
@@ -327,3 +327,31 @@ def test_two_processes_log_the_models_losses_and_train_like_one_process_with_the
     assert weights[2].keys() == weights[1].keys()
     largest = max((weights[2][name] - weights[1][name]).abs().max().item() for name in weights[1])
     assert largest < 1e-5, f"the weights differ by up to {largest}"
+
+
+def test_a_piece_spec_names_the_jobs_node_as_slurm_does_and_reads_back_whole(tmp_path, monkeypatch):
+    """Node rank 0 must run where the job runs; Slurm's node name is not the host's (on the test
+    cluster: n1 on the host vm), and a spec naming the host stopped every several-node job."""
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    spec = PieceSpec(
+        task="text-classification",
+        run_id="r1",
+        piece=2,
+        data={"all": tmp_path / "data"},
+        dataset={"format": "folder"},
+        params={"seed": 0},
+        model=None,
+        work_dir=tmp_path / "scratch",
+        checkpoints=RunCheckpoints(tmp_path / "checkpoints", "trainer_state.json", keep=3),
+        tracking_dir=tmp_path / "tensorboard",
+        tracking="tensorboard",
+        save_every_steps=20,
+        stop_grace_seconds=60,
+        threads=4,
+        shape=Shape(2, 2),
+        budget_epochs=1,
+        staging=Staging(tmp_path / "a.tar", tmp_path / "a.manifest.json", None),
+    )
+    assert spec.batch_node == "n1"
+    spec.write(tmp_path / "launch.json")
+    assert PieceSpec.read(tmp_path / "launch.json") == spec

@@ -39,8 +39,8 @@ from typing import Any
 
 from scratchflow import signals
 from scratchflow.dataset import staged_sources
-from scratchflow.files import HOST, read_json, write_json_atomically
-from scratchflow.piece import Piece, PieceSpec, Rank, Shape
+from scratchflow.files import read_json, write_json_atomically
+from scratchflow.piece import Piece, PieceSpec, Rank, Shape, node_name
 from scratchflow.processes import StopForwarder, run_program, set_parent_death_signal
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import scratch_directory, stage_in
@@ -62,7 +62,7 @@ def ranks_by_node(shape: Shape, environ: Mapping[str, str] = os.environ) -> dict
     """Which node runs which ranks: node i of the allocation (srun's node id, the order Slurm lists
     them) runs ranks i*P to i*P + P - 1. Asks Slurm for the nodes of a multi-node job."""
     if shape.nodes == 1:
-        nodes = [environ.get("SLURMD_NODENAME", HOST)]
+        nodes = [node_name(environ)]
     else:
 
         def ask(*command: str) -> str:
@@ -205,7 +205,7 @@ def run_node(spec_file: Path) -> int:
     scratch the job has staged), then torchrun for this node's processes. Returns the exit code:
     0 after a stop (the job reads the outcome from rank 0), non-zero when the processes failed."""
     spec = PieceSpec.read(spec_file)
-    node, node_rank = os.environ.get("SLURMD_NODENAME", HOST), int(os.environ["SLURM_NODEID"])
+    node, node_rank = node_name(), int(os.environ["SLURM_NODEID"])
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s node {node} %(name)s: %(message)s", force=True
     )

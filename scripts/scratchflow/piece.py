@@ -47,6 +47,11 @@ CHECKPOINT_FOLDER = "checkpoints"  # in the piece's scratch folder: where the ta
 PART_FILE = "part-{rank}"
 
 
+def node_name(environ: Mapping[str, str] = os.environ) -> str:
+    """This node's name as Slurm knows it (its host name may differ), or the host's outside Slurm."""
+    return environ.get("SLURMD_NODENAME", HOST)
+
+
 @dataclass(frozen=True)
 class Shape:
     """How many processes train one run: `processes_per_node` on each of `nodes`."""
@@ -109,7 +114,7 @@ class PieceSpec:
     budget_epochs: int | None = None
     staging: Staging | None = None  # several nodes: where the other nodes stage the data in from
     assembly_tag: str = OWNER_TAG  # the job's, the same on every node (RunCheckpoints.assembly)
-    batch_node: str = HOST  # where the job runs, and rank 0 with it
+    batch_node: str = dataclasses.field(default_factory=node_name)  # the job's node (Slurm's name), rank 0's
 
     @property
     def checkpoint_dir(self) -> Path:
