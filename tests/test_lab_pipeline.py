@@ -139,3 +139,23 @@ def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothi
     git(lab, "commit", "--quiet", "--all", "--message", f"scratchflow {NEXT_RELEASE}")
     planned = snakemake(lab, "--dry-run")
     assert planned.returncode == 0 and "Nothing to be done" in planned.stdout, planned.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_labs_own_task_is_checked_against_the_task_protocol_with_one_command(lab, bbc_subset, tiny_model):
+    """scripts/check_task.py, as `make test` runs it on the lab's contract/ configs."""
+    config = workflow_config(bbc_subset, tiny_model, None, task=LAB_TASK)
+    config["training"]["epochs"] = 2
+    config["checkpointing"]["every_steps"] = 2
+    del config["cluster"]
+    (lab / "contract").mkdir()
+    (lab / "contract" / "texts.yaml").write_text(yaml.safe_dump(config))
+    checked = subprocess.run(
+        [sys.executable, "scratchflow/scripts/check_task.py", "contract/texts.yaml"],
+        cwd=lab,
+        capture_output=True,
+        text=True,
+        env=workflow_env(),
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
+    assert checked.stdout.count(f"contract/texts.yaml: {LAB_TASK}: ") == checked.stdout.count(": ok\n") == 5

@@ -1,35 +1,19 @@
-"""Every task in scripts/scratchflow/tasks/ through the same checks of the `Task` protocol: the names it
+"""Every task in scripts/scratchflow/tasks/ through the checks of the `Task` protocol
+(scratchflow.contract, which a lab runs on its own tasks with scripts/check_task.py): the names it
 must define, its schema fragment (valid, defaults filled in), an empty dataset refused at start-up,
-and train -> stop -> resume on tiny data under its piece, called directly (no workflow, no Slurm),
-and nothing of its piece's duties in its code. A task module that lacks a name of the protocol is
-refused naming it."""
+train -> stop -> resume on tiny data under its piece with a real stop signal, a rung, and nothing
+of its piece's duties in its code. A task module that lacks a name of the protocol is refused naming it."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import re
 import shutil
-import signal
 import sys
-from pathlib import Path
 
-import jsonschema
 import pytest
 from conftest import REPO, command_config, image_config, validated, workflow_config
-from scratchflow import signals
-from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints
+from scratchflow import contract
 from scratchflow.config import ConfigError, configured_task
-from scratchflow.dataset import DatasetError, data_sources
-from scratchflow.piece import Piece, PieceSpec
-from scratchflow.tasks import (
-    TASK_NAMES,
-    TrainingStopped,
-    UnknownTask,
-    available_tasks,
-    load_task,
-    training_schema,
-)
+from scratchflow.tasks import UnknownTask, available_tasks, load_task, training_schema
 
 TASKS = available_tasks()
 
@@ -61,14 +45,7 @@ def test_the_contract_test_covers_every_task():
 
 @pytest.mark.parametrize("task", TASKS)
 def test_a_task_defines_every_name_of_the_protocol_and_a_valid_schema_fragment(task):
-    module = load_task(task)
-    for name in TASK_NAMES:
-        assert hasattr(module, name), name
-    assert isinstance(module.CHECKPOINT_MARKER, str) and module.CHECKPOINT_MARKER
-    assert module.METRICS is None or (isinstance(module.METRICS, tuple) and module.METRICS)
-    schema = training_schema(task)
-    jsonschema.Draft202012Validator.check_schema(schema)
-    assert schema.get("additionalProperties") is not True, "a typo in training: must be refused"
+    contract.check_declarations(task)
 
 
 @pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
@@ -85,116 +62,32 @@ def test_the_defaults_of_a_tasks_schema_fill_training(tiny_config):
 
 @pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
 def test_a_task_refuses_an_empty_dataset_at_start_up(tiny_config, tmp_path):
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    dataset = {**tiny_config["dataset"], "path": str(empty)}
-    with pytest.raises(DatasetError):
-        load_task(tiny_config["task"]).check_data(dataset, data_sources(dataset))
-
-
-class QuickMirroring(CheckpointMirroring):
-    """Looks for a program's new checkpoints every 10 ms instead of every second: the command task's
-    program here runs for a few seconds, and on a loaded machine it once finished between two looks."""
-
-    def watching(self, poll_seconds: float = 0.01):
-        return super().watching(poll_seconds)
-
-
-@dataclasses.dataclass(frozen=True)
-class StopsAfterFirstCheckpoint(RunCheckpoints):
-    """The run's shared checkpoints; the first one mirrored sends this job the stop signal, as
-    Slurm's wall-time warning would, at a moment the test knows."""
-
-    stop: bool = True
-
-    def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
-        return QuickMirroring(self, local_folder, restored_step)
-
-    def mirror(self, local_checkpoint: Path) -> Path:
-        destination = super().mirror(local_checkpoint)
-        if self.stop and len(self.complete()) == 1:
-            os.kill(os.getpid(), signals.stop_signal())
-        return destination
-
-
-def piece_spec(config: dict, tmp_path: Path, piece: int, run: RunCheckpoints) -> PieceSpec:
-    work_dir = tmp_path / f"piece-{piece}"
-    work_dir.mkdir()
-    return PieceSpec(
-        task=config["task"],
-        run_id="contract00",
-        piece=piece,
-        data=data_sources(config["dataset"]),
-        dataset=config["dataset"],
-        params=config["training"],
-        model=Path(config["model"]["source"]) if config.get("model") else None,
-        work_dir=work_dir,
-        checkpoints=run,
-        tracking_dir=tmp_path / "tensorboard",
-        tracking="tensorboard",
-        save_every_steps=config["checkpointing"]["every_steps"],
-        stop_grace_seconds=30,
-        threads=1,
-    )
+    contract.check_refuses_empty_data(tiny_config, tmp_path)
 
 
 @pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
 def test_a_task_stops_on_the_stop_signal_and_the_next_piece_resumes_from_its_checkpoint(tiny_config, tmp_path):
-    """The task under its piece, as a job runs it: the stop signal (a real one) makes the task save,
-    hand its checkpoint on and return; the piece says it paused; the next piece resumes from it."""
-    task = load_task(tiny_config["task"])
-    shared = tmp_path / "shared"
-    signals.use_stop_signal("USR2")  # not the default: the piece listens for the one configured
-    try:
-        first = StopsAfterFirstCheckpoint(shared, task.CHECKPOINT_MARKER)
-        with pytest.raises(TrainingStopped, match=r"stopped on SIGUSR2 at step \d+ and paused; checkpoint-"):
-            Piece(piece_spec(tiny_config, tmp_path, 1, first)).train()
-        stopped_at = first.newest_step()
-        assert stopped_at is not None, "the stop saved a checkpoint to shared storage"
-        assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_IGN
-        resumed = StopsAfterFirstCheckpoint(shared, task.CHECKPOINT_MARKER, stop=False)
-        trained = Piece(piece_spec(tiny_config, tmp_path, 2, resumed)).train()
-    finally:
-        signals.use_stop_signal(signals.DEFAULT_STOP_SIGNAL)
-    assert trained.metrics["resumed_from_step"] == stopped_at
-    assert trained.metrics["global_steps"] > stopped_at
-    assert trained.output.is_dir() and any(trained.output.iterdir())
+    contract.check_stops_and_resumes(tiny_config, tmp_path)
 
 
 @pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
 def test_a_task_trains_a_rungs_epochs_and_a_retry_after_the_rung_only_evaluates(tiny_config, tmp_path):
-    """A halving search's rung (TrainContext.budget_epochs): 1 of the run's 2 epochs, then a checkpoint
-    and the validation metrics there; a job retried after that checkpoint (killed before its record
-    was written) trains no further and reports the same; the run's last job resumes from the rung."""
-    task = load_task(tiny_config["task"])
-    tiny_config["training"]["epochs"] = 2
-    run = RunCheckpoints(tmp_path / "shared", task.CHECKPOINT_MARKER)
-    rung = Piece(dataclasses.replace(piece_spec(tiny_config, tmp_path, 1, run), budget_epochs=1)).train()
-    retried = Piece(dataclasses.replace(piece_spec(tiny_config, tmp_path, 2, run), budget_epochs=1)).train()
-    assert rung.metrics["validation"] and retried.metrics["validation"] == rung.metrics["validation"]
-    assert retried.metrics["global_steps"] == rung.metrics["global_steps"] == run.newest_step()
-    last = Piece(piece_spec(tiny_config, tmp_path, 3, run)).train()
-    assert last.metrics["resumed_from_step"] == rung.metrics["global_steps"]
-    assert last.metrics["global_steps"] == 2 * rung.metrics["global_steps"]
-
-
-# What a task leaves to its piece (scratchflow.piece): it must not do it itself.
-PIECE_DUTIES = {
-    "listening for signals": r"signal\.signal\(|scratchflow\.signals import (?!STOP_FILE_NAME$)|listening\(",
-    "running programs itself": r"scratchflow\.processes|subprocess",
-    "barriers or collectives": r"torch\.distributed",
-    "mirroring to shared storage": r"RunCheckpoints|\.mirror|restore_newest_to",
-    "deciding that it stopped": r"TrainingStopped",
-}
+    contract.check_rung(tiny_config, tmp_path)
 
 
 @pytest.mark.parametrize(
     "module", [*(f"tasks/{task.replace('-', '_')}.py" for task in TASKS), "hf_trainer.py", "classification.py"]
 )
 def test_a_task_leaves_signals_mirroring_barriers_and_the_outcome_to_its_piece(module):
-    source = (REPO / "scripts" / "scratchflow" / module).read_text()
-    found = {duty: pattern for duty, pattern in PIECE_DUTIES.items() if re.search(pattern, source, re.MULTILINE)}
-    assert not found, f"{module} does what its piece does: {', '.join(found)}"
+    contract.check_leaves_duties_to_its_piece(REPO / "scripts" / "scratchflow" / module)
+
+
+def test_the_checks_find_a_task_that_does_its_pieces_duties(tmp_path):
+    """The check itself can fail: hf_trainer as it was, listening and mirroring itself."""
+    old = tmp_path / "hf_trainer.py"
+    old.write_text("from scratchflow.tasks import TrainingStopped\nimport torch\ntorch.distributed.barrier()\n")
+    with pytest.raises(contract.ContractBroken, match="barriers or collectives, deciding that it stopped"):
+        contract.check_leaves_duties_to_its_piece(old)
 
 
 def test_a_task_copied_from_another_that_forgot_a_name_is_refused_naming_it(tmp_path, monkeypatch):

@@ -65,9 +65,10 @@ cluster: setup  ## the whole grid on {cluster}, from its login node
 status: setup  ## where every run stands
 \t$(PYTHON) $(SCRATCHFLOW)/scripts/status.py .
 
-test: setup  ## the grid plans, here and on {cluster} (nothing runs)
+test: setup  ## the grid plans, here and on {cluster}; our tasks keep scratchflow's task protocol
 \t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/local --dry-run --quiet
 \t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/{cluster} --workflow-profile profiles/{cluster} --dry-run --quiet
+\t$(if $(wildcard contract/*.yaml),$(PYTHON) $(SCRATCHFLOW)/scripts/check_task.py $(wildcard contract/*.yaml))
 """
 
 GITIGNORE = """\

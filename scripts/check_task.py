@@ -1,0 +1,34 @@
+"""A task of your own against scratchflow's task protocol (scratchflow.contract), the checks that
+scratchflow's own tasks pass, on a small config of it (docs/lab-pipeline.md, "Your own task"):
+
+    scratchflow/.venv/bin/python scratchflow/scripts/check_task.py contract/texts.yaml
+
+Run it in your pipeline's folder. Each config is a whole config.yaml (paths relative to that folder)
+whose data and model train in seconds, with a checkpoint every few steps and at least two epochs.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+SCRATCHFLOW_DIR = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(SCRATCHFLOW_DIR / "scripts"))
+from scratchflow import contract  # noqa: E402
+from scratchflow.config import configured_task  # noqa: E402
+from scratchflow.tasks import find_lab_tasks_in  # noqa: E402
+from snakemake.utils import validate  # noqa: E402
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("configs", nargs="+", type=Path)
+find_lab_tasks_in(Path.cwd())
+broken = 0
+for path in parser.parse_args().configs:
+    config = yaml.safe_load(path.read_text())
+    validate(config, str(SCRATCHFLOW_DIR / "config" / "schemas" / "config.schema.yaml"))
+    configured_task(config)
+    for check, failure in contract.check_all(config):
+        broken += failure is not None
+        print(f"{path}: {config['task']}: {check}: {f'FAILED: {failure}' if failure else 'ok'}", flush=True)
+sys.exit(1 if broken else 0)
