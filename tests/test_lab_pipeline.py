@@ -134,6 +134,12 @@ def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothi
     assert environment["scratchflow_version"] == __version__
     assert environment["git"] == {"commit": git(releases, "rev-parse", f"{RELEASE}^{{commit}}"), "dirty": False}
     assert environment["pipeline_git"] == {"commit": git(lab, "rev-parse", "HEAD"), "dirty": False}
+    status = subprocess.run(
+        [sys.executable, "scratchflow/scripts/status.py", "."], cwd=lab, capture_output=True, text=True
+    )
+    assert "2 runs: 2 finished" in status.stdout, status.stdout + status.stderr
+    reported = snakemake(lab, "--report", "results/report.html")
+    assert reported.returncode == 0 and "Report created" in reported.stdout, reported.stdout[-3000:]
 
     git(lab / "scratchflow", "checkout", "--quiet", NEXT_RELEASE)
     git(lab, "commit", "--quiet", "--all", "--message", f"scratchflow {NEXT_RELEASE}")

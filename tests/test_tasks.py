@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import (
+    REPO,
     command_config,
     different_curves,
     image_config,
@@ -31,6 +32,7 @@ from conftest import (
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
+from scratchflow.record import git_state
 
 pytestmark = pytest.mark.slow
 
@@ -91,8 +93,11 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     output = workflow.communicate(timeout=300)[0]
     assert workflow.returncode == 0, output[-3000:]
 
-    first, second = record_of(tmp_path)["pieces"]
+    record = record_of(tmp_path)
+    first, second = record["pieces"]
     assert "stopped on SIGUSR1 at step" in first["outcome"] and "paused" in first["outcome"], output[-3000:]
+    # The program's own repository (here scratchflow's: config/examples/command/train.py).
+    assert record["training"]["program_git"]["commit"] == git_state(REPO)["commit"]
     stopped_at = int(re.search(r"at step (\d+)", first["outcome"]).group(1))
     assert first["reached_step"] == second["resumed_from_step"] == stopped_at > 0
     assert "SIGUSR1 received" in (tmp_path / first["log"]).read_text()

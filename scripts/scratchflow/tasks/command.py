@@ -53,6 +53,7 @@ from scratchflow import tracking
 from scratchflow.checkpoints import newest_complete_checkpoint, step_of
 from scratchflow.dataset import DatasetError
 from scratchflow.files import read_json
+from scratchflow.record import git_state
 from scratchflow.search import swept_keys
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
@@ -235,9 +236,17 @@ def train(context: TrainContext) -> Trained | None:
             "exit_code": code,
             "resumed_from_step": step_of(context.resume_from) if context.resume_from else None,
             "global_steps": step_of(newest) if newest else None,
+            "program_git": program_git(argv),
             **({"validation": read_metrics(validation)} if validation.is_file() else {}),
         },
     )
+
+
+def program_git(argv: list[str]) -> dict[str, Any] | None:
+    """The commit of the repository the program's file is in (the script a known interpreter runs,
+    or the program itself), and whether it had uncommitted changes; None for a program on PATH."""
+    program = Path(interpreted_script(argv) or argv[0]).expanduser()
+    return git_state(program.resolve().parent) if program.is_file() else None
 
 
 def predict(context: PredictContext) -> Predicted:
