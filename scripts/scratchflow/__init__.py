@@ -6,5 +6,9 @@ checks and hooks around the workflow (`workflow_hooks`), one function per job (`
 that jobs train (`tasks`). Only `snakemake_adapter` reaches into Snakemake's internals.
 """
 
+from pathlib import Path
+
 # The release (CHANGELOG.md); recorded in every run's record.json with the commit it ran from.
 __version__ = "0.1.0"
+# scratchflow's own folder (Snakefile, rules, scripts), also when a lab's Snakefile uses it as a module.
+SCRATCHFLOW_DIR = Path(__file__).resolve().parents[2]

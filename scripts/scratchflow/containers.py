@@ -23,11 +23,12 @@ import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 
+from scratchflow import SCRATCHFLOW_DIR
 from scratchflow.config import ConfigError
 
 SQUASHFS_MAGIC = b"hsqs"
 # Mounted over the workflow's interpreter inside the image: `exec python "$@"`, the image's.
-IMAGE_PYTHON = Path(__file__).resolve().parents[1] / "image_python"
+IMAGE_PYTHON = SCRATCHFLOW_DIR / "scripts" / "image_python"
 HANDED_OVER = "SCRATCHFLOW_"  # the prefix that keeps sbatch from reading PYXIS_CONTAINER_* itself
 RULE_IMAGES = "SCRATCHFLOW_RULE_IMAGES"  # rule -> its own image (cluster.rule_image_variables), JSON
 JOB_STEP_CACHE = Path(".snakemake/scratchflow/job-step-cache")

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scratchflow import signals
+from scratchflow import SCRATCHFLOW_DIR, signals
 from scratchflow.dataset import staged_sources
 from scratchflow.files import read_json, write_json_atomically
 from scratchflow.piece import Piece, PieceSpec, Rank, Shape, node_name
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 # After torchrun's own shutdown wait (the stop grace period), time for it to kill and report.
 LAUNCHER_EXTRA_GRACE_SECONDS = 30
-SCRIPTS_DIR = Path(__file__).resolve().parents[1]
 RESULT_FILE = "trained.json"  # in the job's scratch: rank 0's outcome
 
 
@@ -179,7 +178,7 @@ def srun_argv(shape: Shape, threads: int, spec: Path) -> list[str]:
 def launch_environment(threads: int, shape: Shape) -> dict[str, str]:
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS_DIR), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRATCHFLOW_DIR / "scripts"), os.environ.get("PYTHONPATH")])),
         # The job's CPUs on a node, shared among the node's processes.
         "OMP_NUM_THREADS": str(max(1, threads // shape.processes_per_node)),
     }

@@ -12,9 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from scratchflow import __version__
+from scratchflow import SCRATCHFLOW_DIR, __version__
 
-SCRATCHFLOW_DIR = Path(__file__).resolve().parents[2]
 SUBMODULE = "scratchflow"  # where the lab's repository holds scratchflow
 CLUSTERS = ("dfki", "edinburgh", "lrz", "narval", "oscer")
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scratchflow import preflight, snakemake_adapter
+from scratchflow import SCRATCHFLOW_DIR, preflight, snakemake_adapter
 from scratchflow.checkpoints import RunCheckpoints
 from scratchflow.config import (
     check_compression,
@@ -37,8 +37,6 @@ from scratchflow.tasks import Task, find_lab_tasks_in
 from scratchflow.tracking import wandb_sync_command
 
 CHECKED_DATA = Path(".snakemake/scratchflow/checked-data")
-# scratchflow's own folder (its Snakefile, rules, scripts), also when a lab's Snakefile uses it as a module.
-SCRATCHFLOW_DIR = Path(__file__).resolve().parents[2]
 
 
 def read_config(

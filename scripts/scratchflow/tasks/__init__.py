@@ -186,8 +186,12 @@ def is_lab_task(task: str) -> bool:
 def find_lab_tasks_in(folder: Path) -> None:
     """A lab's task modules are found in `folder` (its Snakefile's), here and in every process the
     workflow starts: jobs' scripts, their training processes."""
-    sys.path.insert(0, str(folder))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    # Once: a job's own Snakemake inherits the variable, and reads the Snakefile again.
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(folder) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), *paths]))
 
 
 def available_tasks() -> list[str]:
