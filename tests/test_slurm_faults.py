@@ -175,9 +175,13 @@ def states(slurm, job_ids: list[str]) -> list[str]:
     return [by_id[job_id].split()[0] for job_id in job_ids]
 
 
-def stopped_at(piece: dict, signal_name: str) -> int:
+def stopped_at(piece: dict, signal_name: str, workdir: Path) -> int:
+    """The step a piece of the run in `workdir` stopped at on `signal_name`; else the piece's log."""
     match = re.search(rf"stopped on {signal_name} at step (\d+)", piece["outcome"])
-    assert match, f"{piece['outcome']!r} in {piece}"
+    if not match:
+        log = workdir / piece.get("log", "no log recorded")
+        tail = log.read_text()[-8000:] if log.is_file() else f"(no {log})"
+        pytest.fail(f"{piece['outcome']!r} in {piece}; its log ends:\n{tail}")
     return int(match.group(1))
 
 
@@ -232,7 +236,9 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
     assert first["slurm_job_id"] == pieces[stopped][0]["slurm_job_id"] == pack
     assert again["resumed_from_step"] == first["reached_step"] == 280 and again["outcome"] == "finished"
     cancelled, resumed = pieces[stopped]
-    assert resumed["resumed_from_step"] == stopped_at(cancelled, "SIGTERM") and resumed["outcome"] == "finished"
+    assert (
+        resumed["resumed_from_step"] == stopped_at(cancelled, "SIGTERM", tmp_path) and resumed["outcome"] == "finished"
+    )
     assert resumed["slurm_job_id"] == again["slurm_job_id"] != pack
     assert states(slurm, [pack, resumed["slurm_job_id"]]) == ["CANCELLED", "COMPLETED"]
     assert grid_status(slurm, tmp_path).endswith("2 runs: 2 finished\n")
@@ -298,7 +304,7 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     assert returncode == 0, output[-6000:]
 
     first, second = pieces_of(tmp_path)
-    step = stopped_at(first, "SIGUSR2")
+    step = stopped_at(first, "SIGUSR2", tmp_path)
     assert step > 20, "it trained on until the warning"
     assert second["resumed_from_step"] == step and second["outcome"] == "finished"
     # The first job ended itself, before Slurm's kill, so that its checkpoint was complete.
@@ -322,7 +328,7 @@ def test_a_halving_search_with_a_rung_cancelled_decides_and_ends_as_the_uninterr
 
     rung = json.loads((tmp_path / "results" / "runs" / cancelled / "rung-0.json").read_text())
     stopped, resumed = rung["pieces"]
-    assert stopped["slurm_job_id"] == job and resumed["resumed_from_step"] == stopped_at(stopped, "SIGTERM")
+    assert stopped["slurm_job_id"] == job and resumed["resumed_from_step"] == stopped_at(stopped, "SIGTERM", tmp_path)
     assert resumed["outcome"] == "finished" and rung["global_steps"] == 140, "the retry finished the rung"
     reference = uninterrupted_halving_search / "results"
     decision = json.loads((tmp_path / "results" / "search" / "rung-0.json").read_text())
@@ -377,7 +383,7 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
     )
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     wait_until(lambda: len(live_pieces(tmp_path)) == 2, workflow, tmp_path, "the requeued job's start")
-    requeued = stopped_at(live_pieces(tmp_path)[0], "SIGTERM")
+    requeued = stopped_at(live_pieces(tmp_path)[0], "SIGTERM", tmp_path)
     assert requeued > restarted_at, "the job trained on through the outage"
     wait_until(
         lambda: shared_checkpoint_after(tmp_path, requeued), workflow, tmp_path, "a checkpoint of the requeued job"
@@ -428,7 +434,7 @@ def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_re
     assert returncode == 0, output[-6000:]
     first, second = pieces_of(tmp_path)
     assert "stopped on SIGTERM at step" in first["outcome"] and "paused" in first["outcome"]
-    assert second["resumed_from_step"] == stopped_at(first, "SIGTERM") and second["outcome"] == "finished"
+    assert second["resumed_from_step"] == stopped_at(first, "SIGTERM", tmp_path) and second["outcome"] == "finished"
     assert same_metrics(tmp_path, uninterrupted_command_run)
     assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
 
@@ -449,7 +455,7 @@ def cancelled_after_a_checkpoint(slurm, workflow: subprocess.Popen, workdir: Pat
     (job,) = active_jobs(slurm, workdir, "train")
     slurm.run("scancel", job)
     wait_until(lambda: len(live_pieces(workdir)) == pieces + 1, workflow, workdir, f"piece {pieces + 1}")
-    return stopped_at(live_pieces(workdir)[pieces - 1], "SIGTERM")
+    return stopped_at(live_pieces(workdir)[pieces - 1], "SIGTERM", workdir)
 
 
 def node_launcher(workdir: Path, node: str) -> int | None:
@@ -474,7 +480,7 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     os.kill(wait_until(lambda: node_launcher(workdir, "n2"), workflow, workdir, "n2's launcher"), signal.SIGUSR1)
     wait_until(lambda: len(live_pieces(workdir)) == 2, workflow, workdir, "a second piece")
     first = live_pieces(workdir)[0]
-    after_usr1 = stopped_at(first, "a stop signal to another process")
+    after_usr1 = stopped_at(first, "a stop signal to another process", workdir)
 
     after_scancel = cancelled_after_a_checkpoint(slurm, workflow, workdir, after_usr1)
 
@@ -549,7 +555,7 @@ def test_two_nodes_in_dfkis_containers_stopped_by_one_node_end_like_an_uninterru
     assert returncode == 0, output[-6000:]
     paused, finished = pieces_of(workdir)
     assert paused["outcome"].startswith("TrainingStopped") and paused["world_size"] == 4
-    step = stopped_at(paused, "a stop signal to another process")
+    step = stopped_at(paused, "a stop signal to another process", workdir)
     assert finished["outcome"] == "finished" and finished["resumed_from_step"] == step
     assert finished["ranks"] == {"n1": [0, 1], "n2": [2, 3]}
     reference, _output = two_node_run
@@ -603,7 +609,7 @@ def test_in_dfkis_container_the_warning_signal_a_scancel_and_a_killed_trainer_en
     (job,) = active_jobs(slurm, workdir, "train")
     slurm.run("scancel", "--signal=USR1", job)
     wait_until(lambda: len(live_pieces(workdir)) == 2, workflow, workdir, "a second piece")
-    after_usr1 = stopped_at(live_pieces(workdir)[0], "SIGUSR1")
+    after_usr1 = stopped_at(live_pieces(workdir)[0], "SIGUSR1", workdir)
 
     after_scancel = cancelled_after_a_checkpoint(slurm, workflow, workdir, after_usr1)
 
