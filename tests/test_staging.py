@@ -281,19 +281,35 @@ def test_a_sync_killed_midway_never_looks_finished(tmp_path):
     assert len(os.listdir(destination)) == 200
 
 
-@pytest.mark.parametrize("stop", [signal.SIGUSR1, signal.SIGTERM])
-def test_a_sync_that_the_stop_signal_reaches_still_finishes(stop, tmp_path):
-    """Slurm signals every process of a job: its wall-time warning or scancel's TERM reaches the rsync
-    of a checkpoint being mirrored, which ends itself on either. The job (here ignoring the signal,
-    as a job step does until its trainer listens) is saving its progress then: the copy must finish."""
+@pytest.mark.parametrize("stop", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGTERM])
+def test_a_sync_that_a_stop_signal_reaches_is_renamed_into_place_only_whole(stop, tmp_path):
+    """Slurm signals every process of a job: any configurable stop signal (its wall-time warning,
+    USR2, HUP) or scancel's TERM reaches the rsync of a checkpoint being mirrored. rsync ends on each,
+    and on USR2 with status 0, its copy cut short. The job (here ignoring the signal, as a job step
+    does until its trainer listens) is saving its progress then: the copy goes on, and what is
+    renamed into place is the whole source."""
     before = f"import logging, signal\nsignal.signal({int(stop)}, signal.SIG_IGN)\nlogging.basicConfig()"
     syncing, source, destination = copy_whole_in_a_process(tmp_path, before)
     os.killpg(syncing.pid, stop)
     _, errors = syncing.communicate(timeout=60)
     assert syncing.returncode == 0, errors
-    assert "rsync was stopped by a signal" in errors, "the signal should have hit mid-copy"
+    assert "is not whole" in errors, "the signal should have hit mid-copy"
     assert sorted(os.listdir(destination.parent)) == ["big"]
     assert tree(destination) == tree(source)
+
+
+def test_a_copy_that_stays_incomplete_fails_naming_what_is_missing(tmp_path, monkeypatch):
+    """A copying tool that keeps reporting success without copying everything (here rsync told to
+    leave one file out): nothing is renamed into place, and the error names the missing file."""
+    source = tmp_path / "checkpoint-40"
+    source.mkdir()
+    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+        (source / name).write_bytes(os.urandom(1024))
+    monkeypatch.setattr(staging, "RSYNC_OPTIONS", (*staging.RSYNC_OPTIONS, "--exclude=optimizer.pt"))
+    destination = tmp_path / "shared" / "checkpoint-40"
+    with pytest.raises(StagingError, match=r"optimizer\.pt: missing"):
+        copy_whole(source, destination)
+    assert not destination.exists()
 
 
 def test_scratch_is_removed_when_the_job_fails(tmp_path):

@@ -18,6 +18,7 @@ import logging
 import os
 import queue
 import shutil
+import stat
 import string
 import subprocess
 import tempfile
@@ -33,11 +34,13 @@ from scratchflow.record import PhaseTimer
 from scratchflow.snakemake_adapter import JOB_VARIABLES
 
 log = logging.getLogger(__name__)
-# Slurm sends its wall-time warning (SIGUSR1) and scancel's SIGTERM to every process of a job. rsync
-# ends itself on both (exit 19 on SIGUSR1, 20 on SIGTERM/SIGINT/SIGHUP), where the job, which is then
-# saving its progress, needs the copy it was making: an rsync so stopped runs again and goes on.
+# Slurm sends every process of a job its wall-time warning, a configured stop signal (USR1, USR2,
+# HUP) or scancel's TERM, the rsync of a copy the job is making included. rsync ends itself on each:
+# with exit 19 or 20, but on USR2 with 0, its copy cut short. So no exit status is trusted: a copy is
+# compared with its source, and one that is not whole is made again (rsync goes on where it stopped).
+RSYNC_OPTIONS = ("--archive", "--delete")
 RSYNC_STOPPED_BY_SIGNAL = (19, 20)
-STOPPED_TOOL_RETRIES = 3
+COPY_TRIES = 4
 
 COPY_BLOCK_BYTES = 1024 * 1024
 
@@ -55,19 +58,6 @@ REPRODUCIBLE_TAR_OPTIONS = (
 
 class StagingError(RuntimeError):
     """Data could not be moved safely; the message says what to do."""
-
-
-def _run(command: list[str], stopped_by_signal: tuple[int, ...] = ()) -> None:
-    """Run a tool with arguments as data (no shell); fail with its own error message. A run that
-    ends with one of the `stopped_by_signal` codes is started again, up to STOPPED_TOOL_RETRIES times."""
-    result = subprocess.run(command, capture_output=True, text=True)
-    for _retry in range(STOPPED_TOOL_RETRIES):
-        if result.returncode not in stopped_by_signal:
-            break
-        log.warning("%s was stopped by a signal (%s); running it again", command[0], result.stderr.strip())
-        result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise StagingError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()}")
 
 
 def missing_tools(*names: str) -> list[str]:
@@ -453,7 +443,7 @@ def remove_leftovers(folder: Path, prefix: str = "") -> list[Path]:
 
 def copy_whole(source: Path, destination: Path) -> None:
     """rsync a file or directory to `destination` (scratch to shared storage, or back), then rename
-    it into place.
+    it into place once it matches the source (every file, size and time).
 
     Until the rename, the result exists only under a hidden partial name, so a killed copy never
     looks finished. A partial left by a dead process is removed first.
@@ -463,7 +453,25 @@ def copy_whole(source: Path, destination: Path) -> None:
     remove_leftovers(destination.parent, f".{destination.name}.")
     partial = destination.with_name(f".{destination.name}.partial{OWNER_TAG}")
     trailing = "/" if source.is_dir() else ""
-    _run(["rsync", "--archive", "--delete", f"{source}{trailing}", f"{partial}{trailing}"], RSYNC_STOPPED_BY_SIGNAL)
+    command = ["rsync", *RSYNC_OPTIONS, f"{source}{trailing}", f"{partial}{trailing}"]
+    for _try in range(COPY_TRIES):
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode not in (0, *RSYNC_STOPPED_BY_SIGNAL):
+            raise StagingError(f"rsync failed (exit {result.returncode}): {result.stderr.strip()}")
+        differences = copy_differences(source, partial)
+        if not differences:
+            break
+        log.warning(
+            "rsync's copy of %s is not whole (exit %d%s; %s): copying again",
+            *(source, result.returncode, f", {result.stderr.strip()}" if result.stderr.strip() else ""),
+            "; ".join(differences[:3]),
+        )
+    else:
+        raise StagingError(
+            f"rsync did not copy {source} whole to {partial} in {COPY_TRIES} tries (it reported success "
+            f"or a stop signal each time): {'; '.join(differences[:10])}. Nothing was put in place of "
+            f"{destination}."
+        )
     if destination.is_dir() and not destination.is_symlink():
         # Renaming over a non-empty directory is not possible: move the old one aside first.
         superseded = destination.with_name(f".{destination.name}.superseded{OWNER_TAG}")
@@ -472,6 +480,45 @@ def copy_whole(source: Path, destination: Path) -> None:
         shutil.rmtree(superseded)
     else:
         os.replace(partial, destination)
+
+
+def copy_differences(source: Path, copy: Path) -> list[str]:
+    """How `copy` differs from `source` (a file or a directory tree) in what rsync --archive keeps:
+    the entries, each one's kind, a file's size and modification time (whole seconds), a link's
+    target; empty when it is a whole copy. rsync writes each file under a temporary name and renames
+    it when whole, so a copy cut short shows as files missing or extra, never as a short file under
+    its own name; the sizes catch the rest."""
+    expected, found = _entries(source), _entries(copy)
+    differences = [f"{name or copy.name}: missing" for name in expected if name not in found]
+    differences += [f"{name}: not in the source" for name in found if name not in expected]
+    differences += [
+        f"{name or copy.name}: {found[name]} where the source has {expected[name]}"
+        for name in expected
+        if name in found and found[name] != expected[name]
+    ]
+    return differences
+
+
+def _entries(root: Path) -> dict[str, str]:
+    """Relative path -> what copy_differences compares, for `root` and everything under it."""
+
+    def described(path: Path) -> str:
+        status = path.lstat()
+        if stat.S_ISLNK(status.st_mode):
+            return f"a link to {os.readlink(path)}"
+        if stat.S_ISDIR(status.st_mode):
+            return "a directory"
+        return f"{status.st_size} bytes of {int(status.st_mtime)}"
+
+    if not os.path.lexists(root):
+        return {}
+    entries = {"": described(root)}
+    if root.is_dir() and not root.is_symlink():
+        for folder, directories, files in os.walk(root):
+            for name in directories + files:
+                path = Path(folder, name)
+                entries[str(path.relative_to(root))] = described(path)
+    return entries
 
 
 def resolve_scratch_root(root: str | None, environ: Mapping[str, str] = os.environ) -> Path:
