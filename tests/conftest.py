@@ -177,12 +177,13 @@ def run_workflow(
     return result
 
 
-def start_workflow(workdir: Path, *args: str) -> subprocess.Popen:
-    """The README's local command, in the background, in a process group of its own."""
+def start_workflow(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The README's local command, in the background, in a process group of its own; `env` adds to
+    the environment."""
     return subprocess.Popen(
         snakemake_command(*args),
         cwd=workdir,
-        env=workflow_env(),
+        env={**workflow_env(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -32,7 +32,7 @@ from scratchflow.record import (
 )
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
-from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
+from scratchflow.staging import StagingError, archive_dataset, copy_whole, scratch_directory, stage_in
 from scratchflow.tasks import PredictContext, TrainingStopped, load_task
 
 log = logging.getLogger("scratchflow")
@@ -159,7 +159,13 @@ def train_job(job: TrainJob) -> None:
     data_record = read_json(job.manifest)
     run = RunCheckpoints(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
     run.claim({"run_id": job.run_id, **job.identity, "data_sha256": data_record["sha256"]})
-    with run.held(), run.piece() as piece, scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch:
+    with (
+        run.held(),
+        run.piece() as piece,
+        scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch,
+        # A stop before the piece listens (staging, restoring) or after (the sync back) is not lost.
+        signals.leaving_stop_file(scratch / signals.STOP_FILE_NAME),
+    ):
         newest = run.newest()
         piece_log = keep_piece_log(job.log, piece["piece"])
         log.info(
@@ -181,7 +187,7 @@ def train_job(job: TrainJob) -> None:
             *(job.run_id, piece["piece"], scratch, job.shape.nodes, job.shape.processes_per_node),
         )
         with timer.phase("stage"):
-            data = staged_sources(stage_in(job.archive, job.manifest, scratch), job.identity["dataset"])
+            data = staged_sources(staged_or_paused(job, scratch, newest), job.identity["dataset"])
         with timer.phase("train"), pointing_at(piece_log):
             trained = distributed.train(
                 PieceSpec(
@@ -229,6 +235,23 @@ def train_job(job: TrainJob) -> None:
         job.record_out,
     )
     log.info("run %s trained; phases (s): %s", job.run_id, timer.seconds)
+
+
+def staged_or_paused(job: TrainJob, scratch: Path, newest: Path | None) -> Path:
+    """The job's data staged into scratch; a stop that came meanwhile (it may have cut tar short)
+    pauses the piece here, before it trains."""
+    stop_file = scratch / signals.STOP_FILE_NAME
+    try:
+        staged = stage_in(job.archive, job.manifest, scratch)
+    except StagingError:
+        if not stop_file.exists():
+            raise
+    if stop_file.exists():
+        raise TrainingStopped(
+            f"stopped on {stop_file.read_text()} while staging the data in, before training, and paused; "
+            f"the next attempt {f'resumes from {newest.name}' if newest else 'starts from the beginning'}"
+        )
+    return staged
 
 
 def phases_of_all_pieces(pieces: list[dict[str, Any]]) -> dict[str, float]:

@@ -224,10 +224,10 @@ class Piece:
     # What the task's TrainContext asks for.
 
     def stop_requested(self) -> bool:
+        if self.received is None and self.stop_file.exists():  # left before this process listened
+            self.received = self.stop_file.read_text() or "a stop request"
         if self.me.world_size == 1:
             return self.received is not None
-        if self.received is None and self.stop_file.exists():  # left by the launcher for us
-            self.received = self.stop_file.read_text() or "a stop request"
         # A signal may reach one process, or one node, or all at different moments: every process
         # learns whether any got one, so all stop at the same step.
         import torch.distributed  # only a piece of several processes has them

@@ -68,7 +68,18 @@ def listen_by_stop_file(stop_file: Path) -> None:
     """Until a process has a handler of its own: a stop signal leaves `stop_file`, which the code that
     listens later reads as a request to stop."""
     for number in stop_signals():
-        signal.signal(number, lambda number, _frame: write_stop_file(stop_file, signal.Signals(number).name))
+        signal.signal(number, _stop_file_writer(stop_file))
+
+
+@contextlib.contextmanager
+def leaving_stop_file(stop_file: Path) -> Iterator[None]:
+    """listen_by_stop_file while the block runs; the earlier handlers come back after."""
+    with listening(_stop_file_writer(stop_file)):
+        yield
+
+
+def _stop_file_writer(stop_file: Path) -> Handler:
+    return lambda number, _frame: write_stop_file(stop_file, signal.Signals(number).name)
 
 
 def exit_on_sigterm() -> None:

@@ -446,32 +446,17 @@ def copy_whole(source: Path, destination: Path) -> None:
     it into place once it matches the source (every file, size and time).
 
     Until the rename, the result exists only under a hidden partial name, so a killed copy never
-    looks finished. A partial left by a dead process is removed first.
+    looks finished. A copy that fails removes its partial; one left by a dead process is removed first.
     """
     require_tools("rsync")
     destination.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(destination.parent, f".{destination.name}.")
     partial = destination.with_name(f".{destination.name}.partial{OWNER_TAG}")
-    trailing = "/" if source.is_dir() else ""
-    command = ["rsync", *RSYNC_OPTIONS, f"{source}{trailing}", f"{partial}{trailing}"]
-    for _try in range(COPY_TRIES):
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode not in (0, *RSYNC_STOPPED_BY_SIGNAL):
-            raise StagingError(f"rsync failed (exit {result.returncode}): {result.stderr.strip()}")
-        differences = copy_differences(source, partial)
-        if not differences:
-            break
-        log.warning(
-            "rsync's copy of %s is not whole (exit %d%s; %s): copying again",
-            *(source, result.returncode, f", {result.stderr.strip()}" if result.stderr.strip() else ""),
-            "; ".join(differences[:3]),
-        )
-    else:
-        raise StagingError(
-            f"rsync did not copy {source} whole to {partial} in {COPY_TRIES} tries (it reported success "
-            f"or a stop signal each time): {'; '.join(differences[:10])}. Nothing was put in place of "
-            f"{destination}."
-        )
+    try:
+        _copy_until_whole(source, partial)
+    except BaseException:
+        _remove_partial(partial)
+        raise
     if destination.is_dir() and not destination.is_symlink():
         # Renaming over a non-empty directory is not possible: move the old one aside first.
         superseded = destination.with_name(f".{destination.name}.superseded{OWNER_TAG}")
@@ -482,6 +467,34 @@ def copy_whole(source: Path, destination: Path) -> None:
         os.replace(partial, destination)
 
 
+def _copy_until_whole(source: Path, partial: Path) -> None:
+    trailing = "/" if source.is_dir() else ""
+    command = ["rsync", *RSYNC_OPTIONS, f"{source}{trailing}", f"{partial}{trailing}"]
+    for _try in range(COPY_TRIES):
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode not in (0, *RSYNC_STOPPED_BY_SIGNAL):
+            raise StagingError(f"rsync failed (exit {result.returncode}): {result.stderr.strip()}")
+        differences = copy_differences(source, partial)
+        if not differences:
+            return
+        log.warning(
+            "rsync's copy of %s is not whole (exit %d%s; %s): copying again",
+            *(source, result.returncode, f", {result.stderr.strip()}" if result.stderr.strip() else ""),
+            "; ".join(differences[:3]),
+        )
+    raise StagingError(
+        f"rsync did not copy {source} whole in {COPY_TRIES} tries (it reported success or a stop signal "
+        f"each time): {'; '.join(differences[:10])}"
+    )
+
+
+def _remove_partial(partial: Path) -> None:
+    if partial.is_dir() and not partial.is_symlink():
+        shutil.rmtree(partial, ignore_errors=True)
+    else:
+        partial.unlink(missing_ok=True)
+
+
 def copy_differences(source: Path, copy: Path) -> list[str]:
     """How `copy` differs from `source` (a file or a directory tree) in what rsync --archive keeps:
     the entries, each one's kind, a file's size and modification time (whole seconds), a link's
@@ -490,7 +503,7 @@ def copy_differences(source: Path, copy: Path) -> list[str]:
     its own name; the sizes catch the rest."""
     expected, found = _entries(source), _entries(copy)
     differences = [f"{name or copy.name}: missing" for name in expected if name not in found]
-    differences += [f"{name}: not in the source" for name in found if name not in expected]
+    differences += [f"{name or copy.name}: not in the source" for name in found if name not in expected]
     differences += [
         f"{name or copy.name}: {found[name]} where the source has {expected[name]}"
         for name in expected

@@ -1,0 +1,180 @@
+"""A stop signal that reaches a copying tool mid-copy (Slurm signals every process of a job): the
+copy of a checkpoint to shared storage, the sync back of the trained model, the staging of the data.
+Whatever the tool's exit status, nothing incomplete is put in place, and each run ends with the
+weights of an uninterrupted one.
+
+To catch a copy in the middle, the tests slow the real tools down while a flag file exists: rsync
+with its own --bwlimit, tar with its own --checkpoint-action=sleep. The signal then reaches the real
+rsync or tar, as on a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    command_config,
+    image_config,
+    job_process,
+    live_pieces,
+    run_workflow,
+    same_results,
+    same_weights,
+    start_workflow,
+    write_config,
+)
+from scratchflow.processes import child_pids
+
+pytestmark = pytest.mark.slow
+
+# The tools' own options that slow them, by which the tests also find a slowed copy.
+SLOWING = ("--bwlimit=40", "--checkpoint-action=sleep=1")
+SLOWED_RSYNC = """#!/bin/sh
+# The real rsync; slowed while the flag file exists and the copy goes into a path matching the pattern.
+for last; do :; done
+if [ -e "$SLOW_COPIES_WHILE" ]; then
+    case "$last" in $SLOW_COPIES_INTO) exec {rsync} {slowing[0]} "$@";; esac
+fi
+exec {rsync} "$@"
+"""
+SLOWED_TAR = """#!/bin/sh
+# The real tar; an extraction slowed (a pause every record) while the flag file exists.
+if [ -e "$SLOW_COPIES_WHILE" ] && [ "$SLOW_COPIES_INTO" = staging ]; then
+    case " $* " in *" --extract "*) exec {tar} --checkpoint=1 {slowing[1]} "$@";; esac
+fi
+exec {tar} "$@"
+"""
+
+
+def slowed_tools(workdir: Path, copies_into: str) -> tuple[dict[str, str], Path]:
+    """The environment that slows rsync copies into paths matching `copies_into` (a shell pattern),
+    or tar's extractions for "staging", while the returned flag file exists (it does at first)."""
+    tools = workdir / "slowed-tools"
+    tools.mkdir()
+    for name, script in (("rsync", SLOWED_RSYNC), ("tar", SLOWED_TAR)):
+        real = subprocess.run(["which", name], capture_output=True, text=True, check=True).stdout.strip()
+        (tools / name).write_text(script.format(slowing=SLOWING, **{name: real}))
+        (tools / name).chmod(0o755)
+    flag = workdir / "slow-copies"
+    flag.touch()
+    path = f"{tools}{os.pathsep}{os.environ['PATH']}"
+    return {"PATH": path, "SLOW_COPIES_WHILE": str(flag), "SLOW_COPIES_INTO": copies_into}, flag
+
+
+def job_tree(pid: int) -> list[int]:
+    """A process and all its descendants."""
+    tree, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        pending.extend(child_pids(current))
+    return tree
+
+
+def signal_mid_copy(workflow: subprocess.Popen, workdir: Path, flag: Path, stop: signal.Signals) -> None:
+    """Once the train job runs a slowed tool, send `stop` to every process of the job (as Slurm does),
+    then let the tools run at full speed again."""
+    job = job_process(workdir)
+    deadline = time.monotonic() + 240
+    while not any(option in _command_line(pid) for pid in job_tree(job) for option in SLOWING):
+        assert workflow.poll() is None and time.monotonic() < deadline, (
+            f"nothing slowed: {workflow.communicate()[0][-3000:]}"
+        )
+        time.sleep(0.02)
+    time.sleep(0.5)  # into the copy
+    for pid in job_tree(job):
+        if _command_line(pid):  # not ended meanwhile
+            os.kill(pid, stop)
+    flag.unlink()
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def pieces_of(workdir: Path) -> list[dict]:
+    (record,) = (workdir / "results" / "runs").glob("*/record.json")
+    return json.loads(record.read_text())["pieces"]
+
+
+def test_usr2_reaching_rsync_mid_checkpoint_copy_pauses_with_every_checkpoint_whole(
+    tmp_path, bbc_subset, uninterrupted_command_run
+):
+    """stop_signal USR2, on which rsync exits 0 with its copy cut short (before, that partial copy
+    was renamed into place as a checkpoint): the copy is made again, the command task's program saves
+    and stops, every checkpoint on shared storage is whole, and the next run resumes to the weights
+    of the uninterrupted run."""
+    config = command_config(bbc_subset, tmp_path / "scratch")
+    config["checkpointing"]["stop_signal"] = "USR2"
+    write_config(tmp_path, config)
+    env, flag = slowed_tools(tmp_path, "*checkpoints/*/.checkpoint-*")
+    workflow = start_workflow(tmp_path, "--retries", "0", env=env)
+    signal_mid_copy(workflow, tmp_path, flag, signal.SIGUSR2)
+    output = workflow.communicate(timeout=300)[0]
+    assert workflow.returncode != 0, "paused: the job ends unfinished"
+
+    (paused,) = live_pieces(tmp_path)
+    assert "stopped on SIGUSR2 at step" in paused["outcome"] and "paused" in paused["outcome"], output[-3000:]
+    assert "is not whole" in (tmp_path / paused["log"]).read_text(), "USR2 should have cut a copy short"
+    (run,) = (tmp_path / "checkpoints").iterdir()
+    published = sorted(run.glob("checkpoint-*"), key=lambda checkpoint: int(checkpoint.name.split("-")[1]))
+    saved_on_stop = sorted(os.listdir(published[-1]))  # copied after the signal: whole
+    assert saved_on_stop == ["COMPLETE", "state.pt"]
+    for checkpoint in published:
+        assert sorted(os.listdir(checkpoint)) == saved_on_stop, f"{checkpoint.name} is not whole"
+    assert not [name for name in os.listdir(run) if name.startswith(".")], "no partial copy left"
+
+    run_workflow(tmp_path)
+    first, second = pieces_of(tmp_path)
+    assert second["resumed_from_step"] == first["reached_step"] > 0
+    assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
+
+
+def test_hup_reaching_rsync_mid_sync_back_finishes_the_run_with_its_whole_model(
+    tmp_path, animal_images, tiny_resnet, uninterrupted_image_run
+):
+    """stop_signal HUP reaches the rsync that copies the trained image model back to results/ after
+    training (rsync exits 20): the copy is made again, and the run ends in one piece with the model
+    of the uninterrupted run."""
+    config = image_config(animal_images, tiny_resnet, tmp_path / "scratch")
+    config["checkpointing"] = {**config.get("checkpointing", {}), "stop_signal": "HUP"}
+    write_config(tmp_path, config)
+    env, flag = slowed_tools(tmp_path, "*results/runs/*/.model.partial*")
+    workflow = start_workflow(tmp_path, env=env)
+    signal_mid_copy(workflow, tmp_path, flag, signal.SIGHUP)
+    output = workflow.communicate(timeout=300)[0]
+    assert workflow.returncode == 0, output[-3000:]
+
+    (piece,) = pieces_of(tmp_path)
+    assert piece["outcome"] == "finished"
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert "is not whole" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text()
+    assert same_results(tmp_path, uninterrupted_image_run) == [], "metrics, predictions and weights, byte for byte"
+
+
+def test_term_reaching_tar_mid_staging_pauses_before_training_and_the_retry_trains_it_all(
+    tmp_path, bbc_subset, uninterrupted_command_run
+):
+    """scancel's TERM while tar extracts the data into scratch: the piece pauses there, before
+    training (no checkpoint yet, nothing half-staged left), and the retry trains the run from the start
+    to the weights of the uninterrupted run."""
+    write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch"))
+    env, flag = slowed_tools(tmp_path, "staging")
+    workflow = start_workflow(tmp_path, env=env)
+    signal_mid_copy(workflow, tmp_path, flag, signal.SIGTERM)
+    output = workflow.communicate(timeout=300)[0]
+    assert workflow.returncode == 0, output[-3000:]
+
+    first, second = pieces_of(tmp_path)
+    assert first["outcome"].startswith("TrainingStopped: stopped on SIGTERM while staging the data in"), first
+    assert "starts from the beginning" in first["outcome"] and second["resumed_from_step"] is None
+    assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
+    assert list((tmp_path / "scratch").iterdir()) == []
