@@ -60,6 +60,49 @@ def test_mirroring_keeps_only_the_newest(tmp_path):
     assert (shared / "checkpoint-15" / "model.safetensors").read_text() == "weights 15"
 
 
+def mirrored(tmp_path, steps=(10, 20)) -> RunCheckpoints:
+    run = RunCheckpoints(tmp_path / "shared", MARKER, keep=len(steps))
+    for step in steps:
+        run.mirror(make_checkpoint(tmp_path / "scratch", step))
+    return run
+
+
+def test_a_published_checkpoint_lists_its_files_sizes_and_checksums(tmp_path):
+    run = mirrored(tmp_path, steps=(10,))
+    contents = json.loads((run.newest() / checkpoints.CONTENTS_FILE).read_text())["files"]
+    assert sorted(contents) == [MARKER, "model.safetensors"]
+    assert contents["model.safetensors"]["bytes"] == len("weights 10")
+    assert checkpoints.checkpoint_damage(run.newest()) is None
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (lambda weights: weights.write_text("weights"), "model.safetensors has 7 bytes where 10 were saved"),
+        (lambda weights: weights.unlink(), "model.safetensors is missing"),
+        (lambda weights: weights.write_text("weights 99"), "model.safetensors has other bytes than were saved"),
+    ],
+    ids=["truncated", "removed", "changed"],
+)
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_one_before_resumed(tmp_path, damage, said, caplog):
+    """A file of the newest checkpoint truncated, removed or overwritten after it was published (a
+    user's rm, a filesystem fault): the job resumes from the one before, names what was wrong, and
+    keeps the damaged one aside (not deleted, no longer taken for complete)."""
+    run = mirrored(tmp_path)
+    damage(run.newest() / "model.safetensors")
+    assert run.newest_intact().name == "checkpoint-10"
+    assert said in caplog.text and "checkpoint-20.damaged" in caplog.text
+    assert run.newest().name == "checkpoint-10", "no longer complete"
+    assert said in run.damaged()["checkpoint-20"]
+    assert checkpoints.checkpoint_damage(run.newest(), read_bytes=False) is None
+
+
+def test_a_checkpoint_from_before_contents_were_recorded_is_taken_as_it_is(tmp_path):
+    run = mirrored(tmp_path)
+    (run.newest() / checkpoints.CONTENTS_FILE).unlink()
+    assert run.newest_intact().name == "checkpoint-20" and run.damaged() == {}
+
+
 def test_release_removes_the_folder(tmp_path):
     folder = tmp_path / "abc"
     make_checkpoint(folder, 5)

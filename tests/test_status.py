@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from scratchflow.checkpoints import write_contents
 from scratchflow.plan import NoPlan, Plan
 from scratchflow.status import RunStatus, SlurmJob, current_status, render, rung_line, slurm_jobs, summary_line
 
@@ -294,3 +295,24 @@ def test_a_stopped_or_killed_piece_points_at_its_own_log(tmp_path):
     statuses = by_id(statuses_in(tmp_path))
     assert (statuses["paused0000"].state, statuses["paused0000"].log) == ("paused", "L2")
     assert (statuses["killed0000"].state, statuses["killed0000"].log) == ("interrupted", "L1")
+
+
+def test_a_damaged_checkpoint_is_shown_with_what_is_wrong_and_where_the_next_piece_resumes(tmp_path):
+    """The newest checkpoint's file shorter than it was saved (a user's rm, a full disk, a filesystem
+    fault), and one set aside by an earlier job: both named, and the next piece's resume point is
+    the newest intact one."""
+    now = time.time()
+    write_grid(tmp_path, {"paused0000": {}}, "accuracy", "max", "local")
+    folder = tmp_path / "checkpoints" / "paused0000"
+    write(folder / "pieces.json", [piece(1, "TrainingStopped: stopped on SIGUSR1 at step 60 and paused; saved", now)])
+    for step in (20, 40, 60):
+        (checkpoint(folder / f"checkpoint-{step}") / "state.pt").write_text("weights")
+        write_contents(folder / f"checkpoint-{step}")
+    (folder / "checkpoint-60" / "state.pt").write_text("w")
+    (folder / "checkpoint-40").rename(folder / "checkpoint-40.damaged")
+    (folder / "checkpoint-40.damaged" / "damage.txt").write_text("state.pt is missing\n")
+    (status,) = statuses_in(tmp_path)
+    assert status.detail.endswith(
+        "the next piece resumes from checkpoint-20 (checkpoint-40 is damaged: state.pt is missing; "
+        "checkpoint-60 is damaged: state.pt has 1 bytes where 7 were saved)"
+    ), status.detail

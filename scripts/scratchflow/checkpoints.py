@@ -6,7 +6,10 @@ then copied in with `staging.copy_whole`. A checkpoint is a directory `checkpoin
 complete once it holds the task's marker file (written last). The folder's `run.json` says which
 run (parameters and data) the checkpoints belong to, so that a checkpoint is never resumed by a run
 it does not match. A checkpoint written by several training processes holds `world.json` (how many)
-and is assembled from every node's part under a hidden name before it gets its own. While a job
+and is assembled from every node's part under a hidden name before it gets its own. Each checkpoint
+carries `contents.json`, its files' sizes and sha256, written as it is published: a job verifies the
+newest before resuming from it, and sets a damaged one aside (`checkpoint-<step>.damaged`, with
+`damage.txt` saying what was wrong) to resume from the one before. While a job
 trains the run, `running.json` names it: a second copy of the same run (a requeued job next to its
 resubmission, a rerun while an orphaned job still trains) waits instead of writing the same
 checkpoints at the same time. `pieces.json` lists the jobs that trained
@@ -17,6 +20,7 @@ time left), for `scripts/status.py`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -43,6 +47,11 @@ PIECES_FILE = "pieces.json"
 PROGRESS_FILE = "progress.json"
 # In a checkpoint written by several processes: their number (absent: one process wrote it).
 WORLD_FILE = "world.json"
+# In every checkpoint: its other files' sizes and sha256 (absent in one written before scratchflow 0.2).
+CONTENTS_FILE = "contents.json"
+DAMAGED_SUFFIX = ".damaged"
+DAMAGE_FILE = "damage.txt"
+HASH_BLOCK_BYTES = 4 * 1024 * 1024
 # squeue states of a job that may still write (a pending one was requeued and will start again).
 ACTIVE_SLURM_STATES = {
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
@@ -85,6 +94,45 @@ def step_of(checkpoint: Path) -> int:
     return int(CHECKPOINT_NAME.fullmatch(checkpoint.name).group(1))
 
 
+def write_contents(checkpoint: Path) -> None:
+    """Record each file of `checkpoint` with its size and sha256, in the checkpoint itself."""
+    files = {
+        str(path.relative_to(checkpoint)): {"bytes": path.stat().st_size, "sha256": _sha256_of(path)}
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file() and path.name != CONTENTS_FILE
+    }
+    write_json_atomically({"files": files}, checkpoint / CONTENTS_FILE)
+
+
+def checkpoint_damage(checkpoint: Path, read_bytes: bool = True) -> str | None:
+    """What is wrong with `checkpoint` against its contents.json (a file missing, of another size,
+    or, with `read_bytes`, of other bytes), or None. One without contents.json cannot be checked."""
+    try:
+        recorded = read_json(checkpoint / CONTENTS_FILE)["files"]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError) as error:
+        return f"its {CONTENTS_FILE} is unreadable ({error})"
+    for name, expected in recorded.items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            return f"{name} has {size} bytes where {expected['bytes']} were saved"
+        if read_bytes and _sha256_of(path) != expected["sha256"]:
+            return f"{name} has other bytes than were saved (sha256 differs)"
+    return None
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while block := source.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _remove_whole(path: Path) -> None:
     """Delete a directory so that no half-deleted copy keeps its name: rename first, then delete."""
     doomed = path.with_name(f".{path.name}.deleting{OWNER_TAG}")
@@ -106,6 +154,31 @@ class RunCheckpoints:
 
     def newest(self) -> Path | None:
         return newest_complete_checkpoint(self.folder, self.marker)
+
+    def newest_intact(self) -> Path | None:
+        """The newest complete checkpoint whose files are those it was saved with; each newer one that
+        is not is set aside (renamed checkpoint-<step>.damaged, with damage.txt), and said."""
+        for _step, checkpoint in reversed(self.complete()):
+            damage = checkpoint_damage(checkpoint)
+            if damage is None:
+                return checkpoint
+            aside = checkpoint.with_name(checkpoint.name + DAMAGED_SUFFIX)
+            if aside.exists():
+                _remove_whole(aside)
+            os.rename(checkpoint, aside)
+            (aside / DAMAGE_FILE).write_text(damage + "\n")
+            log.warning(
+                "%s is damaged (%s): set aside as %s; resuming from the one before", checkpoint, damage, aside.name
+            )
+        return None
+
+    def damaged(self) -> dict[str, str]:
+        """The checkpoints set aside as damaged, by name, with what was wrong."""
+        found = {}
+        for aside in sorted(self.folder.glob(f"checkpoint-*{DAMAGED_SUFFIX}")):
+            with contextlib.suppress(OSError):
+                found[aside.name.removesuffix(DAMAGED_SUFFIX)] = (aside / DAMAGE_FILE).read_text().strip()
+        return found
 
     def claim(self, owner: dict[str, Any]) -> None:
         """Mark the folder as holding the checkpoints of the run described by `owner`, or refuse if
@@ -158,6 +231,7 @@ class RunCheckpoints:
         """Copy a checkpoint the task just wrote on scratch into the shared folder, whole or not at
         all, then drop all but the newest `keep` complete ones."""
         destination = self.folder / local_checkpoint.name
+        write_contents(local_checkpoint)
         copy_whole(local_checkpoint, destination)
         for _step, old in self.complete()[: -self.keep]:
             _remove_whole(old)
@@ -173,6 +247,7 @@ class RunCheckpoints:
         """Give an assembled checkpoint its name, with the number of processes that wrote it, then
         drop all but the newest `keep` complete ones."""
         write_json_atomically({"world_size": world_size}, assembly / WORLD_FILE)
+        write_contents(assembly)
         destination = self.folder / assembly.name[1:].split(".assembling")[0]
         if destination.exists():
             _remove_whole(destination)
@@ -302,7 +377,7 @@ class CheckpointMirroring:
             return None
         try:
             self.run.mirror(newest)
-        except StagingError:
+        except (StagingError, OSError):
             if newest.exists():
                 raise
             return None  # the task pruned it while it was copied: a newer one is there

@@ -166,7 +166,7 @@ def train_job(job: TrainJob) -> None:
         # A stop before the piece listens (staging, restoring) or after (the sync back) is not lost.
         signals.leaving_stop_file(scratch / signals.STOP_FILE_NAME),
     ):
-        newest = run.newest()
+        newest = run.newest_intact()
         piece_log = keep_piece_log(job.log, piece["piece"])
         log.info(
             "=== run %s, piece %d: %s on %s; this piece's log stays in %s ===",

@@ -25,6 +25,7 @@ from scratchflow.checkpoints import (
     PIECES_FILE,
     PROGRESS_FILE,
     RunCheckpoints,
+    checkpoint_damage,
     holder_is_alive,
     step_of,
 )
@@ -214,8 +215,7 @@ def _training_status(
             packed = active_jobs.get(holder.get("slurm_job_id"))
             queued = f" ({packed.describe()})" if packed else ""
         return RunStatus(run_id, "trains", _training_detail(run, last, now) + queued)
-    newest = run.newest_step()
-    resumes = f"resumes from checkpoint-{newest}" if newest is not None else "starts again from step 0"
+    resumes = _resume_point(run)
     piece_log = last.get("log") or train_log
     if last["outcome"].startswith("TrainingStopped"):
         stopped = last["outcome"].split(": ", 1)[1].split(";", 1)[0]
@@ -229,6 +229,20 @@ def _training_status(
     if job is not None:  # a retry of a failed piece is queued or starting
         return RunStatus(run_id, "waits", f"piece {last['piece']} failed; a retry {resumes}{queued}", piece_log)
     return RunStatus(run_id, "failed", f"piece {last['piece']}: {last['outcome'].splitlines()[0][:300]}", piece_log)
+
+
+def _resume_point(run: RunCheckpoints) -> str:
+    """Where the next piece resumes, past any damaged checkpoint, each named with what is wrong (by
+    the files' sizes: the status reads no checkpoint's bytes)."""
+    damaged = [f"{name} is damaged: {what}" for name, what in run.damaged().items()]
+    resumes = "starts again from step 0"
+    for _step, checkpoint in reversed(run.complete()):
+        damage = checkpoint_damage(checkpoint, read_bytes=False)
+        if damage is None:
+            resumes = f"resumes from {checkpoint.name}"
+            break
+        damaged.append(f"{checkpoint.name} is damaged: {damage}")
+    return resumes + (f" ({'; '.join(damaged)})" if damaged else "")
 
 
 def _training_detail(run: RunCheckpoints, piece: dict[str, Any], now: float) -> str:

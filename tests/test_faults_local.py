@@ -1,7 +1,8 @@
-"""A stop signal that reaches a copying tool mid-copy (Slurm signals every process of a job): the
-copy of a checkpoint to shared storage, the sync back of the trained model, the staging of the data.
-Whatever the tool's exit status, nothing incomplete is put in place, and each run ends with the
-weights of an uninterrupted one.
+"""Faults a real cluster has, made on this machine. A stop signal that reaches a copying tool
+mid-copy (Slurm signals every process of a job): the copy of a checkpoint to shared storage, the
+sync back of the trained model, the staging of the data; whatever the tool's exit status, nothing
+incomplete is put in place. A checkpoint damaged after it was published: the run resumes from the
+one before. Each run ends with the weights of an uninterrupted one.
 
 To catch a copy in the middle, the tests slow the real tools down while a flag file exists: rsync
 with its own --bwlimit, tar with its own --checkpoint-action=sleep. The signal then reaches the real
@@ -28,6 +29,7 @@ from conftest import (
     start_workflow,
     write_config,
 )
+from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.processes import child_pids
 
 pytestmark = pytest.mark.slow
@@ -178,3 +180,32 @@ def test_term_reaching_tar_mid_staging_pauses_before_training_and_the_retry_trai
     assert "starts from the beginning" in first["outcome"] and second["resumed_from_step"] is None
     assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
     assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(
+    tmp_path, animal_images, tiny_resnet, uninterrupted_image_run
+):
+    """An image run paused after its first checkpoint (two on shared storage: that one, and the one
+    saved on the stop); then the newest one's weights lose half their bytes (a user's rm, a
+    filesystem fault). The next piece finds it by its contents.json before loading it, sets it aside
+    as checkpoint-<step>.damaged, resumes from the one before and ends with the uninterrupted run's
+    metrics, predictions and weights."""
+    write_config(tmp_path, image_config(animal_images, tiny_resnet, tmp_path / "scratch"))
+    workflow = start_workflow(tmp_path, "--retries", "0")
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob(f"checkpoints/*/checkpoint-*/{TRAINER_CHECKPOINT_MARKER}")):
+        assert workflow.poll() is None and time.monotonic() < deadline, workflow.communicate()[0][-3000:]
+        time.sleep(0.05)
+    os.kill(job_process(tmp_path), signal.SIGUSR1)
+    assert workflow.wait(timeout=300) != 0, "paused: the job ends unfinished"
+    (run,) = (tmp_path / "checkpoints").iterdir()
+    before, newest = sorted(run.glob("checkpoint-*"), key=lambda checkpoint: int(checkpoint.name.split("-")[1]))
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    run_workflow(tmp_path)
+    paused, resumed = pieces_of(tmp_path)
+    assert resumed["resumed_from_step"] == int(before.name.split("-")[1]) < paused["reached_step"]
+    (last_piece_log,) = (tmp_path / "logs" / "train").glob("??????????.log")
+    assert f"{newest.name} is damaged (model.safetensors has" in last_piece_log.read_text()
+    assert same_results(tmp_path, uninterrupted_image_run) == [], "metrics, predictions and weights, byte for byte"
