@@ -2,7 +2,8 @@
 mid-copy (Slurm signals every process of a job): the copy of a checkpoint to shared storage, the
 sync back of the trained model, the staging of the data; whatever the tool's exit status, nothing
 incomplete is put in place. A checkpoint damaged after it was published: the run resumes from the
-one before. Each run ends with the weights of an uninterrupted one.
+one before. A full disk: a clear line, no blind retry. Each run ends with the weights of an
+uninterrupted one.
 
 To catch a copy in the middle, the tests slow the real tools down while a flag file exists: rsync
 with its own --bwlimit, tar with its own --checkpoint-action=sleep. The signal then reaches the real
@@ -10,11 +11,14 @@ rsync or tar, as on a cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +33,7 @@ from conftest import (
     start_workflow,
     write_config,
 )
+from scratchflow.checkpoints import checkpoint_damage
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.processes import child_pids
 
@@ -209,3 +214,45 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_o
     (last_piece_log,) = (tmp_path / "logs" / "train").glob("??????????.log")
     assert f"{newest.name} is damaged (model.safetensors has" in last_piece_log.read_text()
     assert same_results(tmp_path, uninterrupted_image_run) == [], "metrics, predictions and weights, byte for byte"
+
+
+@contextlib.contextmanager
+def small_filesystem(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `folder` (root only), unmounted after."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small filesystem")
+def test_a_full_checkpoint_filesystem_fails_with_the_figures_and_its_retry_fails_at_once(
+    tmp_path, bbc_subset, uninterrupted_command_run
+):
+    """checkpoints/ on a 5 MB filesystem, a command task's checkpoint 3 MB: the second checkpoint's
+    copy finds the disk full. The job fails with one line naming the folder, the filesystem, the bytes
+    needed and free; its partial is removed; the newest complete checkpoint stays whole. The retry
+    sees there is no room for a checkpoint and fails at once, without training. With space freed,
+    the same command resumes and ends with the uninterrupted run's weights."""
+    write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch"))
+    with small_filesystem(tmp_path / "checkpoints", "5m") as checkpoints:
+        result = run_workflow(tmp_path, check=False)
+        assert result.returncode != 0
+        assert f"no space in {checkpoints}/" in result.stdout and f"(tmpfs at {checkpoints}) has" in result.stdout
+        (run,) = checkpoints.iterdir()
+        full, retry = json.loads((run / "pieces.json").read_text())
+        for piece in (full, retry):
+            assert piece["outcome"].startswith(f"NoSpace: no space in {run} for "), piece
+        assert re.search(r"it needs 3\.\d MB and its filesystem .* has [0-2]\.\d MB free", full["outcome"])
+        assert "timings_seconds" not in retry, "the retry failed at once, before staging or training"
+        (kept,) = run.glob("checkpoint-*")
+        assert checkpoint_damage(kept) is None, "the newest complete checkpoint stays whole"
+        assert not [name for name in os.listdir(run) if name.startswith(".")], "no partial left"
+
+        subprocess.run(["mount", "-o", "remount,size=64m", str(checkpoints)], check=True)
+        run_workflow(tmp_path)
+        last = pieces_of(tmp_path)[-1]
+        assert last["resumed_from_step"] == int(kept.name.split("-")[1]) and last["outcome"] == "finished"
+        assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")

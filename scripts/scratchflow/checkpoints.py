@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow.files import OWNER_TAG, process_may_live, read_json, write_json_atomically
-from scratchflow.staging import StagingError, copy_whole, remove_leftovers
+from scratchflow.staging import NoSpace, StagingError, copy_whole, no_space_line, remove_leftovers, tree_bytes
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,19 @@ class RunCheckpoints:
                 "%s is damaged (%s): set aside as %s; resuming from the one before", checkpoint, damage, aside.name
             )
         return None
+
+    def check_space_for_the_next(self) -> None:
+        """Fail at once, before a piece trains, when the folder's filesystem has no room for one
+        more checkpoint the size of the newest: the piece could not save its progress, and a retry
+        would train to the same wall."""
+        newest = self.newest()
+        if newest is None:
+            return
+        needed = tree_bytes(newest)
+        if shutil.disk_usage(self.folder).free < needed:
+            raise NoSpace(
+                no_space_line(self.folder, needed, f"the next checkpoint (the newest, {newest.name}, is as big)")
+            )
 
     def damaged(self) -> dict[str, str]:
         """The checkpoints set aside as damaged, by name, with what was wrong."""

@@ -60,6 +60,14 @@ class StagingError(RuntimeError):
     """Data could not be moved safely; the message says what to do."""
 
 
+class NoSpace(StagingError):
+    """A filesystem (or the user's quota on it) is full: retrying without freeing space cannot help."""
+
+
+# What rsync says when the destination's filesystem, or the user's quota on it, is full.
+FULL_DISK_ERRORS = ("No space left on device", "Disk quota exceeded")
+
+
 def missing_tools(*names: str) -> list[str]:
     return [name for name in names if shutil.which(name) is None]
 
@@ -472,6 +480,8 @@ def _copy_until_whole(source: Path, partial: Path) -> None:
     command = ["rsync", *RSYNC_OPTIONS, f"{source}{trailing}", f"{partial}{trailing}"]
     for _try in range(COPY_TRIES):
         result = subprocess.run(command, capture_output=True, text=True)
+        if any(error in result.stderr for error in FULL_DISK_ERRORS):
+            raise NoSpace(no_space_line(partial.parent, tree_bytes(source), f"copying {source.name} there"))
         if result.returncode not in (0, *RSYNC_STOPPED_BY_SIGNAL):
             raise StagingError(f"rsync failed (exit {result.returncode}): {result.stderr.strip()}")
         differences = copy_differences(source, partial)
@@ -486,6 +496,37 @@ def _copy_until_whole(source: Path, partial: Path) -> None:
         f"rsync did not copy {source} whole in {COPY_TRIES} tries (it reported success or a stop signal "
         f"each time): {'; '.join(differences[:10])}"
     )
+
+
+def no_space_line(folder: Path, needed: int, doing: str) -> str:
+    """One line for a full filesystem: the folder, its filesystem, the bytes needed and free."""
+    mount_point, kind = filesystem_of(folder)
+    free = shutil.disk_usage(folder).free
+    return (
+        f"no space in {folder.absolute()} for {doing}: it needs {needed / 1e6:.1f} MB and its filesystem ({kind} at "
+        f"{mount_point}) has {free / 1e6:.1f} MB free (or your quota there is used up). Free space there, "
+        "then run the same command again: it goes on from where it stopped"
+    )
+
+
+def filesystem_of(path: Path) -> tuple[str, str]:
+    """The mount point and type of the filesystem that holds `path` (from /proc/self/mounts)."""
+    resolved, found = str(path.resolve()), ("/", "unknown")
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _device, mount_point, kind, *_ = line.split()
+            mount_point = mount_point.replace("\\040", " ")
+            inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(found[0]):
+                found = (mount_point, kind)
+    return found
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of the files under `path` (or of the file)."""
+    if not path.is_dir():
+        return path.stat().st_size if path.exists() else 0
+    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
 
 
 def _remove_partial(partial: Path) -> None:
