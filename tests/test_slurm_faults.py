@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import (
+    REPO,
     USER,
     command_config,
     different_curves,
@@ -504,6 +505,45 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     # steps: its evaluation, its summary, the loss it cut).
     assert same_results(workdir, reference) == []
     assert different_curves(workdir, reference) == []
+
+
+@pytest.mark.parametrize("stop", ["USR2", "HUP"])
+def test_two_nodes_stop_on_usr2_or_hup_at_one_step_within_seconds_and_end_like_an_uninterrupted_run(
+    stop, slurm, tmp_path, bbc_subset, tiny_model, two_node_run
+):
+    """2 nodes x 2 processes with the OSCER profile and `checkpointing.stop_signal` USR2 or HUP, sent
+    by Slurm to every process of the job's steps (`scancel --signal`, as its wall-time warning does):
+    each node's launcher, torchrun (which handles HUP itself) and the four ranks. Every rank stops at
+    one step, the piece is paused within seconds (no torchrun exit barrier of 300 s), and the retry
+    resumes to the uninterrupted run's weights, byte for byte."""
+    workdir = tmp_path.resolve()
+    two_node_config(workdir, bbc_subset, tiny_model)
+    config_file = workdir / "config" / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    config["checkpointing"]["stop_signal"] = stop
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    # The profile asks Slurm for the same signal before the wall time (start-up refuses a mismatch).
+    profile = REPO / "profiles" / "oscer" / "config.v8+.yaml"
+    switched = yaml.safe_load(profile.read_text().replace("--signal=USR1@600", f"--signal={stop}@600"))
+    switched["configfile"] = str(REPO / "config" / "clusters" / "oscer.yaml")
+    (workdir / "profile").mkdir()
+    (workdir / "profile" / "config.v8+.yaml").write_text(yaml.safe_dump(switched, sort_keys=False))
+    workflow = start(slurm, workdir, profile=str(workdir / "profile"))
+
+    wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
+    (job,) = active_jobs(slurm, workdir, "train")
+    slurm.run("scancel", f"--signal={stop}", job)
+    signalled_at = time.time()
+    wait_until(lambda: len(live_pieces(workdir)) == 2, workflow, workdir, "a second piece")
+
+    returncode, output = finish(workflow, workdir)
+    assert returncode == 0, output[-6000:]
+    paused, finished = pieces_of(workdir)
+    step = stopped_at(paused, f"SIG{stop}", workdir)
+    assert paused["world_size"] == 4 and finished["resumed_from_step"] == step
+    assert ended_at(paused) - signalled_at < 60, "the piece ends within seconds of the stop"
+    assert finished["outcome"] == "finished"
+    assert same_results(workdir, two_node_run[0]) == []
 
 
 def job_processes(pattern: str, job: str) -> dict[int, dict[str, str]]:
