@@ -29,7 +29,7 @@ from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.dataset import load_examples
 from scratchflow.distributed import requested_gpus_per_node, seeing_in_image, shape_of
-from scratchflow.piece import PieceSpec, Shape, Staging
+from scratchflow.piece import Piece, PieceSpec, Rank, Shape, Staging
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.tracking import read_curves
@@ -179,6 +179,48 @@ LAUNCHER = f"""
 import subprocess, sys
 sys.exit(subprocess.Popen([sys.executable, "-c", {WORKER!r}], start_new_session=True).wait())
 """
+
+
+def test_a_stop_that_comes_just_after_the_processes_agreed_is_counted_at_the_next_step(tmp_path, monkeypatch):
+    """With several processes, each step ends with an all-reduce of "was I asked to stop?". A
+    signal that reaches one process just after that all-reduce, before it answered, must not make it
+    stop alone: it would wait in its checkpoint's barrier while the others trained on (a two-node
+    run hung so, until its launchers were killed). It answers what all agreed, and the signal counts
+    at the next step's end."""
+    import torch.distributed
+
+    (tmp_path / "scratch").mkdir()
+    spec = PieceSpec(
+        task="command",
+        run_id="r1",
+        piece=1,
+        data={"all": tmp_path},
+        dataset={},
+        params={},
+        model=None,
+        work_dir=tmp_path / "scratch",
+        checkpoints=RunCheckpoints(tmp_path / "checkpoints", "COMPLETE"),
+        tracking_dir=tmp_path / "tensorboard",
+        tracking="tensorboard",
+        save_every_steps=10,
+        stop_grace_seconds=1,
+        threads=1,
+    )
+    piece = Piece(spec, Rank(rank=1, local_rank=1, world_size=2))
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        agree = torch.distributed.all_reduce
+
+        def agree_then_signalled(tensor, op):
+            agree(tensor, op=op)
+            piece._receive(signal.SIGUSR1, None)  # its handler, as the signal comes now
+
+        monkeypatch.setattr(torch.distributed, "all_reduce", agree_then_signalled)
+        assert piece.stop_requested() is False, "the answer all agreed on"
+        monkeypatch.setattr(torch.distributed, "all_reduce", agree)
+        assert piece.stop_requested() is True and piece.received == "SIGUSR1"
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def test_a_stop_reaches_the_launchers_workers_and_the_launcher_itself_ignores_usr1(tmp_path):

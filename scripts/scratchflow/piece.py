@@ -235,10 +235,13 @@ class Piece:
         device = f"cuda:{torch.cuda.current_device()}" if torch.distributed.get_backend() == "nccl" else "cpu"
         anyone = torch.tensor([int(self.received is not None)], device=device)
         torch.distributed.all_reduce(anyone, op=torch.distributed.ReduceOp.MAX)
-        if anyone.item():
-            # This process's own signal may have come while it waited here: its name wins.
-            self.received = self.received or "a stop signal to another process"
-        return self.received is not None
+        if not anyone.item():
+            # The agreed answer, even if this process's own signal came after it had answered: a
+            # process that stopped alone would wait forever in its checkpoint's barrier while the
+            # others trained on. Its signal is counted at the next step's end.
+            return False
+        self.received = self.received or "a stop signal to another process"
+        return True
 
     def checkpoint_saved(self, checkpoint: Path) -> None:
         if self.me.world_size == 1:
