@@ -134,7 +134,7 @@ def test_usr2_reaching_rsync_mid_checkpoint_copy_pauses_with_every_checkpoint_wh
     (run,) = (tmp_path / "checkpoints").iterdir()
     published = sorted(run.glob("checkpoint-*"), key=lambda checkpoint: int(checkpoint.name.split("-")[1]))
     saved_on_stop = sorted(os.listdir(published[-1]))  # copied after the signal: whole
-    assert saved_on_stop == ["COMPLETE", "state.pt"]
+    assert saved_on_stop == ["COMPLETE", "contents.json", "state.pt"]
     for checkpoint in published:
         assert sorted(os.listdir(checkpoint)) == saved_on_stop, f"{checkpoint.name} is not whole"
     assert not [name for name in os.listdir(run) if name.startswith(".")], "no partial copy left"
