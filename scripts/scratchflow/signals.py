@@ -5,7 +5,9 @@ A job is asked to stop by two signals: the stop signal, Slurm's warning before t
 SIGTERM (scancel, preemption, the time limit itself). USR2 and HUP are the alternatives: NCCL 2.12
 caught SIGUSR1 for itself (NVIDIA/nccl#704), which is why submitit moved to USR2 and then to HUP.
 The job's train step names its stop signal in `SCRATCHFLOW_STOP_SIGNAL`, which its training
-processes and a command task's program inherit.
+processes and a command task's program inherit. From the moment a train job has its scratch, any
+stop leaves the stop file there (`leaving_stop_file`): a stop while the data is staged pauses the
+piece before it trains, and one that comes before the trainer listens is read by it.
 """
 
 from __future__ import annotations
