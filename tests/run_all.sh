@@ -8,8 +8,8 @@
 #   holds off its core (benchmarks/README.md, section 12). The data, model and reference runs they
 #   share are built once (conftest.built_once);
 # - once the Slurm tests end (about 18 of the others' 25 minutes, 2026-11-26), a core is free:
-#   `after_slurm` (the lab pipeline's tests and the local fault tests, about 4 minutes) runs beside
-#   what is left of the others, instead of in them;
+#   `after_slurm` (the config checks and the lab pipeline's tests, which start many Snakemakes and
+#   train little, about 3½ minutes) runs beside what is left of the others, instead of in them;
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
 #   go beside them says nothing (rsync 0.36 s against stage-in 0.89 s beside an image build).
 # Options (not test paths) go to every one.
@@ -19,7 +19,7 @@ python=${PYTHON:-.venv/bin/python}
 slurm_tests=(tests/test_slurm.py tests/test_slurm_faults.py)
 slurm_workers=3
 alone=(tests/test_benchmarks.py)
-after_slurm=(tests/test_lab_pipeline.py tests/test_faults_local.py)
+after_slurm=(tests/test_config_validation.py tests/test_lab_pipeline.py)
 SCRATCHFLOW_TEST_SHARED=$(mktemp -d /tmp/scratchflow-tests-XXXXXX)
 export SCRATCHFLOW_TEST_SHARED
 others_log=$SCRATCHFLOW_TEST_SHARED/others.log
