@@ -35,11 +35,11 @@ from scratchflow.snakemake_adapter import JOB_VARIABLES
 
 log = logging.getLogger(__name__)
 # Slurm sends every process of a job its wall-time warning, a configured stop signal (USR1, USR2,
-# HUP) or scancel's TERM, the rsync of a copy the job is making included. rsync ends itself on each:
-# with exit 19 or 20, but on USR2 with 0, its copy cut short. So no exit status is trusted: a copy is
-# compared with its source, and one that is not whole is made again (rsync goes on where it stopped).
+# HUP) or scancel's TERM, the rsync of a copy the job is making included. rsync's processes end on
+# each, with an exit status that depends on which ended first (19, 20, 10 for the broken pipe the
+# other saw, and 0 on USR2, its copy cut short). So no exit status is trusted: a copy is compared
+# with its source, and one that is not whole is made again (rsync goes on where it stopped).
 RSYNC_OPTIONS = ("--archive", "--delete")
-RSYNC_STOPPED_BY_SIGNAL = (19, 20)
 COPY_TRIES = 4
 
 COPY_BLOCK_BYTES = 1024 * 1024
@@ -482,19 +482,19 @@ def _copy_until_whole(source: Path, partial: Path) -> None:
         result = subprocess.run(command, capture_output=True, text=True)
         if any(error in result.stderr for error in FULL_DISK_ERRORS):
             raise NoSpace(no_space_line(partial.parent, tree_bytes(source), f"copying {source.name} there"))
-        if result.returncode not in (0, *RSYNC_STOPPED_BY_SIGNAL):
-            raise StagingError(f"rsync failed (exit {result.returncode}): {result.stderr.strip()}")
         differences = copy_differences(source, partial)
-        if not differences:
+        if not differences and os.path.lexists(partial):
             return
         log.warning(
             "rsync's copy of %s is not whole (exit %d%s; %s): copying again",
             *(source, result.returncode, f", {result.stderr.strip()}" if result.stderr.strip() else ""),
             "; ".join(differences[:3]),
         )
+    if result.returncode != 0:
+        raise StagingError(f"rsync failed (exit {result.returncode}): {result.stderr.strip()}")
     raise StagingError(
-        f"rsync did not copy {source} whole in {COPY_TRIES} tries (it reported success or a stop signal "
-        f"each time): {'; '.join(differences[:10])}"
+        f"rsync did not copy {source} whole in {COPY_TRIES} tries (it reported success each time): "
+        f"{'; '.join(differences[:10])}"
     )
 
 
