@@ -478,13 +478,10 @@ def copy_whole(source: Path, destination: Path) -> None:
 def _copy_until_whole(source: Path, partial: Path) -> None:
     trailing = "/" if source.is_dir() else ""
     command = ["rsync", *RSYNC_OPTIONS, f"{source}{trailing}", f"{partial}{trailing}"]
-    had_source = os.path.lexists(source)
     for _try in range(COPY_TRIES):
         result = subprocess.run(command, capture_output=True, text=True)
         if any(error in result.stderr for error in FULL_DISK_ERRORS):
             raise NoSpace(no_space_line(partial.parent, tree_bytes(source), f"copying {source.name} there"))
-        if had_source and not os.path.lexists(source):  # a task's own pruning, say: no retry helps
-            raise StagingError(f"{source} was removed while it was copied")
         differences = copy_differences(source, partial)
         if not differences and os.path.lexists(partial):
             return
