@@ -196,11 +196,19 @@ def job_process(workdir: Path) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         found = subprocess.run(["pgrep", "-f", r"\.snakemake/scripts/tmp.*\.train\.py"], capture_output=True, text=True)
-        pids = [int(pid) for pid in found.stdout.split() if Path(f"/proc/{pid}/cwd").resolve() == workdir.resolve()]
+        pids = [int(pid) for pid in found.stdout.split() if _cwd_of(int(pid)) == workdir.resolve()]
         if pids:
             return pids[0]
         time.sleep(0.05)
     raise AssertionError("no train job process")
+
+
+def _cwd_of(pid: int) -> Path | None:
+    """A process's working directory; None for one that ended meanwhile."""
+    try:
+        return Path(f"/proc/{pid}/cwd").resolve(strict=True)
+    except OSError:
+        return None
 
 
 def workflow_env() -> dict[str, str]:
