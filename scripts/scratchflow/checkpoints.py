@@ -51,7 +51,6 @@ WORLD_FILE = "world.json"
 CONTENTS_FILE = "contents.json"
 DAMAGED_SUFFIX = ".damaged"
 DAMAGE_FILE = "damage.txt"
-HASH_BLOCK_BYTES = 4 * 1024 * 1024
 # squeue states of a job that may still write (a pending one was requeued and will start again).
 ACTIVE_SLURM_STATES = {
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
@@ -126,11 +125,8 @@ def checkpoint_damage(checkpoint: Path, read_bytes: bool = True) -> str | None:
 
 
 def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as source:
-        while block := source.read(HASH_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(source, "sha256").hexdigest()
 
 
 def _remove_whole(path: Path) -> None:
@@ -172,11 +168,10 @@ class RunCheckpoints:
             )
         return None
 
-    def check_space_for_the_next(self) -> None:
+    def check_space_for_the_next(self, newest: Path | None) -> None:
         """Fail at once, before a piece trains, when the folder's filesystem has no room for one
-        more checkpoint the size of the newest: the piece could not save its progress, and a retry
-        would train to the same wall."""
-        newest = self.newest()
+        more checkpoint the size of `newest` (the newest intact one): the piece could not save its
+        progress, and a retry would train to the same wall."""
         if newest is None:
             return
         needed = tree_bytes(newest)

@@ -167,7 +167,7 @@ def train_job(job: TrainJob) -> None:
         signals.leaving_stop_file(scratch / signals.STOP_FILE_NAME),
     ):
         newest = run.newest_intact()
-        run.check_space_for_the_next()
+        run.check_space_for_the_next(newest)
         piece_log = keep_piece_log(job.log, piece["piece"])
         log.info(
             "=== run %s, piece %d: %s on %s; this piece's log stays in %s ===",
