@@ -236,7 +236,11 @@ def test_a_full_checkpoint_filesystem_fails_with_the_figures_and_its_retry_fails
     needed and free; its partial is removed; the newest complete checkpoint stays whole. The retry
     sees there is no room for a checkpoint and fails at once, without training. With space freed,
     the same command resumes and ends with the uninterrupted run's weights."""
-    write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch"))
+    config = command_config(bbc_subset, tmp_path / "scratch")
+    # Each checkpoint lives about 2 s before the program prunes it (it trains for about 5): the
+    # watcher, looking every second, copies the first and finds no room for the second for sure.
+    config["checkpointing"]["every_steps"] = 200
+    write_config(tmp_path, config)
     with small_filesystem(tmp_path / "checkpoints", "5m") as checkpoints:
         result = run_workflow(tmp_path, check=False)
         assert result.returncode != 0

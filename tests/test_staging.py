@@ -1,6 +1,7 @@
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -310,6 +311,29 @@ def test_a_copy_that_stays_incomplete_fails_naming_what_is_missing(tmp_path, mon
     with pytest.raises(StagingError, match=r"optimizer\.pt: missing"):
         copy_whole(source, destination)
     assert not destination.exists()
+
+
+def test_a_source_removed_while_it_is_copied_fails_at_once_and_leaves_no_partial(tmp_path, monkeypatch):
+    """A task that prunes the checkpoint being mirrored: no retry can make that copy whole, and
+    retrying cost the checkpoint watcher its next chance to publish the newer one."""
+    source = tmp_path / "checkpoint-40"
+    source.mkdir()
+    (source / "state.pt").write_bytes(os.urandom(1024))
+    copies, run = [], subprocess.run
+
+    def copy_then_prune(command, **options):
+        copies.append(command)
+        result = run(command, **options)
+        shutil.rmtree(source)
+        return result
+
+    monkeypatch.setattr(staging.subprocess, "run", copy_then_prune)
+    destination = tmp_path / "shared" / "checkpoint-40"
+    destination.parent.mkdir()
+    with pytest.raises(StagingError, match="was removed while it was copied"):
+        copy_whole(source, destination)
+    assert len(copies) == 1, "no copy again"
+    assert os.listdir(destination.parent) == []
 
 
 def test_scratch_is_removed_when_the_job_fails(tmp_path):

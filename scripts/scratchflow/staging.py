@@ -485,11 +485,15 @@ def _copy_until_whole(source: Path, partial: Path) -> None:
         differences = copy_differences(source, partial)
         if not differences and os.path.lexists(partial):
             return
+        source_gone = not os.path.lexists(source)  # a task pruning its checkpoint, say: no retry helps
         log.warning(
-            "rsync's copy of %s is not whole (exit %d%s; %s): copying again",
+            "rsync's copy of %s is not whole (exit %d%s; %s): %s",
             *(source, result.returncode, f", {result.stderr.strip()}" if result.stderr.strip() else ""),
             "; ".join(differences[:3]),
+            "its source was removed meanwhile" if source_gone else "copying again",
         )
+        if source_gone:
+            raise StagingError(f"{source} was removed while it was copied")
     if result.returncode != 0:
         raise StagingError(f"rsync failed (exit {result.returncode}): {result.stderr.strip()}")
     raise StagingError(
