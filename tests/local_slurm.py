@@ -70,6 +70,11 @@ PARTITIONS = (
 # Every partition's MaxTime is 7 days but debug's, which is short, as debug partitions are, so that
 # a runtime only a retry asks for can be refused (tests/test_slurm.py, the preflight's test).
 MAX_TIMES = {"debug": "01:00:00"}
+# Preemption as labs meet it on "preemptible"/"scavenger" partitions: a job there is requeued when
+# a job of a higher tier needs its node, after a grace time (SIGTERM at once, SIGKILL when it ends).
+# The partitions above cannot be preempted, so that no other test's jobs are.
+PREEMPTIBLE = "PartitionName=preemptible PriorityTier=1 PreemptMode=REQUEUE GraceTime=120"
+PREEMPTING = "PartitionName=urgent PriorityTier=10 PreemptMode=OFF"
 
 
 def install_packages() -> None:
@@ -130,9 +135,13 @@ class LocalSlurm:
         etc, run, log = self.root / "etc", self.root / "run", self.root / "log"
         self._write_job_scripts(etc)
         partitions = "\n".join(
-            f"PartitionName={name} Nodes={NODE_LIST} MaxTime={MAX_TIMES.get(name, '7-00:00:00')} State=UP"
-            + (" Default=YES" if name == "batch" else "")
-            for name in PARTITIONS
+            [
+                f"PartitionName={name} Nodes={NODE_LIST} MaxTime={MAX_TIMES.get(name, '7-00:00:00')} State=UP"
+                + " PreemptMode=OFF"
+                + (" Default=YES" if name == "batch" else "")
+                for name in PARTITIONS
+            ]
+            + [f"{partition} Nodes={NODE_LIST} State=UP" for partition in (PREEMPTIBLE, PREEMPTING)]
         )
         self.conf.write_text(
             textwrap.dedent(f"""\
@@ -150,6 +159,8 @@ class LocalSlurm:
             TaskPlugin=task/none
             SelectType=select/cons_tres
             SelectTypeParameters=CR_Core_Memory
+            PreemptType=preempt/partition_prio
+            PreemptMode=REQUEUE
             DefMemPerCPU=1000
             EnforcePartLimits=ALL
             ReturnToService=2

@@ -195,6 +195,27 @@ def test_a_piece_found_killed_by_the_next_is_closed_with_the_step_of_its_last_ch
     assert second["ended_at"]
 
 
+def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, monkeypatch):
+    """Preempted (or its node lost), the job runs again under its id: its earlier piece is marked
+    with why, once; another job's piece, or this job's first run, is not."""
+    causes = []
+    monkeypatch.setattr(checkpoints, "requeue_cause", lambda job_id: causes.append(job_id) or "preempted")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    run = RunCheckpoints(tmp_path, MARKER)
+    with run.piece():  # the job's first run
+        pass
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with run.piece():  # its run after the requeue
+        pass
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # a retry Snakemake submitted: a job of its own
+    with run.piece():
+        pass
+    first, second, third = run.pieces()
+    assert first["requeued"] == "preempted" and causes == ["41"]
+    assert "requeued" not in second and "requeued" not in third
+
+
 def test_a_failed_pieces_outcome_is_the_errors_first_line(tmp_path):
     """An error that quotes a program's output (TrainingFailed holds the last lines of torchrun's)
     left 25 lines in record.json; the piece's log has them."""

@@ -398,7 +398,7 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
     returncode, output = finish(start(slurm, tmp_path), tmp_path)
     assert returncode == 0, output[-6000:]
     first, second, *reruns = pieces_of(tmp_path)
-    assert first["slurm_job_id"] == second["slurm_job_id"] == job
+    assert first["slurm_job_id"] == second["slurm_job_id"] == job and first["requeued"] == "requeued"
     assert first["resumed_from_step"] is None and second["resumed_from_step"] == requeued
     assert second["outcome"] == "finished", "the orphan trained to the end"
     assert all(piece["resumed_from_step"] == second["reached_step"] for piece in reruns), "nothing trained twice"
@@ -427,7 +427,8 @@ def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_re
     del config["cluster"]
     write_config(tmp_path, config)
     workflow = start(slurm, tmp_path)
-    wait_until(lambda: first_checkpoint(tmp_path, "COMPLETE"), workflow, tmp_path, "a first checkpoint")
+    # It trains for seconds: cancelled at its first checkpoint on scratch, well before its last step
+    wait_until(lambda: checkpoint_on_scratch(tmp_path), workflow, tmp_path, "a first checkpoint on scratch")
     (job,) = active_jobs(slurm, tmp_path, "train")
     slurm.run("scancel", job)
 
@@ -438,6 +439,54 @@ def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_re
     assert second["resumed_from_step"] == stopped_at(first, "SIGTERM", tmp_path) and second["outcome"] == "finished"
     assert same_metrics(tmp_path, uninterrupted_command_run)
     assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
+
+
+def checkpoint_on_scratch(workdir: Path) -> bool:
+    """Whether the program training in `workdir` has written a complete checkpoint to its scratch."""
+    try:
+        return any(any(scratch.rglob("checkpoint-*/COMPLETE")) for scratch in scratch_named_in_logs(workdir))
+    except OSError:  # a checkpoint pruned while it was looked at
+        return False
+
+
+def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_the_same_results(
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    """The README's preemptible switch (config/tests/profiles/edinburgh-preemptible.yaml) on the test
+    cluster's `preemptible` partition (PreemptMode=REQUEUE, GraceTime=120): a job of the higher tier
+    `urgent` that needs the training's node preempts it for real. The training saves on SIGTERM and
+    stops; Slurm requeues its job under the same id; the status says the piece was preempted; the job
+    resumes, spending no retry, and the run ends with the uninterrupted run's results, byte for byte."""
+    configure_long_run(tmp_path, bbc_subset, tiny_model)
+    profile = switched_profile("edinburgh-preemptible.yaml", tmp_path / "profile")
+    # Most of a node's memory, so that the urgent job, asking as much, fits there only without it.
+    memory_mb = 400_000
+    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
+    settings["set-resources"]["train"]["mem_mb"] = memory_mb
+    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
+    workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile))
+    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
+    (job,) = active_jobs(slurm, tmp_path, "train")
+    (node,) = slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.split()
+    urgent = ["-p", "urgent", "-w", node, f"--mem={memory_mb}M", "-D", str(tmp_path), "-o", "/dev/null"]
+    slurm.run("sbatch", *urgent, "--wrap", "sleep 1")
+
+    wait_until(lambda: pending_again(slurm, job), workflow, tmp_path, "the preempted job to be requeued")
+    status = grid_status(slurm, tmp_path)
+    assert "stopped on SIGTERM at step" in status and "(preempted: Slurm requeued its job)" in status, status
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+    preempted, resumed = pieces_of(tmp_path)
+    assert preempted["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
+    assert preempted["requeued"] == "preempted" and "requeued" not in resumed
+    assert resumed["resumed_from_step"] == stopped_at(preempted, "SIGTERM", tmp_path) > 0
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+
+
+def pending_again(slurm, job: str) -> bool:
+    """Whether `job` is back in the queue, requeued (its state then, from squeue)."""
+    return slurm.run("squeue", "-h", "-j", job, "-o", "%T", check=False).stdout.strip() == "PENDING"
 
 
 def ended_at(piece: dict) -> float:

@@ -297,6 +297,28 @@ def test_a_stopped_or_killed_piece_points_at_its_own_log(tmp_path):
     assert (statuses["killed0000"].state, statuses["killed0000"].log) == ("interrupted", "L1")
 
 
+def test_a_piece_whose_job_slurm_requeued_is_told_preempted_or_its_node_lost(tmp_path, monkeypatch):
+    """A preempted job waits in the queue under its own id (sacct says why) until its next piece
+    starts; a job that lost its node is recorded so by its next piece."""
+    monkeypatch.setattr("scratchflow.status.requeue_cause", lambda job_id: {"102": "preempted"}[job_id])
+    now = time.time()
+    write_grid(tmp_path, {"preempted0": {}, "nodefail00": {}}, "accuracy", "max", "slurm")
+    stopped = "TrainingStopped: stopped on SIGTERM at step 40 and paused; saved"
+    write(tmp_path / "checkpoints" / "preempted0" / "pieces.json", [{**piece(1, stopped, now), "slurm_job_id": "102"}])
+    checkpoint(tmp_path / "checkpoints" / "preempted0" / "checkpoint-40")
+    lost = {**piece(1, "killed", now), "slurm_job_id": "103", "requeued": "node failure"}
+    write(tmp_path / "checkpoints" / "nodefail00" / "pieces.json", [lost])
+    jobs = {("train", "preempted0"): SlurmJob("102", "PENDING", "BeginTime", "")}
+    statuses = by_id(statuses_in(tmp_path, jobs))
+    assert statuses["preempted0"].detail == (
+        "piece 1 stopped on SIGTERM at step 40 and paused (preempted: Slurm requeued its job); "
+        "the next piece resumes from checkpoint-40 (Slurm job 102 pending (BeginTime))"
+    )
+    assert statuses["nodefail00"].detail == (
+        "piece 1 was killed (node failure: Slurm requeued its job); the next piece starts again from step 0"
+    )
+
+
 def test_a_damaged_checkpoint_is_shown_with_what_is_wrong_and_where_the_next_piece_resumes(tmp_path):
     """The newest checkpoint's file shorter than it was saved (a user's rm, a full disk, a filesystem
     fault), and one set aside by an earlier job: both named, and the next piece's resume point is

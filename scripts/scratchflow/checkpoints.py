@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow.files import OWNER_TAG, process_may_live, read_json, write_json_atomically
+from scratchflow.slurm_job import requeue_cause
 from scratchflow.staging import NoSpace, StagingError, copy_whole, no_space_line, remove_leftovers, tree_bytes
 
 log = logging.getLogger(__name__)
@@ -328,6 +329,7 @@ class RunCheckpoints:
         (steps, its log) to the yielded entry. Called while holding the run: an earlier piece still
         listed as running was killed (no job holds the run), and is closed as such."""
         self.close_killed_pieces()
+        self.note_requeue()
         piece = {
             "piece": len(self.pieces()) + 1,
             **this_process(),
@@ -351,6 +353,18 @@ class RunCheckpoints:
     def newest_step(self) -> int | None:
         newest = self.newest()
         return step_of(newest) if newest else None
+
+    def note_requeue(self) -> None:
+        """This job is one that Slurm requeued (a preemption, a lost node: SLURM_RESTART_COUNT counts):
+        its earlier piece gets `requeued`, the cause (`requeue_cause`)."""
+        job_id, listed = os.environ.get("SLURM_JOB_ID"), self.pieces()
+        if not (listed and job_id and os.environ.get("SLURM_RESTART_COUNT", "0") != "0"):
+            return
+        earlier = listed[-1]
+        if earlier.get("slurm_job_id") == job_id and "requeued" not in earlier:
+            earlier["requeued"] = requeue_cause(job_id)
+            log.info("piece %s ended when Slurm requeued job %s: %s", earlier["piece"], job_id, earlier["requeued"])
+            write_json_atomically(listed, self.folder / PIECES_FILE)
 
     def close_killed_pieces(self) -> None:
         """Pieces listed as running whose job is gone (killed outright: SIGKILL, a node failure)

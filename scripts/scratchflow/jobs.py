@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation, distributed, halving, report, signals, tracking
+from scratchflow import aggregation, distributed, halving, report, signals, slurm_job, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.files import read_json, write_json_atomically, written_whole
@@ -69,6 +69,8 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
         # Still a failed job for Snakemake, whose retry resumes: said first, with the log that stays.
         kept_log = failure.log or Path(log_path).resolve()
         print(f"scratchflow: {paused_line(failure)}; this piece's log: {kept_log}", file=sys.stderr, flush=True)
+        if failure.requeue:
+            slurm_job.requeue_this_job()
     elif failure is not None:
         print(
             f"scratchflow: job failed: {describe_failure(failure)}\n"
@@ -187,9 +189,9 @@ def train_job(job: TrainJob) -> None:
             "run %s, piece %d: scratch %s (training processes: %d node(s) x %d)",
             *(job.run_id, piece["piece"], scratch, job.shape.nodes, job.shape.processes_per_node),
         )
-        with timer.phase("stage"):
+        with timer.phase("stage"), preemption_noted(piece):
             data = staged_sources(staged_or_paused(job, scratch, newest), job.identity["dataset"])
-        with timer.phase("train"), pointing_at(piece_log):
+        with timer.phase("train"), pointing_at(piece_log), preemption_noted(piece):
             trained = distributed.train(
                 PieceSpec(
                     task=job.task,
@@ -253,6 +255,19 @@ def staged_or_paused(job: TrainJob, scratch: Path, newest: Path | None) -> Path:
             f"the next attempt {f'resumes from {newest.name}' if newest else 'starts from the beginning'}"
         )
     return staged
+
+
+@contextlib.contextmanager
+def preemption_noted(piece: dict[str, Any]) -> Iterator[None]:
+    """A stop that is Slurm preempting the job: the piece is recorded preempted, and the job requeues
+    itself once it has ended (job_context)."""
+    try:
+        yield
+    except TrainingStopped as stopped:
+        if slurm_job.preempted_and_requeueable():
+            piece["requeued"] = "preempted"
+            stopped.requeue = True
+        raise
 
 
 def phases_of_all_pieces(pieces: list[dict[str, Any]]) -> dict[str, float]:

@@ -30,6 +30,7 @@ from scratchflow.checkpoints import (
     step_of,
 )
 from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
+from scratchflow.slurm_job import requeue_cause
 from scratchflow.tracking import duration
 
 STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", "waits", "failed")
@@ -217,18 +218,31 @@ def _training_status(
         return RunStatus(run_id, "trains", _training_detail(run, last, now) + queued)
     resumes = _resume_point(run)
     piece_log = last.get("log") or train_log
+    requeued = _requeued(last, job)
     if last["outcome"].startswith("TrainingStopped"):
         stopped = last["outcome"].split(": ", 1)[1].split(";", 1)[0]
         return RunStatus(
-            run_id, "paused", f"piece {last['piece']} {stopped}; the next piece {resumes}{queued}", piece_log
+            run_id, "paused", f"piece {last['piece']} {stopped}{requeued}; the next piece {resumes}{queued}", piece_log
         )
     if last["outcome"] in ("running", "killed"):
         return RunStatus(
-            run_id, "interrupted", f"piece {last['piece']} was killed; the next piece {resumes}{queued}", piece_log
+            run_id,
+            "interrupted",
+            f"piece {last['piece']} was killed{requeued}; the next piece {resumes}{queued}",
+            piece_log,
         )
     if job is not None:  # a retry of a failed piece is queued or starting
         return RunStatus(run_id, "waits", f"piece {last['piece']} failed; a retry {resumes}{queued}", piece_log)
     return RunStatus(run_id, "failed", f"piece {last['piece']}: {last['outcome'].splitlines()[0][:300]}", piece_log)
+
+
+def _requeued(piece: dict[str, Any], job: SlurmJob | None) -> str:
+    """ ", preempted: Slurm requeued its job" for a piece whose job Slurm requeued (its next piece
+    names the cause; until it starts, the job is the piece's own, pending again: sacct is asked)."""
+    cause = piece.get("requeued")
+    if cause is None and job is not None and job.state == "PENDING" and job.job_id == piece.get("slurm_job_id"):
+        cause = requeue_cause(job.job_id)
+    return f" ({cause}: Slurm requeued its job)" if cause else ""
 
 
 def _resume_point(run: RunCheckpoints) -> str:

@@ -34,9 +34,11 @@ class UnknownTask(ValueError):
 
 class TrainingStopped(RuntimeError):
     """Training stopped early on request (time limit near, job cancelled); its progress is saved.
-    `log`: the piece's own log, once the job knows it."""
+    `log`: the piece's own log, once the job knows it; `requeue`: the job was preempted, and
+    requeues itself once the piece is recorded (scratchflow.slurm_job)."""
 
     log: Path | None = None
+    requeue: bool = False
 
 
 class Lifecycle(Protocol):

@@ -1,0 +1,61 @@
+"""What a Slurm job asks Slurm about itself: whether it is being preempted, requeueing itself once
+it has saved, and why an earlier run of it was requeued. Outside Slurm, or where its clients are
+missing (a job step in an image without them), each answers "no" or "cannot say".
+
+Preemption with PreemptMode=REQUEUE and a GraceTime sends the job SIGTERM at once and requeues it
+when the grace time ends, but a job that ends on its own within its grace time (as a training does
+once it has saved) is recorded FAILED and not requeued (seen on Slurm 22.05): Snakemake would spend
+a retry on it and queue it again at the back. So a preempted job that is requeueable (`--requeue`,
+every profile's `slurm-requeue: true`) requeues itself: it keeps its id and its place, and its next
+start resumes from the checkpoint it saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+
+log = logging.getLogger(__name__)
+
+# The state sacct keeps of the run of a job that Slurm then requeued (it keeps its id), in the
+# pieces' and the status's words; "requeued" where sacct does not say (`scontrol requeue` too).
+REQUEUE_CAUSES = {"PREEMPTED": "preempted", "NODE_FAIL": "node failure"}
+
+
+def _ask(*command: str) -> str | None:
+    try:
+        answered = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return answered.stdout if answered.returncode == 0 else None
+
+
+def preempted_and_requeueable(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Whether this job has been selected for preemption (`scontrol show job` stamps its PreemptTime)
+    and was submitted requeueable."""
+    job_id = environ.get("SLURM_JOB_ID")
+    shown = _ask("scontrol", "--oneliner", "show", "job", job_id) if job_id else None
+    if not shown:
+        return False
+    preempt_time = re.search(r"\bPreemptTime=(\S+)", shown)
+    requeue = re.search(r"\bRequeue=(\d)", shown)
+    return bool(preempt_time and preempt_time.group(1) != "None" and requeue and requeue.group(1) == "1")
+
+
+def requeue_this_job(environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """Put this job back in the queue under its id; Slurm then ends its processes, this one too."""
+    job_id = environ["SLURM_JOB_ID"]
+    log.info("Slurm job %s was preempted: it requeues itself and resumes when it starts again", job_id)
+    answered = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if answered.returncode != 0:  # requeued by Slurm already (no grace time), say
+        log.warning("scontrol requeue %s: %s", job_id, answered.stderr.strip())
+
+
+def requeue_cause(job_id: str) -> str:
+    """Why Slurm requeued job `job_id`: "preempted", "node failure", or "requeued" (`scontrol
+    requeue`, or sacct cannot say), from the state sacct keeps of the job's latest earlier run."""
+    listed = _ask("sacct", "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", "State") or ""
+    states = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    return next((REQUEUE_CAUSES[state] for state in reversed(states) if state in REQUEUE_CAUSES), "requeued")
