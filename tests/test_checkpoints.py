@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -223,3 +224,51 @@ def test_a_failed_pieces_outcome_is_the_errors_first_line(tmp_path):
     with pytest.raises(RuntimeError), run.piece():
         raise RuntimeError("torchrun exited with 1; its last lines:\nTraceback (most recent call last):\n  File x")
     assert run.pieces()[0]["outcome"] == "RuntimeError: torchrun exited with 1; its last lines:"
+
+
+def test_a_grid_whose_checkpoints_may_not_fit_is_warned_of_with_the_figures(tmp_path):
+    """Sized by a saved checkpoint: 10^7 runs still to train of 1 MB checkpoints, 2 each, need 20 TB,
+    more than this filesystem has; one run fits, and nothing is said."""
+    root = tmp_path / "checkpoints"
+    (make_checkpoint(root / "run0", 20) / "optimizer.pt").write_bytes(os.urandom(1_000_000))
+    warning = checkpoints.space_warning(root, 10**7, 2, model=None)
+    assert warning.startswith("the checkpoints of the 10000000 run(s) still to train may take 2000") and (
+        f"in {root} (2 per run, kept until the workflow succeeds, of 1 MB each: the largest saved)" in warning
+    ), warning
+    assert re.search(r"its filesystem \(\w+ at /[^)]*\) has [\d.]+ GB free", warning), warning
+    assert checkpoints.space_warning(root, 1, 2, model=None) is None
+
+
+def test_before_any_checkpoint_the_size_is_three_times_the_models_weights(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"w" * 1000)
+    (model / "config.json").write_text("{}")
+    assert checkpoints.checkpoint_size(tmp_path / "checkpoints", model) == (
+        3000,
+        "3 x the model's weights: they and the optimizer's two moments",
+    )
+    assert checkpoints.checkpoint_size(tmp_path / "checkpoints", None) is None, "a command task's first run"
+    assert checkpoints.space_warning(tmp_path / "checkpoints", 10**12, 2, None) is None, "no size: nothing said"
+
+
+def test_the_workflow_warns_at_start_counting_only_the_runs_still_to_train(tmp_path, monkeypatch, capsys):
+    """The start-up check sizes a checkpoint from the local model's weights (before any is saved)
+    and counts the grid's runs without a record."""
+    from scratchflow.plan import Plan
+    from scratchflow.workflow_hooks import warn_of_checkpoint_space
+
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "inputs" / "model"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"w" * 1000)
+    runs = {f"run{index}": {} for index in range(3)}
+    (tmp_path / "results" / "runs" / "run0").mkdir(parents=True)
+    (tmp_path / "results" / "runs" / "run0" / "record.json").write_text("{}")
+    plan = Plan(runs, {}, "model", "hf_classification", "accuracy", "max", MARKER)
+    config = {"model": {"name": "model", "source": str(model)}, "checkpointing": {"keep": 10**12}}
+    warn_of_checkpoint_space(config, plan)
+    assert "warning: the checkpoints of the 2 run(s) still to train may take 6000000" in capsys.readouterr().err
+    config["checkpointing"]["keep"] = 2
+    warn_of_checkpoint_space(config, plan)
+    assert capsys.readouterr().err == ""

@@ -37,7 +37,15 @@ from typing import Any
 
 from scratchflow.files import OWNER_TAG, process_may_live, read_json, write_json_atomically
 from scratchflow.slurm_job import requeue_cause
-from scratchflow.staging import NoSpace, StagingError, copy_whole, no_space_line, remove_leftovers, tree_bytes
+from scratchflow.staging import (
+    NoSpace,
+    StagingError,
+    copy_whole,
+    filesystem_of,
+    no_space_line,
+    remove_leftovers,
+    tree_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -430,6 +438,53 @@ class CheckpointMirroring:
         if failure:
             raise failure[0]
         self.mirror_newest()
+
+
+# A model's weight files, whose size (times 3: the weights and AdamW's two moments, as a trainer
+# saves them) estimates a checkpoint before one is saved; a few saved ones, once there are.
+WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth"}
+CHECKPOINTS_SAMPLED = 8
+
+
+def checkpoint_size(root: Path, model: Path | None) -> tuple[int, str] | None:
+    """The bytes one checkpoint of the grid under `root` takes, and where the figure comes from: the
+    largest of a few checkpoints saved there, or else 3 times the weight files of `model` (a folder);
+    None where neither exists (a `command` task's first run)."""
+    saved = []
+    for checkpoint in root.glob("*/checkpoint-*"):
+        if CHECKPOINT_NAME.fullmatch(checkpoint.name) and checkpoint.is_dir():
+            saved.append(tree_bytes(checkpoint))
+            if len(saved) == CHECKPOINTS_SAMPLED:
+                break
+    if saved:
+        return max(saved), "the largest saved"
+    weights = sum(
+        path.stat().st_size
+        for path in (model.iterdir() if model and model.is_dir() else ())
+        if path.suffix in WEIGHT_SUFFIXES
+    )
+    return (3 * weights, "3 x the model's weights: they and the optimizer's two moments") if weights else None
+
+
+def space_warning(root: Path, runs: int, keep: int, model: Path | None) -> str | None:
+    """A line where the checkpoints of `runs` runs still to train (`keep` each, kept until the workflow
+    succeeds) may not fit in the free space of `root`'s filesystem; None where they fit, or where
+    no size is known yet."""
+    size = checkpoint_size(root, model)
+    if not runs or size is None:
+        return None
+    needed = size[0] * keep * runs
+    existing = next(path for path in (root.absolute(), *root.absolute().parents) if path.exists())
+    free = shutil.disk_usage(existing).free
+    if needed <= free:
+        return None
+    mount_point, kind = filesystem_of(existing)
+    return (
+        f"the checkpoints of the {runs} run(s) still to train may take {needed / 1e9:.1f} GB in {root.absolute()} "
+        f"({keep} per run, kept until the workflow succeeds, of {size[0] / 1e6:.0f} MB each: {size[1]}), and its "
+        f"filesystem ({kind} at {mount_point}) has {free / 1e9:.1f} GB free. A job that finds no room for its next "
+        "checkpoint fails; free space there, lower checkpointing.keep, or train the grid in parts"
+    )
 
 
 def this_process() -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR, preflight, snakemake_adapter
-from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.checkpoints import RunCheckpoints, space_warning
 from scratchflow.config import (
     check_compression,
     check_dataset,
@@ -32,7 +32,7 @@ from scratchflow.config import (
 from scratchflow.containers import check_rule_image_rules, set_job_step_image, start_job_steps_in_image
 from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location
 from scratchflow.models import is_local_source
-from scratchflow.plan import COMPARISON_OUTPUTS, Plan
+from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
 from scratchflow.tasks import Task, find_lab_tasks_in
 from scratchflow.tracking import wandb_sync_command
 
@@ -108,8 +108,25 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
             snakemake_adapter.job_rules(workflow),
         )
     plan.started(executor).write(Path("."))
+    warn_of_checkpoint_space(config, plan)
     if executor == "slurm":
         snakemake_adapter.notice_job_ends_at_once(workflow)
+
+
+def warn_of_checkpoint_space(config: dict[str, Any], plan: Plan) -> None:
+    """Warn, not refuse, where the grid's checkpoints may not fit (the estimate is an upper bound)."""
+    model = config.get("model") or {}
+    if plan.model_cache and Path(plan.model_cache).is_dir():
+        weights = Path(plan.model_cache)
+    elif model and is_local_source(model["source"]):
+        weights = resolve_location(model["source"])
+    else:
+        weights = None
+    to_train = sum(not Path(RUN_PATHS.of(run_id).record).exists() for run_id in plan.runs)
+    root = Path(RUN_PATHS.checkpoints).parent
+    warning = space_warning(root, to_train, config["checkpointing"]["keep"], weights)
+    if warning:
+        print(f"scratchflow: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def run_hooks_as_a_module(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
