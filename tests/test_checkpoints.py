@@ -217,6 +217,22 @@ def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, m
     assert "requeued" not in second and "requeued" not in third
 
 
+def test_a_failed_piece_says_how_far_it_trained_past_its_newest_checkpoint(tmp_path):
+    """A piece that trained to step 30 and could not save past 15 (a full disk): it reached 15, the
+    step the run goes on from, and trained to 30, the steps lost."""
+    run = RunCheckpoints(tmp_path, MARKER)
+    run.report_progress({"step": 90, "at": time.time() - 3600})  # an earlier piece's
+    make_checkpoint(tmp_path, 15)
+    with pytest.raises(OSError), run.piece():
+        run.report_progress({"step": 30, "at": time.time()})
+        raise OSError(28, "No space left on device")
+    (piece,) = run.pieces()
+    assert (piece["reached_step"], piece["trained_to_step"]) == (15, 30)
+    with pytest.raises(OSError), run.piece():
+        raise OSError(28, "No space left on device")  # before it trained: the progress is older
+    assert "trained_to_step" not in run.pieces()[-1]
+
+
 def test_a_failed_pieces_outcome_is_the_errors_first_line(tmp_path):
     """An error that quotes a program's output (TrainingFailed holds the last lines of torchrun's)
     left 25 lines in record.json; the piece's log has them."""

@@ -338,6 +338,7 @@ class RunCheckpoints:
         listed as running was killed (no job holds the run), and is closed as such."""
         self.close_killed_pieces()
         self.note_requeue()
+        started = time.time()
         piece = {
             "piece": len(self.pieces()) + 1,
             **this_process(),
@@ -351,12 +352,23 @@ class RunCheckpoints:
             # One line: the traceback and any output the error quotes are in the piece's log.
             piece["outcome"] = f"{type(error).__name__}: {error}".splitlines()[0]
             piece.setdefault("reached_step", self.newest_step())
+            trained_to = self._progress_step_since(started)
+            if trained_to is not None and trained_to > (piece["reached_step"] or 0):
+                piece["trained_to_step"] = trained_to  # the steps since its newest checkpoint are lost
             raise
         else:
             piece["outcome"] = "finished"
         finally:
             piece["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             self.record_piece(piece)
+
+    def _progress_step_since(self, started: float) -> int | None:
+        """The step this piece's trainer last reported (progress.json), if it reported since `started`."""
+        try:
+            progress = read_json(self.folder / PROGRESS_FILE)
+        except (FileNotFoundError, ValueError):
+            return None
+        return progress.get("step") if progress.get("at", 0) >= started else None
 
     def newest_step(self) -> int | None:
         newest = self.newest()
