@@ -478,6 +478,7 @@ def copy_whole(source: Path, destination: Path) -> None:
 def _copy_until_whole(source: Path, partial: Path) -> None:
     trailing = "/" if source.is_dir() else ""
     command = ["rsync", *RSYNC_OPTIONS, f"{source}{trailing}", f"{partial}{trailing}"]
+    had_source = os.path.lexists(source)
     for _try in range(COPY_TRIES):
         result = subprocess.run(command, capture_output=True, text=True)
         if any(error in result.stderr for error in FULL_DISK_ERRORS):
@@ -485,7 +486,7 @@ def _copy_until_whole(source: Path, partial: Path) -> None:
         differences = copy_differences(source, partial)
         if not differences and os.path.lexists(partial):
             return
-        source_gone = not os.path.lexists(source)  # a task pruning its checkpoint, say: no retry helps
+        source_gone = had_source and not os.path.lexists(source)  # a task pruning its checkpoint: no retry helps
         log.warning(
             "rsync's copy of %s is not whole (exit %d%s; %s): %s",
             *(source, result.returncode, f", {result.stderr.strip()}" if result.stderr.strip() else ""),
