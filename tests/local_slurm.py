@@ -39,8 +39,15 @@ NETWORK_NAMESPACE = "scratchflow-slurm"
 # Four a node, so that the Slurm tests side by side fit: two two-node jobs of 2 GPUs a node at once.
 FAKE_GPUS = 4
 GPU_TYPE = "a100"
-# Two nodes on this host, so that multi-node training runs for real (each its own slurmd and port).
-NODES = ("n1", "n2")
+# Two nodes on this host, so that multi-node training runs for real (each its own slurmd and port),
+# and a third in no partition but `fragile`, which a test loses (LocalSlurm.lose_node) with no other
+# test's job on it.
+NODES = ("n1", "n2", "n3")
+# `fragile` holds it and n2, where its jobs go while it is lost; it is taken first (lower Weight).
+FRAGILE_NODE, FRAGILE_NODE_WEIGHT = "n3", 1
+FRAGILE = f"PartitionName=fragile Nodes=n2,{FRAGILE_NODE} State=UP PreemptMode=OFF"
+# How soon Slurm declares a node whose slurmd stopped answering DOWN (real clusters: minutes).
+SLURMD_TIMEOUT_SECONDS = 20
 FIRST_SLURMD_PORT = 17001
 # Each node claims what the profiles ask of a real GPU node (SlurmdParameters=config_overrides keeps
 # slurmd from draining it for lacking them), so each profile's own requests schedule as they are.
@@ -49,6 +56,7 @@ NODE_MEMORY_MB = 512_000
 # The real clusters' partition names (docs/clusters.md, "Notes per cluster"); `batch` is the default, which
 # is where a job without a partition (the Alliance's way) lands.
 NODE_LIST = f"{NODES[0][0]}[1-{len(NODES)}]"
+SHARED_NODES = "n[1-2]"  # the nodes of every partition but `fragile`
 PARTITIONS = (
     "batch",
     "gpu",
@@ -136,12 +144,13 @@ class LocalSlurm:
         self._write_job_scripts(etc)
         partitions = "\n".join(
             [
-                f"PartitionName={name} Nodes={NODE_LIST} MaxTime={MAX_TIMES.get(name, '7-00:00:00')} State=UP"
+                f"PartitionName={name} Nodes={SHARED_NODES} MaxTime={MAX_TIMES.get(name, '7-00:00:00')} State=UP"
                 + " PreemptMode=OFF"
                 + (" Default=YES" if name == "batch" else "")
                 for name in PARTITIONS
             ]
-            + [f"{partition} Nodes={NODE_LIST} State=UP" for partition in (PREEMPTIBLE, PREEMPTING)]
+            + [f"{partition} Nodes={SHARED_NODES} State=UP" for partition in (PREEMPTIBLE, PREEMPTING)]
+            + [FRAGILE]
         )
         self.conf.write_text(
             textwrap.dedent(f"""\
@@ -164,6 +173,7 @@ class LocalSlurm:
             DefMemPerCPU=1000
             EnforcePartLimits=ALL
             ReturnToService=2
+            SlurmdTimeout={SLURMD_TIMEOUT_SECONDS}
             MinJobAge=300
             AccountingStorageType=accounting_storage/slurmdbd
             AccountingStorageHost=localhost
@@ -177,10 +187,13 @@ class LocalSlurm:
             Prolog={etc / "prolog.sh"}
             Epilog={etc / "epilog.sh"}
             TaskProlog={etc / "task_prolog.sh"}
-            NodeName={NODE_LIST} NodeHostname={self.host} NodeAddr=127.0.0.1 \\
-                Port={FIRST_SLURMD_PORT}-{FIRST_SLURMD_PORT + len(NODES) - 1} \\
-                CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} Gres=gpu:{GPU_TYPE}:{FAKE_GPUS} State=UNKNOWN
             """)
+            + "".join(
+                f"NodeName={node} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={FIRST_SLURMD_PORT + index} "
+                f"Weight={FRAGILE_NODE_WEIGHT if node == FRAGILE_NODE else 2} CPUs={NODE_CPUS} "
+                f"RealMemory={NODE_MEMORY_MB} Gres=gpu:{GPU_TYPE}:{FAKE_GPUS} State=UNKNOWN\n"
+                for index, node in enumerate(NODES)
+            )
             + partitions
             + "\n"
         )
@@ -324,15 +337,40 @@ class LocalSlurm:
         # reach, ten tries a second apart; the slurm plugin's `scontrol show config` when Snakemake
         # loads it made every snakemake started beside the Slurm tests wait 9 s for nothing.
         for node in NODES:
-            (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
-            private_run = 'mkdir -p /run/slurm && mount -t tmpfs slurm-run /run/slurm && exec "$@"'
-            command = [
-                *("unshare", "--mount", "--propagation", "slave", "sh", "-c", private_run, "sh"),
-                *("slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"),
-            ]
-            self._start(f"slurmd-{node}", command, env=self.node_env(node))
+            self._start_node(node)
         self._wait("the nodes", self._nodes_idle)
         return self
+
+    def _start_node(self, node: str) -> None:
+        (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
+        private_run = 'mkdir -p /run/slurm && mount -t tmpfs slurm-run /run/slurm && exec "$@"'
+        command = [
+            *("unshare", "--mount", "--propagation", "slave", "sh", "-c", private_run, "sh"),
+            *("slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"),
+        ]
+        self._start(f"slurmd-{node}", command, env=self.node_env(node))
+
+    def lose_node(self, node: str) -> None:
+        """`node` powers off: its slurmd and every process of its jobs (their slurmstepd, which
+        carries the node's PATH, and what they run, which carries SLURMD_NODENAME) SIGKILLed at
+        once. Slurm declares it DOWN after SlurmdTimeout."""
+        pid_file = self.root / "run" / f"slurmd-{node}.pid"
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)  # started by the process that keeps the cluster
+        pid_file.unlink()
+        marker = f"PATH={self.root / 'nodes' / node}{os.pathsep}".encode()
+        for pid in [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:  # ended meanwhile
+                continue
+            if f"SLURMD_NODENAME={node}".encode() in environ or any(v.startswith(marker) for v in environ):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def restart_node(self, node: str) -> None:
+        """`node` back: its slurmd starts again, registers, and the node returns (ReturnToService=2)."""
+        self._start_node(node)
+        self._wait(f"{node} back", self._nodes_idle, timeout=90)
 
     def restart_controller(self, down_seconds: float) -> None:
         """Stop slurmctld, as a crash or an upgrade does, and start it again from its saved state."""

@@ -202,11 +202,9 @@ def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, m
     causes = []
     monkeypatch.setattr(checkpoints, "requeue_cause", lambda job_id: causes.append(job_id) or "preempted")
     monkeypatch.setenv("SLURM_JOB_ID", "41")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     run = RunCheckpoints(tmp_path, MARKER)
     with run.piece():  # the job's first run
         pass
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     with run.piece():  # its run after the requeue
         pass
     monkeypatch.setenv("SLURM_JOB_ID", "42")  # a retry Snakemake submitted: a job of its own
@@ -215,6 +213,11 @@ def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, m
     first, second, third = run.pieces()
     assert first["requeued"] == "preempted" and causes == ["41"]
     assert "requeued" not in second and "requeued" not in third
+
+    monkeypatch.setattr(checkpoints, "requeue_cause", lambda job_id: None)  # sacct lists one run of it
+    with run.piece():  # the same job again, unrequeued: a local retry inside an salloc allocation
+        pass
+    assert "requeued" not in run.pieces()[2]
 
 
 def test_a_failed_piece_says_how_far_it_trained_past_its_newest_checkpoint(tmp_path):

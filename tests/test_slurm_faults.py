@@ -484,6 +484,49 @@ def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_th
     assert same_results(tmp_path, uninterrupted_long_run) == []
 
 
+def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    """The node of a training powers off: its slurmd and the job's every process SIGKILLed (n3, of
+    the test cluster's `fragile` partition, n2 and n3, which takes n3 first; no other test's job is
+    on n3). Slurm declares it DOWN after SlurmdTimeout, ends the job NODE_FAIL and requeues it under
+    its id; it starts on n2, resumes from the newest checkpoint on shared storage, and ends with the
+    uninterrupted run's results, byte for byte, spending no retry. The lost piece is recorded killed,
+    by a node failure. The dead run's scratch is removed by the next job on that machine (here, one
+    machine holds every node: the resumed job); n3 comes back by itself when its slurmd starts."""
+    configure_long_run(tmp_path, bbc_subset, tiny_model)
+    profile = tmp_path / "profile"
+    shutil.copytree(REPO / "profiles" / PROFILE, profile)
+    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
+    settings["configfile"] = str(REPO / "config" / "clusters" / f"{PROFILE}.yaml")
+    settings["set-resources"]["train"]["slurm_partition"] = "fragile"
+    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
+    workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile))
+    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
+    (job,) = active_jobs(slurm, tmp_path, "train")
+    assert slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip() == "n3"
+
+    slurm.lose_node("n3")
+    (dead_scratch,) = scratch_named_in_logs(tmp_path)
+    wait_until(lambda: node_state(slurm, "n3").startswith("down"), workflow, tmp_path, "n3 down", timeout=120)
+    wait_until(lambda: pending_again(slurm, job), workflow, tmp_path, "the job requeued")
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+    lost, resumed = pieces_of(tmp_path)
+    assert lost["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
+    assert (lost["outcome"], lost["requeued"]) == ("killed", "node failure")
+    assert resumed["ranks"] == {"n2": [0]} and resumed["resumed_from_step"] == lost["reached_step"] > 0
+    assert not dead_scratch.exists(), "removed by the next job on that machine"
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+    slurm.restart_node("n3")
+    assert node_state(slurm, "n3") == "idle"
+
+
+def node_state(slurm, node: str) -> str:
+    return slurm.run("sinfo", "-h", "-n", node, "-o", "%T", check=False).stdout.strip()
+
+
 def pending_again(slurm, job: str) -> bool:
     """Whether `job` is back in the queue, requeued (its state then, from squeue)."""
     return slurm.run("squeue", "-h", "-j", job, "-o", "%T", check=False).stdout.strip() == "PENDING"

@@ -35,7 +35,8 @@ def test_outside_slurm_or_without_its_clients_a_job_is_not_preempted(monkeypatch
         ("NODE_FAIL\nPENDING\n", "node failure"),
         ("REQUEUED\nRUNNING\n", "requeued"),
         ("PREEMPTED\nREQUEUED\nRUNNING\n", "preempted"),
-        (None, "requeued"),
+        ("RUNNING\n", None),  # one run only: the job id ran again without a requeue (inside salloc)
+        (None, None),  # no sacct
     ],
 )
 def test_why_slurm_requeued_a_job_is_read_from_its_earlier_runs(states, cause, monkeypatch):

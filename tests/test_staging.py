@@ -364,16 +364,21 @@ def test_scratch_is_removed_when_the_job_is_terminated(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_scratch_left_by_a_killed_job_is_removed_by_its_retry(tmp_path):
+def test_scratch_left_by_jobs_that_died_here_is_removed_by_the_next_job_whatever_its_run(tmp_path):
+    """A killed job's retry, or any job on a node that was lost with a persistent scratch on it
+    (Edinburgh's /disk/scratch): the next scratchflow job there removes what dead jobs left; a
+    living job's scratch, and what is not scratchflow's, stay."""
     leftover = tmp_path / f"scratchflow-train-abc@{HOST}@{a_dead_pid()}@x1"
     leftover.mkdir()
+    other_run = tmp_path / f"scratchflow-predict-def@{HOST}@{a_dead_pid()}@x3"
+    other_run.mkdir()
     living = tmp_path / f"scratchflow-train-abc@{HOST}@{os.getpid()}@x2"
     living.mkdir()
-    other_run = tmp_path / f"scratchflow-train-def@{HOST}@{a_dead_pid()}@x3"
-    other_run.mkdir()
-    with scratch_directory(str(tmp_path), "train-abc"):
+    not_ours = tmp_path / f"other-tool@{HOST}@{a_dead_pid()}@x4"
+    not_ours.mkdir()
+    with scratch_directory(str(tmp_path), "train-xyz"):
         pass
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([living.name, other_run.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([living.name, not_ours.name])
 
 
 def test_leftovers_of_other_hosts_are_not_touched(tmp_path):

@@ -375,15 +375,19 @@ class RunCheckpoints:
         return step_of(newest) if newest else None
 
     def note_requeue(self) -> None:
-        """This job is one that Slurm requeued (a preemption, a lost node: SLURM_RESTART_COUNT counts):
-        its earlier piece gets `requeued`, the cause (`requeue_cause`)."""
+        """This job is one that Slurm requeued (a preemption, a lost node): the earlier piece ran in the
+        same job, and sacct lists an earlier run of it. That piece gets `requeued`, the cause
+        (`requeue_cause`). (SLURM_RESTART_COUNT would say so too, but no job step gets it.)"""
         job_id, listed = os.environ.get("SLURM_JOB_ID"), self.pieces()
-        if not (listed and job_id and os.environ.get("SLURM_RESTART_COUNT", "0") != "0"):
+        if not (listed and job_id):
             return
         earlier = listed[-1]
-        if earlier.get("slurm_job_id") == job_id and "requeued" not in earlier:
-            earlier["requeued"] = requeue_cause(job_id)
-            log.info("piece %s ended when Slurm requeued job %s: %s", earlier["piece"], job_id, earlier["requeued"])
+        if earlier.get("slurm_job_id") != job_id or "requeued" in earlier:
+            return
+        cause = requeue_cause(job_id)
+        if cause:
+            earlier["requeued"] = cause
+            log.info("piece %s ended when Slurm requeued job %s: %s", earlier["piece"], job_id, cause)
             write_json_atomically(listed, self.folder / PIECES_FILE)
 
     def close_killed_pieces(self) -> None:

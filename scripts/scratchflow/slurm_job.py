@@ -53,9 +53,13 @@ def requeue_this_job(environ: dict[str, str] | os._Environ = os.environ) -> None
         log.warning("scontrol requeue %s: %s", job_id, answered.stderr.strip())
 
 
-def requeue_cause(job_id: str) -> str:
+def requeue_cause(job_id: str) -> str | None:
     """Why Slurm requeued job `job_id`: "preempted", "node failure", or "requeued" (`scontrol
-    requeue`, or sacct cannot say), from the state sacct keeps of the job's latest earlier run."""
-    listed = _ask("sacct", "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", "State") or ""
-    states = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    requeue`, or another cause), from the state sacct keeps of the job's latest earlier run; None
+    where sacct lists no earlier run (or cannot be asked): the same job id ran twice without a
+    requeue (a workflow run inside `salloc`, whose local retry is in the allocation's job)."""
+    listed = _ask("sacct", "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", "State")
+    states = [line.split()[0] for line in (listed or "").splitlines() if line.strip()]
+    if len(states) < 2:
+        return None
     return next((REQUEUE_CAUSES[state] for state in reversed(states) if state in REQUEUE_CAUSES), "requeued")

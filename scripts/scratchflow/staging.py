@@ -595,16 +595,20 @@ def resolve_scratch_root(root: str | None, environ: Mapping[str, str] = os.envir
     return Path(expanded)
 
 
+SCRATCH_PREFIX = "scratchflow-"
+
+
 @contextlib.contextmanager
 def scratch_directory(root: str | None, tag: str, timer: PhaseTimer | None = None) -> Iterator[Path]:
     """A private directory under the scratch root for one job, removed when the job ends, however
-    it ends (its removal is timed as the 'cleanup' phase). Leftovers of the same job killed earlier
-    on this host are removed on the way in."""
+    it ends (its removal is timed as the 'cleanup' phase). What scratchflow jobs that died on this
+    host left there (killed, or their node lost: a node-local scratch that persists across jobs keeps
+    it until then) is removed on the way in, whichever run they trained."""
     base = resolve_scratch_root(root)
     base.mkdir(parents=True, exist_ok=True)
-    prefix = f"scratchflow-{tag}@"
-    remove_leftovers(base, prefix)
-    path = Path(tempfile.mkdtemp(prefix=f"scratchflow-{tag}{OWNER_TAG}@", dir=base))
+    for removed in remove_leftovers(base, SCRATCH_PREFIX):
+        log.info("removed %s, left by a job that died on this host", removed)
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{tag}{OWNER_TAG}@", dir=base))
     try:
         yield path
     finally:
