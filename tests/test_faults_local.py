@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +34,10 @@ from conftest import (
     start_workflow,
     write_config,
 )
-from scratchflow.checkpoints import checkpoint_damage
+from scratchflow.checkpoints import RunCheckpoints, checkpoint_damage
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
-from scratchflow.processes import child_pids
+from scratchflow.processes import StopForwarder, child_pids, run_program
+from scratchflow.staging import NoSpace
 
 pytestmark = pytest.mark.slow
 
@@ -260,3 +262,33 @@ def test_a_full_checkpoint_filesystem_fails_with_the_figures_and_its_retry_fails
         last = pieces_of(tmp_path)[-1]
         assert last["resumed_from_step"] == int(kept.name.split("-")[1]) and last["outcome"] == "finished"
         assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
+
+
+SAVES_THEN_TRAINS_ON = """
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # saved, and stopped
+checkpoint = pathlib.Path(sys.argv[1]) / "checkpoint-10"
+checkpoint.mkdir(parents=True)
+(checkpoint / "state.pt").write_bytes(os.urandom(2_000_000))
+(checkpoint / "COMPLETE").touch()
+print("saved, training on", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small filesystem")
+def test_a_command_tasks_program_is_stopped_once_its_checkpoint_cannot_be_saved(tmp_path):
+    """The checkpoint folder's filesystem too small for the program's checkpoint: the watcher's
+    copy fails, and the program gets SIGTERM at once instead of training on to its end for nothing
+    (the fault test above uses a program too quick to show it); the copy's error is the job's."""
+    with small_filesystem(tmp_path / "shared", "1m") as shared:
+        mirroring = RunCheckpoints(shared / "run", "COMPLETE").mirroring(tmp_path / "local")
+        stop = StopForwarder(tmp_path / "stop-requested")
+        argv = [sys.executable, "-c", SAVES_THEN_TRAINS_ON, str(tmp_path / "local")]
+        started = time.monotonic()
+        with pytest.raises(NoSpace, match=r"for copying checkpoint-10 there: it needs 2\.0 MB"):
+            run_program(
+                argv, dict(os.environ), stop, 30, alongside=mirroring.watching(), stop_when=lambda: mirroring.failure
+            )
+        assert time.monotonic() - started < 30, "stopped, not left to sleep"
+        assert stop.received == "SIGTERM"

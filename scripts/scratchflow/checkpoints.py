@@ -414,6 +414,7 @@ class CheckpointMirroring:
 
     def __init__(self, run: RunCheckpoints, local_folder: Path, restored_step: int | None = None):
         self.run, self.local_folder = run, local_folder
+        self.failure: BaseException | None = None  # the watching thread's, once a copy failed
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
 
     def mirror_newest(self) -> Path | None:
@@ -433,15 +434,18 @@ class CheckpointMirroring:
 
     @contextlib.contextmanager
     def watching(self, poll_seconds: float = 1.0) -> Iterator[CheckpointMirroring]:
+        """Mirror from a thread while the block runs. A copy that fails (a full disk) ends the
+        watching and is raised when the block ends; until then `failure` holds it, for the caller
+        to stop the program that would train on past what it can save."""
         done = threading.Event()
-        failure: list[BaseException] = []
+        self.failure = None
 
         def watch() -> None:
             while not done.wait(poll_seconds):
                 try:
                     self.mirror_newest()
                 except BaseException as error:  # raised in the job's thread when the block ends
-                    failure.append(error)
+                    self.failure = error
                     return
 
         thread = threading.Thread(target=watch, daemon=True)
@@ -451,8 +455,8 @@ class CheckpointMirroring:
         finally:
             done.set()
             thread.join()
-        if failure:
-            raise failure[0]
+        if self.failure is not None:
+            raise self.failure
         self.mirror_newest()
 
 

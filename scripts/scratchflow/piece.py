@@ -270,6 +270,13 @@ class Piece:
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
         stop = StopForwarder(self.stop_file)
         try:
-            return run_program(argv, env, stop, self.spec.stop_grace_seconds, alongside=self.mirroring.watching())
+            return run_program(
+                argv,
+                env,
+                stop,
+                self.spec.stop_grace_seconds,
+                alongside=self.mirroring.watching(),
+                stop_when=lambda: self.mirroring.failure,
+            )
         finally:
             self.received = self.received or stop.received

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,12 @@ class StopForwarder:
             log.warning("%s received: passing it on to the training processes, then pausing the run", self.received)
         self.pass_on(number)
 
+    def stop_program(self, number: int) -> None:
+        """Stop the program as a stop signal to the job would; its grace period counts from now."""
+        self.received, self.received_at = signal.Signals(number).name, time.monotonic()
+        write_stop_file(self.stop_file, self.received)
+        self.pass_on(number)
+
     def pass_on(self, number: int) -> None:
         if self.program is None:
             return
@@ -105,10 +111,13 @@ def run_program(
     stop: StopForwarder,
     grace_seconds: float,
     alongside: contextlib.AbstractContextManager[Any] | None = None,
+    stop_when: Callable[[], BaseException | None] | None = None,
 ) -> tuple[int, str]:
     """Run a program in its own process group to its end, or until a stop and its grace period;
     return its exit code and the tail of its output. `alongside` is entered while it runs (a
-    checkpoint watcher). What the program leaves running in its group is killed at the end.
+    checkpoint watcher); `stop_when`, asked as it runs, returns a reason to stop the program (the
+    watcher's failed copy: a program that cannot have its checkpoints saved trains on for nothing).
+    What the program leaves running in its group is killed at the end.
 
     The program starts with the default stop signals: the rule's Snakemake ignores the stop signal
     (`checkpointing.stop_signal`), which would stay ignored across exec, but here both it and TERM are
@@ -138,6 +147,10 @@ def run_program(
                 code = process.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
+                reason = stop_when() if stop_when and not stop.received else None
+                if reason is not None:
+                    log.warning("stopping %s with SIGTERM: %s", argv[0], reason)
+                    stop.stop_program(signal.SIGTERM)
                 if stop.received and time.monotonic() - stop.received_at > grace_seconds:
                     log.warning("%s did not exit within %s s of %s: killing it", argv[0], grace_seconds, stop.received)
                     os.killpg(process.pid, signal.SIGKILL)
