@@ -14,6 +14,7 @@ from scratchflow import staging
 from scratchflow.files import HOST, read_json, written_whole
 from scratchflow.snakemake_adapter import keep_job_variables
 from scratchflow.staging import (
+    NoSpace,
     StagingError,
     archive_dataset,
     copy_whole,
@@ -223,6 +224,20 @@ def test_scratch_too_small_for_the_data_fails_before_copying_with_the_figures(tm
     archive_dataset({**DATASET, "path": str(raw)}, tmp_path / "big.tar", tmp_path / "big.json")
     with pytest.raises(StagingError, match=r"has 0\.3 MB free, but staging the dataset needs 0\.5 MB"):
         stage_in(tmp_path / "big.tar", tmp_path / "big.json", small_disk)
+    assert list(small_disk.iterdir()) == []
+
+
+def test_an_archive_that_fills_its_filesystem_fails_with_the_figures_and_leaves_no_partial(tmp_path, small_disk):
+    """archives/ on a full filesystem (a project space over quota): one line with the folder, its
+    filesystem, the bytes needed and free, instead of Python's bare "[Errno 28]"; no partial stays."""
+    raw = tmp_path / "raw"
+    (raw / "label").mkdir(parents=True)
+    for index in range(40):
+        (raw / "label" / f"{index}.txt").write_bytes(os.urandom(8192))
+    with pytest.raises(
+        NoSpace, match=r"no space in .*/small-disk for writing the archive big\.tar there: it needs 0\.3 MB"
+    ):
+        archive_dataset({**DATASET, "path": str(raw)}, small_disk / "big.tar", small_disk / "big.json")
     assert list(small_disk.iterdir()) == []
 
 

@@ -9,6 +9,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import hashlib
@@ -64,8 +65,10 @@ class NoSpace(StagingError):
     """A filesystem (or the user's quota on it) is full: retrying without freeing space cannot help."""
 
 
-# What rsync says when the destination's filesystem, or the user's quota on it, is full.
+# What rsync says when the destination's filesystem, or the user's quota on it, is full; and the
+# errors a write of this process gets then.
 FULL_DISK_ERRORS = ("No space left on device", "Disk quota exceeded")
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def missing_tools(*names: str) -> list[str]:
@@ -185,7 +188,13 @@ def archive_dataset(dataset: dict[str, Any], archive: Path, manifest: Path) -> d
 
     with ThreadPoolExecutor(available_cpus()) as pool:
         part_sha256s = list(
-            pool.map(lambda path, part: _write_part(tar, part_members(part), path, compression), paths, ranges)
+            pool.map(
+                lambda path, part: _write_part(
+                    tar, part_members(part), path, compression, sum(sizes[index] for index in part)
+                ),
+                paths,
+                ranges,
+            )
         )
     record = {
         "dataset": dataset["name"],
@@ -214,9 +223,19 @@ def _member(file: Path, source: Path, prefix: str) -> tuple[str, int, tuple[str,
     return "/".join((prefix, *inner)), file.stat().st_size, folders
 
 
-def _write_part(tar: list[str], members: list[str], path: Path, compression: str) -> str:
-    """tar `members` into `path` (compressed on the way if asked), whole or not at all; return the
-    sha256 of the tar stream, hashed as it is written: the part is never read back."""
+def _write_part(tar: list[str], members: list[str], path: Path, compression: str, member_bytes: int) -> str:
+    """tar `members` (`member_bytes` in all) into `path` (compressed on the way if asked), whole or
+    not at all; return the sha256 of the tar stream, hashed as it is written: the part is never read
+    back. A full filesystem is told with the figures."""
+    try:
+        return _write_part_whole(tar, members, path, compression)
+    except OSError as error:
+        if error.errno not in FULL_DISK_ERRNOS:
+            raise
+        raise NoSpace(no_space_line(path.parent, member_bytes, f"writing the archive {path.name} there")) from error
+
+
+def _write_part_whole(tar: list[str], members: list[str], path: Path, compression: str) -> str:
     with (
         written_whole(path) as partial,
         tempfile.NamedTemporaryFile("w") as listing,
@@ -234,7 +253,12 @@ def _write_part(tar: list[str], members: list[str], path: Path, compression: str
         if compression == "zstd":
             compressing = subprocess.Popen(["zstd", "--quiet", "-c"], stdin=subprocess.PIPE, stdout=writer)
             writer = compressing.stdin
-        sha256 = _copy_hashing(packing.stdout, writer)
+        try:
+            sha256 = _copy_hashing(packing.stdout, writer)
+        except BaseException:  # the disk full, say: tar would wait on its pipe for good
+            packing.kill()
+            packing.wait()
+            raise
         if compressing:
             compressing.stdin.close()
             if compressing.wait() != 0:
