@@ -36,8 +36,8 @@ from conftest import (
 )
 from scratchflow.checkpoints import RunCheckpoints, checkpoint_damage
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
+from scratchflow.files import NoSpace
 from scratchflow.processes import StopForwarder, child_pids, run_program
-from scratchflow.staging import NoSpace
 
 pytestmark = pytest.mark.slow
 

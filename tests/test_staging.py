@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 from scratchflow import staging
-from scratchflow.files import HOST, read_json, written_whole
+from scratchflow.files import HOST, NoSpace, read_json, write_json_atomically, written_whole
 from scratchflow.snakemake_adapter import keep_job_variables
 from scratchflow.staging import (
-    NoSpace,
     StagingError,
     archive_dataset,
     copy_whole,
@@ -234,11 +233,22 @@ def test_an_archive_that_fills_its_filesystem_fails_with_the_figures_and_leaves_
     (raw / "label").mkdir(parents=True)
     for index in range(40):
         (raw / "label" / f"{index}.txt").write_bytes(os.urandom(8192))
-    with pytest.raises(
-        NoSpace, match=r"no space in .*/small-disk for writing the archive big\.tar there: it needs 0\.3 MB"
-    ):
+    with pytest.raises(NoSpace, match=r"no space in .*/small-disk for writing big\.tar there: it needs 0\.3 MB"):
         archive_dataset({**DATASET, "path": str(raw)}, small_disk / "big.tar", small_disk / "big.json")
     assert list(small_disk.iterdir()) == []
+
+
+def test_a_result_written_on_a_full_filesystem_says_so_and_keeps_the_old_one(small_disk):
+    """Any whole-or-absent write (a run's record, its metrics, its predictions) on a full
+    filesystem: the line with the folder and its free space; the file before it stays as it was."""
+    result = small_disk / "metrics.json"
+    write_json_atomically({"accuracy": 0.5}, result)
+    with pytest.raises(
+        NoSpace, match=r"for writing metrics\.json there: its filesystem \(tmpfs at .*\) has 0\.\d MB free"
+    ):
+        write_json_atomically({"predictions": "x" * 400_000}, result)
+    assert read_json(result) == {"accuracy": 0.5}
+    assert os.listdir(small_disk) == ["metrics.json"], "no partial"
 
 
 def test_copy_whole_replaces_the_destination_whole(tmp_path):

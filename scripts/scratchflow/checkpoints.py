@@ -35,17 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scratchflow.files import OWNER_TAG, process_may_live, read_json, write_json_atomically
-from scratchflow.slurm_job import requeue_cause
-from scratchflow.staging import (
+from scratchflow.files import (
+    OWNER_TAG,
     NoSpace,
-    StagingError,
-    copy_whole,
     filesystem_of,
     no_space_line,
-    remove_leftovers,
-    tree_bytes,
+    process_may_live,
+    read_json,
+    write_json_atomically,
 )
+from scratchflow.slurm_job import requeue_cause
+from scratchflow.staging import StagingError, copy_whole, remove_leftovers, tree_bytes
 
 log = logging.getLogger(__name__)
 

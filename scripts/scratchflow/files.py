@@ -5,8 +5,10 @@ then renamed into place. A partial left by a killed writer carries its owner's t
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,17 +35,53 @@ def process_may_live(host: str, pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def written_whole(path: Path) -> Iterator[Path]:
+def written_whole(path: Path, needed: int | None = None) -> Iterator[Path]:
     """Yield a hidden partial name to write `path` under; rename it into place only if the writing
-    succeeds. Readers see the old file or the whole new one, never a part."""
+    succeeds. Readers see the old file or the whole new one, never a part. A full filesystem or
+    quota is raised as NoSpace, with the figures (`needed`: the bytes the writing takes, if known)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial{OWNER_TAG}")
     try:
         yield partial
-    except BaseException:
+    except BaseException as error:
         partial.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
+            raise NoSpace(no_space_line(path.parent, needed, f"writing {path.name} there")) from error
         raise
     os.replace(partial, path)
+
+
+class NoSpace(OSError):
+    """A filesystem (or the user's quota on it) is full: retrying without freeing space cannot help."""
+
+
+# The errors a write gets when its filesystem, or the user's quota on it, is full.
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space_line(folder: Path, needed: int | None, doing: str) -> str:
+    """One line for a full filesystem: the folder, its filesystem, the bytes needed (where known) and free."""
+    mount_point, kind = filesystem_of(folder)
+    free = shutil.disk_usage(folder).free
+    needs = f"it needs {needed / 1e6:.1f} MB and " if needed is not None else ""
+    return (
+        f"no space in {folder.absolute()} for {doing}: {needs}its filesystem ({kind} at {mount_point}) has "
+        f"{free / 1e6:.1f} MB free (or your quota there is used up). Free space there, then run the same "
+        "command again: it goes on from where it stopped"
+    )
+
+
+def filesystem_of(path: Path) -> tuple[str, str]:
+    """The mount point and type of the filesystem that holds `path` (from /proc/self/mounts)."""
+    resolved, found = str(path.resolve()), ("/", "unknown")
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _device, mount_point, kind, *_ = line.split()
+            mount_point = mount_point.replace("\\040", " ")
+            inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(found[0]):
+                found = (mount_point, kind)
+    return found
 
 
 def write_json_atomically(data: Any, path: Path, sort_keys: bool = True) -> None:

@@ -9,7 +9,6 @@ Invariants kept here:
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import glob
 import hashlib
@@ -30,7 +29,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from scratchflow.dataset import WHOLE, data_sources, list_files
-from scratchflow.files import HOST, OWNER_TAG, process_may_live, read_json, write_json_atomically, written_whole
+from scratchflow.files import (
+    HOST,
+    OWNER_TAG,
+    NoSpace,
+    no_space_line,
+    process_may_live,
+    read_json,
+    write_json_atomically,
+    written_whole,
+)
 from scratchflow.record import PhaseTimer
 from scratchflow.snakemake_adapter import JOB_VARIABLES
 
@@ -61,14 +69,8 @@ class StagingError(RuntimeError):
     """Data could not be moved safely; the message says what to do."""
 
 
-class NoSpace(StagingError):
-    """A filesystem (or the user's quota on it) is full: retrying without freeing space cannot help."""
-
-
-# What rsync says when the destination's filesystem, or the user's quota on it, is full; and the
-# errors a write of this process gets then.
+# What rsync says when the destination's filesystem, or the user's quota on it, is full.
 FULL_DISK_ERRORS = ("No space left on device", "Disk quota exceeded")
-FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def missing_tools(*names: str) -> list[str]:
@@ -226,18 +228,9 @@ def _member(file: Path, source: Path, prefix: str) -> tuple[str, int, tuple[str,
 def _write_part(tar: list[str], members: list[str], path: Path, compression: str, member_bytes: int) -> str:
     """tar `members` (`member_bytes` in all) into `path` (compressed on the way if asked), whole or
     not at all; return the sha256 of the tar stream, hashed as it is written: the part is never read
-    back. A full filesystem is told with the figures."""
-    try:
-        return _write_part_whole(tar, members, path, compression)
-    except OSError as error:
-        if error.errno not in FULL_DISK_ERRNOS:
-            raise
-        raise NoSpace(no_space_line(path.parent, member_bytes, f"writing the archive {path.name} there")) from error
-
-
-def _write_part_whole(tar: list[str], members: list[str], path: Path, compression: str) -> str:
+    back."""
     with (
-        written_whole(path) as partial,
+        written_whole(path, needed=member_bytes) as partial,
         tempfile.NamedTemporaryFile("w") as listing,
         tempfile.TemporaryFile() as errors,
         open(partial, "wb") as writer,
@@ -525,30 +518,6 @@ def _copy_until_whole(source: Path, partial: Path) -> None:
         f"rsync did not copy {source} whole in {COPY_TRIES} tries (it reported success each time): "
         f"{'; '.join(differences[:10])}"
     )
-
-
-def no_space_line(folder: Path, needed: int, doing: str) -> str:
-    """One line for a full filesystem: the folder, its filesystem, the bytes needed and free."""
-    mount_point, kind = filesystem_of(folder)
-    free = shutil.disk_usage(folder).free
-    return (
-        f"no space in {folder.absolute()} for {doing}: it needs {needed / 1e6:.1f} MB and its filesystem ({kind} at "
-        f"{mount_point}) has {free / 1e6:.1f} MB free (or your quota there is used up). Free space there, "
-        "then run the same command again: it goes on from where it stopped"
-    )
-
-
-def filesystem_of(path: Path) -> tuple[str, str]:
-    """The mount point and type of the filesystem that holds `path` (from /proc/self/mounts)."""
-    resolved, found = str(path.resolve()), ("/", "unknown")
-    with contextlib.suppress(OSError), open("/proc/self/mounts") as mounts:
-        for line in mounts:
-            _device, mount_point, kind, *_ = line.split()
-            mount_point = mount_point.replace("\\040", " ")
-            inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
-            if inside and len(mount_point) >= len(found[0]):
-                found = (mount_point, kind)
-    return found
 
 
 def tree_bytes(path: Path) -> int:
