@@ -79,9 +79,13 @@ PARTITIONS = (
 # a runtime only a retry asks for can be refused (tests/test_slurm.py, the preflight's test).
 MAX_TIMES = {"debug": "01:00:00"}
 # Preemption as labs meet it on "preemptible"/"scavenger" partitions: a job there is requeued when
-# a job of a higher tier needs its node, after a grace time (SIGTERM at once, SIGKILL when it ends).
-# The partitions above cannot be preempted, so that no other test's jobs are.
-PREEMPTIBLE = "PartitionName=preemptible PriorityTier=1 PreemptMode=REQUEUE GraceTime=120"
+# a job of a higher tier needs its node, after a grace time (SIGTERM at once, SIGKILL when it ends),
+# or with none (Slurm requeues it at once; SIGKILL follows KillWait after SIGTERM). The partitions
+# above cannot be preempted, so that no other test's jobs are.
+PREEMPTIBLE = (
+    "PartitionName=preemptible PriorityTier=1 PreemptMode=REQUEUE GraceTime=120",
+    "PartitionName=preemptible-nograce PriorityTier=1 PreemptMode=REQUEUE GraceTime=0",
+)
 PREEMPTING = "PartitionName=urgent PriorityTier=10 PreemptMode=OFF"
 
 
@@ -149,7 +153,7 @@ class LocalSlurm:
                 + (" Default=YES" if name == "batch" else "")
                 for name in PARTITIONS
             ]
-            + [f"{partition} Nodes={SHARED_NODES} State=UP" for partition in (PREEMPTIBLE, PREEMPTING)]
+            + [f"{partition} Nodes={SHARED_NODES} State=UP" for partition in (*PREEMPTIBLE, PREEMPTING)]
             + [FRAGILE]
         )
         self.conf.write_text(

@@ -291,3 +291,20 @@ def test_the_workflow_warns_at_start_counting_only_the_runs_still_to_train(tmp_p
     config["checkpointing"]["keep"] = 2
     warn_of_checkpoint_space(config, plan)
     assert capsys.readouterr().err == ""
+
+
+def test_a_piece_whose_scratch_cannot_hold_its_checkpoints_fails_before_it_trains(tmp_path, small_disk):
+    """Node-local scratch (256 KB here) with the data staged, and checkpoints of 100 KB, 2 kept: the
+    task holds 3 at once while it saves, so the piece fails at once with the figures instead of at
+    its first save, its training lost."""
+    run = RunCheckpoints(tmp_path / "checkpoints" / "run", MARKER, keep=2)
+    newest = make_checkpoint(run.folder, 40)
+    (newest / "optimizer.pt").write_bytes(os.urandom(100_000))
+    with pytest.raises(
+        checkpoints.NoSpace,
+        match=r"for the 3 checkpoints it holds while it trains \(one's size: the size of checkpoint-40\)",
+    ):
+        run.check_scratch_space(small_disk, newest, model=None)
+    run.check_scratch_space(tmp_path, newest, model=None)  # room enough
+    first = RunCheckpoints(tmp_path / "other-grid" / "run", MARKER, keep=2)
+    first.check_scratch_space(small_disk, None, model=None)  # no checkpoint, no model: nothing said

@@ -449,16 +449,21 @@ def checkpoint_on_scratch(workdir: Path) -> bool:
         return False
 
 
+@pytest.mark.parametrize("partition", ["preemptible", "preemptible-nograce"])
 def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_the_same_results(
-    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run, partition
 ):
     """The README's preemptible switch (config/tests/profiles/edinburgh-preemptible.yaml) on the test
-    cluster's `preemptible` partition (PreemptMode=REQUEUE, GraceTime=120): a job of the higher tier
-    `urgent` that needs the training's node preempts it for real. The training saves on SIGTERM and
-    stops; Slurm requeues its job under the same id; the status says the piece was preempted; the job
-    resumes, spending no retry, and the run ends with the uninterrupted run's results, byte for byte."""
+    cluster's preemptible partitions (PreemptMode=REQUEUE; GraceTime=120, where the job, done saving
+    within it, requeues itself, or GraceTime=0, where Slurm requeues it at once): a job of the higher
+    tier `urgent` that needs the training's node preempts it for real. The training saves on SIGTERM
+    and stops; the job is requeued under the same id; the status says the piece was preempted; the
+    job resumes, spending no retry, and the run ends with the uninterrupted run's results, byte for
+    byte."""
     configure_long_run(tmp_path, bbc_subset, tiny_model)
-    profile = switched_profile("edinburgh-preemptible.yaml", tmp_path / "profile")
+    profile = switched_profile(
+        "edinburgh-preemptible.yaml", tmp_path / "profile", {"partition: preemptible": f"partition: {partition}"}
+    )
     # Most of a node's memory, so that the urgent job, asking as much, fits there only without it.
     memory_mb = 400_000
     settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())

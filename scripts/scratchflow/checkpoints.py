@@ -189,6 +189,24 @@ class RunCheckpoints:
                 no_space_line(self.folder, needed, f"the next checkpoint (the newest, {newest.name}, is as big)")
             )
 
+    def check_scratch_space(self, scratch: Path, newest: Path | None, model: Path | None) -> None:
+        """Fail at once, before a piece trains, when node-local `scratch` (its data staged) has no
+        room for the checkpoints the task keeps there while it trains (`keep`, and the next one
+        written before the oldest goes), each the size of `newest`, or else estimated
+        (`checkpoint_size`); nothing is said where no size is known yet."""
+        size = (
+            (tree_bytes(newest), f"the size of {newest.name}") if newest else checkpoint_size(self.folder.parent, model)
+        )
+        if size is None:
+            return
+        needed = size[0] * (self.keep + 1)
+        if shutil.disk_usage(scratch).free < needed:
+            raise NoSpace(
+                no_space_line(
+                    scratch, needed, f"the {self.keep + 1} checkpoints it holds while it trains (one's size: {size[1]})"
+                )
+            )
+
     def damaged(self) -> dict[str, str]:
         """The checkpoints set aside as damaged, by name, with what was wrong."""
         found = {}

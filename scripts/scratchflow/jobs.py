@@ -191,6 +191,7 @@ def train_job(job: TrainJob) -> None:
         )
         with timer.phase("stage"), preemption_noted(piece):
             data = staged_sources(staged_or_paused(job, scratch, newest), job.identity["dataset"])
+        run.check_scratch_space(scratch, newest, job.base_model)
         with timer.phase("train"), pointing_at(piece_log), preemption_noted(piece):
             trained = distributed.train(
                 PieceSpec(
