@@ -35,6 +35,7 @@ def test_outside_slurm_or_without_its_clients_a_job_is_not_preempted(monkeypatch
         ("NODE_FAIL\nPENDING\n", "node failure"),
         ("REQUEUED\nRUNNING\n", "requeued"),
         ("PREEMPTED\nREQUEUED\nRUNNING\n", "preempted"),
+        ("PREEMPTED\n", "preempted"),  # preempted and requeued by Slurm (no grace time), waiting to start
         ("RUNNING\n", None),  # one run only: the job id ran again without a requeue (inside salloc)
         (None, None),  # no sacct
     ],

@@ -7,7 +7,9 @@ when the grace time ends, but a job that ends on its own within its grace time (
 once it has saved) is recorded FAILED and not requeued (seen on Slurm 22.05): Snakemake would spend
 a retry on it and queue it again at the back. So a preempted job that is requeueable (`--requeue`,
 every profile's `slurm-requeue: true`) requeues itself: it keeps its id and its place, and its next
-start resumes from the checkpoint it saved.
+start resumes from the checkpoint it saved. With no grace time, Slurm requeues the job at once (it
+is COMPLETING by the time the training has saved, its PreemptTime cleared), and the job leaves it
+to Slurm; its next piece reads the cause from sacct.
 """
 
 from __future__ import annotations
@@ -54,12 +56,12 @@ def requeue_this_job(environ: dict[str, str] | os._Environ = os.environ) -> None
 
 
 def requeue_cause(job_id: str) -> str | None:
-    """Why Slurm requeued job `job_id`: "preempted", "node failure", or "requeued" (`scontrol
-    requeue`, or another cause), from the state sacct keeps of the job's latest earlier run; None
-    where sacct lists no earlier run (or cannot be asked): the same job id ran twice without a
-    requeue (a workflow run inside `salloc`, whose local retry is in the allocation's job)."""
+    """Why Slurm requeued job `job_id`: "preempted" or "node failure" where sacct keeps that state for
+    one of its runs (while the job waits to start again, its one record has it), else "requeued"
+    where sacct lists an earlier run (`scontrol requeue`); None where it lists one run only, or cannot
+    be asked: the same job id ran twice without a requeue (a workflow inside `salloc`, whose local
+    retry runs in the allocation's job)."""
     listed = _ask("sacct", "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", "State")
     states = [line.split()[0] for line in (listed or "").splitlines() if line.strip()]
-    if len(states) < 2:
-        return None
-    return next((REQUEUE_CAUSES[state] for state in reversed(states) if state in REQUEUE_CAUSES), "requeued")
+    cause = next((REQUEUE_CAUSES[state] for state in reversed(states) if state in REQUEUE_CAUSES), None)
+    return cause or ("requeued" if len(states) > 1 else None)
