@@ -9,6 +9,7 @@ import time
 import pytest
 from scratchflow import checkpoints
 from scratchflow.checkpoints import RunCheckpoints, this_process
+from scratchflow.files import NoSpace
 
 MARKER = "COMPLETE"  # any file a task writes last into a checkpoint
 
@@ -301,7 +302,7 @@ def test_a_piece_whose_scratch_cannot_hold_its_checkpoints_fails_before_it_train
     newest = make_checkpoint(run.folder, 40)
     (newest / "optimizer.pt").write_bytes(os.urandom(100_000))
     with pytest.raises(
-        checkpoints.NoSpace,
+        NoSpace,
         match=r"for the 3 checkpoints it holds while it trains \(one's size: the size of checkpoint-40\)",
     ):
         run.check_scratch_space(small_disk, newest, model=None)

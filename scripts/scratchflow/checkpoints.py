@@ -37,11 +37,10 @@ from typing import Any
 
 from scratchflow.files import (
     OWNER_TAG,
-    NoSpace,
     filesystem_of,
-    no_space_line,
     process_may_live,
     read_json,
+    require_free_space,
     write_json_atomically,
 )
 from scratchflow.slurm_job import requeue_cause
@@ -183,11 +182,9 @@ class RunCheckpoints:
         progress, and a retry would train to the same wall."""
         if newest is None:
             return
-        needed = tree_bytes(newest)
-        if shutil.disk_usage(self.folder).free < needed:
-            raise NoSpace(
-                no_space_line(self.folder, needed, f"the next checkpoint (the newest, {newest.name}, is as big)")
-            )
+        require_free_space(
+            self.folder, tree_bytes(newest), f"the next checkpoint (the newest, {newest.name}, is as big)"
+        )
 
     def check_scratch_space(self, scratch: Path, newest: Path | None, model: Path | None) -> None:
         """Fail at once, before a piece trains, when node-local `scratch` (its data staged) has no
@@ -199,13 +196,11 @@ class RunCheckpoints:
         )
         if size is None:
             return
-        needed = size[0] * (self.keep + 1)
-        if shutil.disk_usage(scratch).free < needed:
-            raise NoSpace(
-                no_space_line(
-                    scratch, needed, f"the {self.keep + 1} checkpoints it holds while it trains (one's size: {size[1]})"
-                )
-            )
+        require_free_space(
+            scratch,
+            size[0] * (self.keep + 1),
+            f"the {self.keep + 1} checkpoints it holds while it trains (one's size: {size[1]})",
+        )
 
     def damaged(self) -> dict[str, str]:
         """The checkpoints set aside as damaged, by name, with what was wrong."""

@@ -71,6 +71,12 @@ def no_space_line(folder: Path, needed: int | None, doing: str) -> str:
     )
 
 
+def require_free_space(folder: Path, needed: int, doing: str) -> None:
+    """Raise NoSpace, with the figures, where `folder`'s filesystem has less than `needed` bytes free."""
+    if shutil.disk_usage(folder).free < needed:
+        raise NoSpace(no_space_line(folder, needed, doing))
+
+
 def filesystem_of(path: Path) -> tuple[str, str]:
     """The mount point and type of the filesystem that holds `path` (from /proc/self/mounts)."""
     resolved, found = str(path.resolve()), ("/", "unknown")

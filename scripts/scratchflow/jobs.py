@@ -164,6 +164,7 @@ def train_job(job: TrainJob) -> None:
     with (
         run.held(),
         run.piece() as piece,
+        preemption_noted(piece),  # a stop while staging or training; recorded before the piece ends
         scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch,
         # A stop before the piece listens (staging, restoring) or after (the sync back) is not lost.
         signals.leaving_stop_file(scratch / signals.STOP_FILE_NAME),
@@ -189,10 +190,10 @@ def train_job(job: TrainJob) -> None:
             "run %s, piece %d: scratch %s (training processes: %d node(s) x %d)",
             *(job.run_id, piece["piece"], scratch, job.shape.nodes, job.shape.processes_per_node),
         )
-        with timer.phase("stage"), preemption_noted(piece):
+        with timer.phase("stage"):
             data = staged_sources(staged_or_paused(job, scratch, newest), job.identity["dataset"])
         run.check_scratch_space(scratch, newest, job.base_model)
-        with timer.phase("train"), pointing_at(piece_log), preemption_noted(piece):
+        with timer.phase("train"), pointing_at(piece_log):
             trained = distributed.train(
                 PieceSpec(
                     task=job.task,
