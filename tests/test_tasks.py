@@ -48,6 +48,21 @@ def wait_for_checkpoint(workdir: Path, workflow: subprocess.Popen, marker: str) 
     raise AssertionError(f"no checkpoint appeared; the workflow said:\n{workflow.communicate()[0][-4000:]}")
 
 
+def wait_for_checkpoint_on_scratch(scratch: Path, workflow: subprocess.Popen) -> None:
+    """Until the program training under `scratch` has written its first complete checkpoint there: a
+    stop sent then arrives seconds before the end (the shared copy of a checkpoint may come only once
+    the program has finished)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and workflow.poll() is None:
+        try:
+            if any(scratch.rglob("checkpoint-*/COMPLETE")):
+                return
+        except OSError:  # a checkpoint pruned while it was looked at
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint on scratch; the workflow said:\n{workflow.communicate()[0][-4000:]}")
+
+
 def run_log(workdir: Path) -> str:
     """The rule's log of the one run (beside it, each piece's)."""
     (log,) = (workdir / "logs" / "train").glob("??????????.log")
@@ -88,7 +103,7 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     recorded as paused with its own log, and the local profile's retry resumes from the checkpoint."""
     write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch"))
     workflow = start_workflow(tmp_path)
-    wait_for_checkpoint(tmp_path, workflow, "COMPLETE")
+    wait_for_checkpoint_on_scratch(tmp_path / "scratch", workflow)
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=300)[0]
     assert workflow.returncode == 0, output[-3000:]
