@@ -20,6 +20,10 @@ slurm_tests=(tests/test_slurm.py tests/test_slurm_faults.py)
 slurm_workers=3
 alone=(tests/test_benchmarks.py)
 after_slurm=(tests/test_config_validation.py tests/test_lab_pipeline.py)
+# Threads that wait for a partner sleep instead of spinning: both cores are busy for all of the suite,
+# and torch's default (OpenMP spinning) made a 2-thread process beside others take a core its partner
+# needed (benchmarks/README.md, section 12: the same weights, bit for bit, in less time).
+export OMP_WAIT_POLICY=PASSIVE
 SCRATCHFLOW_TEST_SHARED=$(mktemp -d /tmp/scratchflow-tests-XXXXXX)
 export SCRATCHFLOW_TEST_SHARED
 others_log=$SCRATCHFLOW_TEST_SHARED/others.log
