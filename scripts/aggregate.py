@@ -6,11 +6,17 @@ from scratchflow.jobs import aggregate_job, job_context
 with job_context(snakemake.log[0]):
     aggregate_job(
         runs={
-            Path(params).parent.name: {"params": Path(params), "metrics": Path(metrics), "record": Path(record)}
-            for params, metrics, record in zip(
+            Path(params).parent.name: {
+                "params": Path(params),
+                "metrics": Path(metrics),
+                "record": Path(record),
+                "predict_record": Path(predict_record),
+            }
+            for params, metrics, record, predict_record in zip(
                 snakemake.input.params,
                 snakemake.input.metrics,
                 snakemake.input.records,
+                snakemake.input.predict_records,
                 strict=True,
             )
         },
@@ -25,6 +31,7 @@ with job_context(snakemake.log[0]):
         confusion_out=Path(snakemake.output.confusion),
         # A halving search's decisions, and its rungs' table and figure.
         decisions=[Path(path) for path in snakemake.input.get("decisions", [])],
+        rung_records=[Path(path) for path in snakemake.input.get("rung_records", [])],
         rungs_out=Path(snakemake.output.rungs) if hasattr(snakemake.output, "rungs") else None,
         rung_plot_out=Path(snakemake.output.rung_plot) if hasattr(snakemake.output, "rung_plot") else None,
     )

@@ -2,7 +2,8 @@
 """Where every run of a grid stands: python scripts/status.py [the directory you run snakemake in].
 
 Reads what the workflow writes (results/, checkpoints/, logs/) and, where there is a Slurm, one
-squeue; changes nothing. Exits 0, or 2 when the directory holds no grid."""
+squeue and one sacct (what the grid has cost so far); changes nothing. Exits 0, or 2 when the
+directory holds no grid."""
 
 import argparse
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scratchflow.plan import NoPlan
-from scratchflow.status import current_status, render
+from scratchflow.status import current_status, render, spend_line
 
 
 def main() -> int:
@@ -22,7 +23,7 @@ def main() -> int:
     except NoPlan as error:
         print(f"scratchflow status: {error}", file=sys.stderr)
         return 2
-    print(render(statuses, rung))
+    print(render(statuses, rung, spend_line(workdir, statuses)))
     return 0
 
 

@@ -58,7 +58,9 @@ def test_mirroring_keeps_only_the_newest(tmp_path):
     for step in (5, 10, 15):
         run.mirror(make_checkpoint(scratch, step))
     assert [step for step, _ in run.complete()] == [10, 15]
-    assert sorted(p.name for p in shared.iterdir()) == ["checkpoint-10", "checkpoint-15"]
+    assert sorted(p.name for p in shared.iterdir()) == ["checkpoint-10", "checkpoint-15", "published.jsonl"]
+    published = [json.loads(line)["checkpoint"] for line in (shared / "published.jsonl").read_text().splitlines()]
+    assert published == ["checkpoint-5", "checkpoint-10", "checkpoint-15"], "when each was published, for the cost"
     assert (shared / "checkpoint-15" / "model.safetensors").read_text() == "weights 15"
 
 

@@ -4,7 +4,8 @@ run's confusion matrix. (tests/test_workflow.py opens the whole report in a brow
 import json
 
 from conftest import drawn_figure
-from scratchflow.aggregation import best, by_setting, summarize
+from scratchflow.accounting import Cost, GridCost
+from scratchflow.aggregation import best, by_setting, run_costs, setting_costs, summarize
 from scratchflow.report import plot_confusion_matrix, provenance, write_summary_page
 
 
@@ -37,11 +38,22 @@ def grid(tmp_path):
     return table, settings, best(table, settings, "macro_f1")
 
 
+def local_cost(run_ids: list[str]) -> GridCost:
+    """What runs without Slurm cost: CPU-hours from their clocks, no GPU figure."""
+    by_run = {run_id: Cost(gpu_hours=None, lost_gpu_hours=None, cpu_hours=0.25, energy_kwh=None) for run_id in run_ids}
+    return GridCost(by_run=by_run, by_rung={}, total=sum(by_run.values(), Cost()), site=None)
+
+
 def test_the_page_holds_every_run_and_setting_escaped_sortable_and_self_contained(tmp_path):
     table, settings, chosen = grid(tmp_path)
     page = tmp_path / "summary.html"
-    write_summary_page(settings, table, chosen, [record("c0ffee", "n1")], page)
+    cost = local_cost(list(table["run_id"]))
+    settings = settings.merge(setting_costs(settings, cost.by_run), on="run_ids")
+    table = table.merge(run_costs(cost.by_run), on="run_id")
+    write_summary_page(settings, table, chosen, [record("c0ffee", "n1")], cost, page)
     text = page.read_text()
+    assert "What the grid cost: no Slurm accounting: GPU-hours not known, 0.75 CPU-hours" in text
+    assert "<th>cpu_hours</th>" in text and 'data-value="0.5"' in text, "a setting's runs' cost, summed"
     for run_id in ("aaa", "bbb", "ccc"):
         assert f'<td class="text">{run_id}</td>' in text
     assert text.count("<tr") == 1 + 3 + 1 + 2 + len(provenance([record("c0ffee", "n1")]))

@@ -250,7 +250,8 @@ def test_the_command_prints_every_run_and_a_total_line(tmp_path):
     grid_in_every_state(tmp_path)
     shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True, check=True)
     lines = shown.stdout.splitlines()
-    assert lines[-1].startswith("9 runs: 1 finished")
+    assert lines[-2].startswith("9 runs: 1 finished")
+    assert lines[-1].startswith("spent so far: no Slurm accounting: GPU-hours not known, "), "the pieces' clocks"
     assert "log: logs/train/failed0000.log" in shown.stdout
     assert sum(line.startswith(("finished00", "paused0000", "waits00000")) for line in lines) == 3
 
@@ -338,3 +339,43 @@ def test_a_damaged_checkpoint_is_shown_with_what_is_wrong_and_where_the_next_pie
         "the next piece resumes from checkpoint-20 (checkpoint-40 is damaged: state.pt is missing; "
         "checkpoint-60 is damaged: state.pt has 1 bytes where 7 were saved)"
     ), status.detail
+
+
+def test_the_spend_so_far_and_what_the_rest_will_cost_at_the_finished_runs_mean(tmp_path):
+    """Two runs finished (an hour's training on 2 threads and a minute's prediction on 4 each: 2.07
+    CPU-hours), one paused after half an hour with no checkpoint (1, lost) and one not started: 5.13
+    CPU-hours spent so far, 19% lost; the two not finished at the finished runs' mean less the one
+    spent: about 3.13 more. Without Slurm no GPU figure."""
+    hour_ago = time.time() - 3600
+    write_grid(
+        tmp_path,
+        {run_id: {"seed": 0} for run_id in ("done000000", "done111111", "half000000", "wait000000")},
+        "macro_f1",
+        "max",
+        "local",
+    )
+    for run_id in ("done000000", "done111111"):
+        trained = {
+            **piece(1, "finished", hour_ago - 3600),
+            "ended_at": time.strftime(STAMP, time.localtime(hour_ago)),
+            "threads": 2,
+        }
+        write(tmp_path / f"results/runs/{run_id}/record.json", {"pieces": [trained]})
+        write(tmp_path / f"results/runs/{run_id}/metrics.json", {"macro_f1": 0.8})
+        finished = time.strftime(STAMP, time.localtime(hour_ago + 60))
+        write(
+            tmp_path / f"results/runs/{run_id}/predict_record.json",
+            {"threads": 4, "timings_seconds": {"predict": 60}, "environment": {"finished_at": finished}},
+        )
+    half = {
+        **piece(1, "TrainingStopped: stopped on SIGUSR1 at step 50; paused", hour_ago - 1800),
+        "ended_at": time.strftime(STAMP, time.localtime(hour_ago)),
+        "threads": 2,
+    }
+    write(tmp_path / "checkpoints/half000000/pieces.json", [half])
+    shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True, check=True)
+    spend = shown.stdout.splitlines()[-1]
+    assert spend.startswith(
+        "spent so far: no Slurm accounting: GPU-hours not known, 5.13 CPU-hours (19% lost to faults)"
+    )
+    assert spend.endswith("the 2 run(s) not finished: about 3.13 CPU-hours more, at the finished runs' mean")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from scratchflow.accounting import Cost
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json
 from scratchflow.plan import REPLICATE_KEY
@@ -74,6 +75,21 @@ def by_setting(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.concat([settings, statistics], axis=1).reset_index(drop=not keys)
     table.attrs["metrics"] = metrics
     return table
+
+
+def run_costs(by_run: dict[str, Cost]) -> pd.DataFrame:
+    """One row per run: its id and what it cost (scratchflow.accounting.COLUMNS; empty where the
+    site does not record a figure)."""
+    return pd.DataFrame([{"run_id": run_id, **cost.as_row()} for run_id, cost in by_run.items()])
+
+
+def setting_costs(settings: pd.DataFrame, by_run: dict[str, Cost]) -> pd.DataFrame:
+    """One row per setting (by its run_ids): what its runs cost together."""
+    rows = []
+    for run_ids in settings["run_ids"]:
+        summed = sum((by_run[run_id] for run_id in run_ids.split()), Cost())
+        rows.append({"run_ids": run_ids, **summed.as_row()})
+    return pd.DataFrame(rows)
 
 
 def check_metric(runs: pd.DataFrame, metric: str) -> None:

@@ -13,13 +13,16 @@ newest before resuming from it, and sets a damaged one aside (`checkpoint-<step>
 trains the run, `running.json` names it: a second copy of the same run (a requeued job next to its
 resubmission, a rerun while an orphaned job still trains) waits instead of writing the same
 checkpoints at the same time. `pieces.json` lists the jobs that trained
-the run, in order, with how each ended; `progress.json` says where the training is (step, speed,
-time left), for `scripts/status.py`.
+the run, in order, with how each ended and when it last published a checkpoint (`published.jsonl`
+has a line per checkpoint published: what a piece that ended unfinished trained after it was lost,
+scratchflow.accounting); `progress.json` says where the training is (step, speed, time left), for
+`scripts/status.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import logging
@@ -53,6 +56,15 @@ OWNER_FILE = "run.json"
 HOLDER_FILE = "running.json"
 PIECES_FILE = "pieces.json"
 PROGRESS_FILE = "progress.json"
+PUBLISHED_FILE = "published.jsonl"
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a piece's times, as its entry in pieces.json holds them
+
+
+def piece_time(stamp: str) -> float:
+    """A time of a piece's entry (TIME_FORMAT) as seconds since the epoch."""
+    return datetime.datetime.strptime(stamp, TIME_FORMAT).timestamp()
+
+
 # In a checkpoint written by several processes: their number (absent: one process wrote it).
 WORLD_FILE = "world.json"
 # In every checkpoint: its other files' sizes and sha256 (absent in one written before scratchflow 0.2).
@@ -263,9 +275,25 @@ class RunCheckpoints:
         destination = self.folder / local_checkpoint.name
         write_contents(local_checkpoint)
         copy_whole(local_checkpoint, destination)
+        self._note_published(destination)
         for _step, old in self.complete()[: -self.keep]:
             _remove_whole(old)
         return destination
+
+    def _note_published(self, checkpoint: Path) -> None:
+        """A line in published.jsonl: appended whole (one short write), from whichever process
+        published, without a lock."""
+        with open(self.folder / PUBLISHED_FILE, "a") as out:
+            out.write(json.dumps({"checkpoint": checkpoint.name, "at": time.time()}) + "\n")
+
+    def last_published_since(self, since: float) -> float | None:
+        """When the newest checkpoint published at or after `since` was published (None: none was)."""
+        try:
+            lines = (self.folder / PUBLISHED_FILE).read_text().splitlines()
+        except FileNotFoundError:
+            return None
+        times = [json.loads(line)["at"] for line in lines if line.strip()]
+        return max((at for at in times if at >= since), default=None)
 
     def assembly(self, name: str, tag: str) -> Path:
         """Where the parts of checkpoint `name`, written by several processes on several nodes, are
@@ -282,6 +310,7 @@ class RunCheckpoints:
         if destination.exists():
             _remove_whole(destination)
         os.rename(assembly, destination)
+        self._note_published(destination)
         for _step, old in self.complete()[: -self.keep]:
             _remove_whole(old)
         return destination
@@ -355,7 +384,7 @@ class RunCheckpoints:
         piece = {
             "piece": len(self.pieces()) + 1,
             **this_process(),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "started_at": time.strftime(TIME_FORMAT, time.localtime(started)),
             "outcome": "running",
         }
         self.record_piece(piece)
@@ -372,8 +401,13 @@ class RunCheckpoints:
         else:
             piece["outcome"] = "finished"
         finally:
-            piece["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            piece["ended_at"] = time.strftime(TIME_FORMAT)
+            piece["last_checkpoint_at"] = self._published_stamp(started)
             self.record_piece(piece)
+
+    def _published_stamp(self, since: float) -> str | None:
+        published = self.last_published_since(since)
+        return time.strftime(TIME_FORMAT, time.localtime(published)) if published is not None else None
 
     def _progress_step_since(self, started: float) -> int | None:
         """The step this piece's trainer last reported (progress.json), if it reported since `started`."""
@@ -411,7 +445,13 @@ class RunCheckpoints:
         if not killed:
             return
         for entry in killed:
-            entry.update(outcome="killed", reached_step=self.newest_step(), ended_at=None)
+            started = piece_time(entry["started_at"])
+            entry.update(
+                outcome="killed",
+                reached_step=self.newest_step(),
+                ended_at=None,
+                last_checkpoint_at=self._published_stamp(started),
+            )
             job = f"Slurm job {entry['slurm_job_id']}" if entry.get("slurm_job_id") else f"pid {entry.get('pid')}"
             log.warning(
                 "piece %s (%s on %s) was killed; the run goes on from step %s",

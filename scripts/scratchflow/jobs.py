@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import aggregation, distributed, halving, report, signals, slurm_job, tracking
+from scratchflow import accounting, aggregation, distributed, halving, report, signals, slurm_job, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.files import read_json, write_json_atomically, written_whole
@@ -183,6 +183,7 @@ def train_job(job: TrainJob) -> None:
             ranks=distributed.ranks_by_node(job.shape),
             threads=job.threads,
             resumed_from_step=step_of(newest) if newest else None,
+            **({"rung": job.rung.index} if job.rung else {}),  # what a search's rungs cost: accounting
             timings_seconds=timer.seconds,  # the timer's own dict: its phases as they end, saved with the piece
         )
         run.record_piece(piece)  # now: a piece that is killed says where it started and where its log is
@@ -272,6 +273,26 @@ def preemption_noted(piece: dict[str, Any]) -> Iterator[None]:
         raise
 
 
+def grid_cost_of(
+    runs: dict[str, dict[str, Path]],
+    records: dict[str, dict[str, Any]],
+    rung_records: list[Path],
+    last_rung: int | None,
+) -> accounting.GridCost:
+    """What the grid's runs cost: the pieces of each run's record, and of a run a halving search
+    stopped early, those of its last rung record; and each run's predict job."""
+    pieces = {}
+    for path in sorted(rung_records, key=lambda path: read_json(path)["rung"]):
+        rung_record = read_json(path)
+        pieces[rung_record["run_id"]] = rung_record["pieces"]  # the later rung's list holds the earlier's
+    pieces.update({run_id: record["pieces"] for run_id, record in records.items()})
+    predictions = {}
+    for run_id, files in runs.items():
+        predicted = read_json(files["predict_record"])
+        predictions[run_id] = (predicted, predicted.get("threads") or records[run_id].get("threads") or 1)
+    return accounting.grid_cost(pieces, predictions, last_rung)
+
+
 def phases_of_all_pieces(pieces: list[dict[str, Any]]) -> dict[str, float]:
     """Each phase's seconds summed over the run's pieces (a killed piece could not say its own)."""
     summed: dict[str, float] = {}
@@ -345,7 +366,12 @@ def predict_job(job: PredictJob) -> None:
             if job.tracking == "wandb":
                 log_whole_run_to_wandb(job, run_folder, curves, predicted.metrics)
     write_json_atomically(
-        {"run_id": job.run_id, "timings_seconds": timer.seconds, "environment": environment_record(job.workflow_dir)},
+        {
+            "run_id": job.run_id,
+            "threads": job.threads,
+            "timings_seconds": timer.seconds,
+            "environment": environment_record(job.workflow_dir),
+        },
         job.record_out,
     )
     log.info("run %s: test metrics %s", job.run_id, aggregation.numbers(predicted.metrics))
@@ -374,13 +400,15 @@ def aggregate_job(
     page_out: Path,
     confusion_out: Path,
     decisions: list[Path] = (),
+    rung_records: list[Path] = (),
     rungs_out: Path | None = None,
     rung_plot_out: Path | None = None,
 ) -> None:
     """The grid's tables (per setting, per run; as TSV, and as one sortable page with the runs'
-    provenance), its best setting and run, and its figures. A halving search's (`decisions`): the
-    runs of its last rung, and also every run's validation metric at each rung, in a table and a
-    figure, and in runs.tsv."""
+    provenance), with what each run and setting cost (scratchflow.accounting), its best setting and
+    run, and its figures. A halving search's (`decisions`): the runs of its last rung, and also every
+    run's validation metric and cost at each rung (`rung_records`: of every run the search trained),
+    in a table and a figure, and in runs.tsv."""
     table = aggregation.summarize(runs)
     aggregation.check_metric(table, metric)
     settings = aggregation.by_setting(table)
@@ -388,23 +416,29 @@ def aggregate_job(
     ascending = goal == "min"  # the tables list the best first
     settings = settings.sort_values(f"{metric}_mean", ascending=ascending)
     table = table.sort_values(metric, ascending=ascending)
-    with written_whole(summary_out) as partial:
-        settings.to_csv(partial, sep="\t", index=False)
     records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
-    runs_written = table
+    cost = grid_cost_of(runs, records, rung_records, len(decisions) if decisions else None)
+    settings_written = settings.merge(aggregation.setting_costs(settings, cost.by_run), on="run_ids")
+    with written_whole(summary_out) as partial:
+        settings_written.to_csv(partial, sep="\t", index=False)
+    runs_written = table.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
     if decisions:
         rungs = halving.rung_table(
             [read_json(path) for path in decisions],
             int(table["epochs"].iloc[0]),
             {run_id: halving.last_validation(record, metric) for run_id, record in records.items()},
         )
+        validations = ["run_id", "rung", *(column for column in rungs.columns if column.startswith("validation_"))]
+        runs_written = runs_written.merge(rungs[validations], on="run_id", how="left")
+        rungs = rungs.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
         with written_whole(rungs_out) as partial:
             rungs.to_csv(partial, sep="\t", index=False)
         halving.plot_rungs(rungs, metric, goal, rung_plot_out)
-        validations = ["run_id", "rung", *(column for column in rungs.columns if column.startswith("validation_"))]
-        runs_written = table.merge(rungs[validations], on="run_id", how="left")
+        for rung, spent in cost.by_rung.items():
+            log.info("rung %d cost %s", rung, accounting.described(spent, cost.site))
     with written_whole(runs_out) as partial:
         runs_written.to_csv(partial, sep="\t", index=False)
+    log.info("the grid cost %s", cost.line())
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
     drawn = list(table["run_id"].head(tracking.MOST_RUNS_DRAWN))
@@ -415,7 +449,7 @@ def aggregate_job(
         + f" by test {metric}; the best run in orange",
         highlight=chosen["run"]["run_id"],
     )
-    report.write_summary_page(settings, table, chosen, list(records.values()), page_out)
+    report.write_summary_page(settings_written, runs_written, chosen, list(records.values()), cost, page_out)
     best_run_id = chosen["run"]["run_id"]
     report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, confusion_out)
     setting = chosen["setting"]

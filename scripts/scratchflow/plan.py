@@ -237,8 +237,9 @@ class Plan:
         return [getattr(RUN_PATHS, name).format(run_id=run_id) for run_id in self.packs[pack]]
 
     def run_results(self, run_ids: list[str] | None = None) -> dict[str, list[str]]:
-        """The params, test metrics and records of every run (or of `run_ids`: those a halving search
-        trained to the end), in grid order, for the comparison; and a halving search's decisions."""
+        """The params, test metrics, records and predict records of every run (or of `run_ids`: those a
+        halving search trained to the end), in grid order, for the comparison; and a halving search's
+        decisions."""
 
         wanted = set(self.runs if run_ids is None else run_ids)
 
@@ -249,6 +250,7 @@ class Plan:
             "params": every_run(RUN_PATHS.params),
             "metrics": every_run(RUN_PATHS.metrics),
             "records": every_run(RUN_PATHS.record),
+            "predict_records": every_run(RUN_PATHS.predict_record),  # what the predict jobs cost
             **({"decisions": self.rung_decisions()} if self.halving else {}),
         }
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from scratchflow.accounting import GridCost, described
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import written_whole
 
@@ -107,10 +108,12 @@ def write_summary_page(
     runs: pd.DataFrame,
     chosen: dict[str, Any],
     records: list[dict[str, Any]],
+    cost: GridCost,
     path: Path,
 ) -> None:
-    """The settings and runs tables (best first, sortable by any column), the best setting and
-    run, and the runs' provenance, in one HTML file with no outside resources."""
+    """The settings and runs tables (best first, sortable by any column, with what each cost), the
+    best setting and run, what the grid cost, and the runs' provenance, in one HTML file with no
+    outside resources."""
     metric, goal = chosen["metric"], chosen["goal"]
     setting, run = chosen["setting"], chosen["run"]
     facts = "".join(
@@ -118,6 +121,9 @@ def write_summary_page(
         for name, value in provenance(records).items()
     )
     parameters = ", ".join(f"{name}={value}" for name, value in setting["parameters"].items())
+    rungs_cost = "".join(
+        f"<br>Rung {rung}: {html.escape(described(spent, cost.site))}." for rung, spent in cost.by_rung.items()
+    )
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>scratchflow: the grid</title><style>{STYLE}</style></head>
 <body>
@@ -127,6 +133,8 @@ def write_summary_page(
 {f"± {setting['std']:.4f} " if setting["std"] is not None else ""}over {setting["runs"]} run(s).
 Best single run: <b>{html.escape(run["run_id"])}</b> ({run["value"]:.4f}).
 The best is highlighted; click a column's head to sort by it.</p>
+<p id="cost">What the grid cost: {html.escape(cost.line())}.{rungs_cost}
+An empty cost cell: a figure this site does not record.</p>
 <h2>Settings (seeds as replicates)</h2>
 {_table(settings, "settings", {" ".join(setting["run_ids"])}, "run_ids")}
 <h2>Runs</h2>

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scratchflow.accounting import grid_cost
 from scratchflow.checkpoints import (
     ACTIVE_SLURM_STATES,
     HOLDER_FILE,
@@ -27,6 +28,7 @@ from scratchflow.checkpoints import (
     RunCheckpoints,
     checkpoint_damage,
     holder_is_alive,
+    piece_time,
     step_of,
 )
 from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
@@ -265,7 +267,7 @@ def _training_detail(run: RunCheckpoints, piece: dict[str, Any], now: float) -> 
     piece has run and its newest checkpoint."""
     where = f"piece {piece['piece']}"
     progress = _read(run.folder / PROGRESS_FILE)
-    started = time.mktime(time.strptime(piece["started_at"], "%Y-%m-%dT%H:%M:%S%z"))
+    started = piece_time(piece["started_at"])
     if progress is not None and progress["at"] >= started:
         step, total = progress["step"], progress["max_steps"]
         return (
@@ -316,6 +318,40 @@ def _statuses(
     return [run_status(workdir, run_id, plan, jobs, active, now, decisions) for run_id in plan.runs]
 
 
+def spend_line(workdir: Path, statuses: list[RunStatus]) -> str | None:
+    """What the grid has cost so far (scratchflow.accounting; one sacct where its jobs ran on Slurm),
+    and about what the runs not finished will cost, at the finished runs' mean; None before any
+    run started."""
+    plan = Plan.read(workdir)
+    pieces, predictions = {}, {}
+    for run_id in plan.runs:
+        paths = plan.paths(run_id)
+        record = _read(workdir / paths.record)
+        listed = record["pieces"] if record else _read(workdir / paths.checkpoints / PIECES_FILE)
+        for rung in range(plan.last_rung or 0) if not listed else ():  # a run a halving search stopped
+            rung_record = _read(workdir / RUNG_RECORD.format(run_id=run_id, rung=rung))
+            listed = rung_record.get("pieces") if rung_record else listed
+        if listed:
+            pieces[run_id] = listed
+        predicted = _read(workdir / paths.predict_record)
+        if predicted is not None:
+            predictions[run_id] = (predicted, predicted.get("threads") or 1)
+    if not pieces:
+        return None
+    cost = grid_cost(pieces, predictions, plan.last_rung if plan.halving else None)
+    line = f"spent so far: {cost.line()}"
+    finished = [status.run_id for status in statuses if status.state == "finished" and status.run_id in cost.by_run]
+    rest = [status.run_id for status in statuses if status.state not in ("finished", "stopped")]
+    if not finished or not rest:
+        return line
+    unit = "gpu_hours" if cost.total.gpu_hours is not None and cost.site is not None else "cpu_hours"
+    mean = sum(getattr(cost.by_run[run_id], unit) for run_id in finished) / len(finished)
+    spent_on_rest = sum(getattr(cost.by_run[run_id], unit) for run_id in rest if run_id in cost.by_run)
+    more = max(mean * len(rest) - spent_on_rest, 0.0)
+    shown = "GPU-hours" if unit == "gpu_hours" else "CPU-hours"
+    return f"{line}; the {len(rest)} run(s) not finished: about {more:.3g} {shown} more, at the finished runs' mean"
+
+
 def summary_line(statuses: list[RunStatus]) -> str:
     counts = Counter(status.state for status in statuses)
     return f"{len(statuses)} run{'s' * (len(statuses) != 1)}: " + ", ".join(
@@ -323,9 +359,9 @@ def summary_line(statuses: list[RunStatus]) -> str:
     )
 
 
-def render(statuses: list[RunStatus], rung: str | None = None) -> str:
+def render(statuses: list[RunStatus], rung: str | None = None, spend: str | None = None) -> str:
     lines = []
     for status in statuses:
         line = f"{status.run_id}  {status.state:<11}  {status.detail}"
         lines.append(line + (f"\n{'':12}  {'':<11}  log: {status.log}" if status.log else ""))
-    return "\n".join([*lines, *([rung] if rung else []), summary_line(statuses)])
+    return "\n".join([*lines, *([rung] if rung else []), summary_line(statuses), *([spend] if spend else [])])
