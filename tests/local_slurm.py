@@ -182,6 +182,7 @@ class LocalSlurm:
             AccountingStorageType=accounting_storage/slurmdbd
             AccountingStorageHost=localhost
             AccountingStorageEnforce=associations,limits
+            AccountingStorageTRES=gres/gpu
             JobAcctGatherType=jobacct_gather/linux
             JobAcctGatherFrequency=5
             GresTypes=gpu

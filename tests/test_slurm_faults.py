@@ -20,6 +20,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import (
@@ -176,6 +177,39 @@ def states(slurm, job_ids: list[str]) -> list[str]:
     return [by_id[job_id].split()[0] for job_id in job_ids]
 
 
+def gpu_hours_in_sacct(slurm, workdir: Path) -> float:
+    """The GPU-hours of every job run in `workdir` in the last day, as sacct tells them (its Elapsed
+    and AllocTRES, read here on their own: the figures scratchflow.accounting is checked against)."""
+    listing = slurm.run(
+        "sacct", "-X", "--duplicates", "-a", "-n", "-P", "-S", "now-1days", "-o", "WorkDir,Elapsed,AllocTRES"
+    ).stdout
+    hours = 0.0
+    for line in listing.splitlines():
+        directory, elapsed, allocated = line.split("|")
+        if Path(directory).resolve() != workdir.resolve():
+            continue
+        days, _, clock = elapsed.rpartition("-")
+        h, m, s = map(int, clock.split(":"))
+        gpus = re.search(r"gres/gpu=(\d+)", allocated)
+        hours += (int(days or 0) * 86400 + h * 3600 + m * 60 + s) / 3600 * (int(gpus.group(1)) if gpus else 0)
+    return hours
+
+
+def assert_the_cost_is_sacct_s(slurm, workdir: Path, table: str) -> None:
+    """`table` (runs.tsv, or a search's rungs.tsv: every run it trained) holds every GPU-hour the
+    grid's jobs held, as sacct has them, shared out to its runs; the status says the spend too, and
+    that the test cluster records no energy."""
+    runs = pd.read_csv(workdir / "results" / table, sep="\t")
+    held = gpu_hours_in_sacct(slurm, workdir)
+    assert held > 0 and runs["gpu_hours"].sum() == pytest.approx(held, abs=1e-5 * len(runs))
+    assert (runs["gpu_hours"] > 0).all() and (runs["lost_gpu_hours"] <= runs["gpu_hours"]).all()
+    assert runs["energy_kwh"].isna().all(), "the test cluster has no energy plugin: not recorded, not 0"
+    spend = grid_status(slurm, workdir).splitlines()[-1]
+    assert re.match(
+        r"spent so far: [\d.e-]+ GPU-hours \(\d+% lost to faults\), [\d.e-]+ CPU-hours, energy not recorded", spend
+    )
+
+
 def stopped_at(piece: dict, signal_name: str, workdir: Path) -> int:
     """The step a piece of the run in `workdir` stopped at on `signal_name`; else the piece's log."""
     match = re.search(rf"stopped on {signal_name} at step (\d+)", piece["outcome"])
@@ -242,8 +276,9 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
     )
     assert resumed["slurm_job_id"] == again["slurm_job_id"] != pack
     assert states(slurm, [pack, resumed["slurm_job_id"]]) == ["CANCELLED", "COMPLETED"]
-    assert grid_status(slurm, tmp_path).endswith("2 runs: 2 finished\n")
+    assert grid_status(slurm, tmp_path).splitlines()[-2] == "2 runs: 2 finished"
     assert json.loads((tmp_path / "results" / "packs" / "train-0.json").read_text())["runs"] == sorted(pieces)
+    assert_the_cost_is_sacct_s(slurm, tmp_path, "runs.tsv")
     assert same_results(tmp_path, uninterrupted_long_run) == []
 
 
@@ -339,6 +374,7 @@ def test_a_halving_search_with_a_rung_cancelled_decides_and_ends_as_the_uninterr
     for name in ("metrics.json", "predictions.csv", "model/model.safetensors"):
         written = tmp_path / "results" / "runs" / promoted / name
         assert written.read_bytes() == (reference / "runs" / promoted / name).read_bytes(), name
+    assert_the_cost_is_sacct_s(slurm, tmp_path, "search/rungs.tsv")  # the runs it stopped early too
 
 
 @pytest.mark.alone_on_the_cluster  # the controller's outage would reach every other test's jobs
@@ -487,6 +523,7 @@ def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_th
     assert preempted["requeued"] == "preempted" and "requeued" not in resumed
     assert resumed["resumed_from_step"] == stopped_at(preempted, "SIGTERM", tmp_path) > 0
     assert same_results(tmp_path, uninterrupted_long_run) == []
+    assert_the_cost_is_sacct_s(slurm, tmp_path, "runs.tsv")  # both runs of the requeued job
 
 
 def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(

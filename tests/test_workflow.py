@@ -31,7 +31,7 @@ from conftest import (
     write_config,
     write_recipe_data,
 )
-from scratchflow.checkpoints import newest_complete_checkpoint, step_of
+from scratchflow.checkpoints import newest_complete_checkpoint, piece_time, step_of
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import load_examples
 from scratchflow.plan import TENSORBOARD_FOLDER
@@ -77,7 +77,22 @@ def test_a_grid_runs_through_the_whole_lifecycle(finished):
     assert str(workdir / "results" / "summary.tsv") in result.stdout
     assert f"tensorboard --logdir {workdir / 'results' / 'runs'}" in result.stdout
     status = subprocess.run([sys.executable, STATUS_SCRIPT, workdir], capture_output=True, text=True, check=True)
-    assert status.stdout.endswith("2 runs: 2 finished\n")
+    *_, total, spend = status.stdout.splitlines()
+    assert total == "2 runs: 2 finished"
+    assert spend.startswith("spent so far: no Slurm accounting: GPU-hours not known, ")
+    # What each run cost without Slurm: its pieces' and its prediction's time times their threads.
+    assert runs["gpu_hours"].isna().all() and (runs["lost_cpu_hours"] == 0).all()
+    for _, run in runs.iterrows():
+        folder = workdir / "results" / "runs" / run["run_id"]
+        record, predicted = (json.loads((folder / name).read_text()) for name in ("record.json", "predict_record.json"))
+        seconds = sum(
+            (piece_time(piece["ended_at"]) - piece_time(piece["started_at"])) * piece["threads"]
+            for piece in record["pieces"]
+        )
+        seconds += sum(predicted["timings_seconds"].values()) * predicted["threads"]
+        assert run["cpu_hours"] == pytest.approx(seconds / 3600, rel=1e-4)
+    assert sorted(summary["cpu_hours"]) == sorted(runs["cpu_hours"])
+    assert "What the grid cost: no Slurm accounting" in (workdir / "results" / "summary.html").read_text()
     assert sorted(path.name for path in (workdir / "archives").iterdir()) == [
         "bbc-subset.2.tar.zst",
         "bbc-subset.manifest.json",
