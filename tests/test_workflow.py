@@ -8,9 +8,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -194,6 +196,49 @@ def test_the_report_opens_in_a_browser_with_every_run_in_a_table_that_sorts(fini
         values = [float(value) for value in column("macro_f1")]
         assert values == sorted(values)
         assert "Provenance" in browser.find_element(By.TAG_NAME, "body").text
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def test_tensorboards_hparams_view_lists_the_grid_with_its_test_metrics_and_cost(finished):
+    """`tensorboard --logdir results/runs` (the command the workflow prints), opened in a browser:
+    the HParams view has a row per run with its parameters, test metrics and CPU-hours."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    workdir, _, _ = finished
+    runs = pd.read_csv(workdir / "results" / "runs.tsv", sep="\t")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(Path(sys.executable).parent / "tensorboard"), "--logdir", "results/runs", "--port", str(port)]
+    server = subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not answers(f"http://127.0.0.1:{port}/"):
+            assert server.poll() is None and time.monotonic() < deadline, "TensorBoard did not start"
+            time.sleep(0.2)
+        with headless_chromium() as browser:
+            browser.get(f"http://127.0.0.1:{port}/#hparams")
+
+            def whole_text(page) -> str | bool:
+                text = page.find_element(By.TAG_NAME, "body").text
+                return text if all(f"{run_id}/tensorboard/hparams" in text for run_id in runs["run_id"]) else False
+
+            shown = WebDriverWait(browser, 60, poll_frequency=0.5).until(whole_text)
+    finally:
+        server.terminate()
+        server.wait()
+    for column in ("learning_rate", "seed", "test/macro_f1", "test/accuracy", "cost/cpu_hours"):
+        assert column in shown, column
+    assert "Number of matching session groups: 2" in shown
+    assert "cost/gpu_hours" not in shown, "no GPU figure without Slurm: no column, not a column of zeros"
 
 
 def test_scratch_and_checkpoints_are_gone_after_success(finished):

@@ -111,9 +111,9 @@ def best(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goal: str = "m
         "metric": metric,
         "goal": goal,
         "setting": {
-            "parameters": {name: _plain(setting[name]) for name in setting_columns(runs)},
+            "parameters": {name: plain(setting[name]) for name in setting_columns(runs)},
             "mean": float(setting[f"{metric}_mean"]),
-            "std": _plain(setting[f"{metric}_std"]),
+            "std": plain(setting[f"{metric}_std"]),
             "runs": int(setting["runs"]),
             "run_ids": setting["run_ids"].split(),
         },
@@ -121,7 +121,7 @@ def best(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goal: str = "m
     }
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A table cell as JSON: numpy scalars as Python numbers, NaN (no value) as null."""
     if hasattr(value, "item"):
         value = value.item()

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scratchflow import accounting, aggregation, distributed, halving, report, signals, slurm_job, tracking
 from scratchflow.checkpoints import RunCheckpoints, step_of
@@ -23,7 +23,7 @@ from scratchflow.dataset import staged_sources
 from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import PieceSpec, Shape, Staging
-from scratchflow.plan import RUN_PATHS
+from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
 from scratchflow.record import (
     PhaseTimer,
     environment_record,
@@ -34,6 +34,9 @@ from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import StagingError, archive_dataset, copy_whole, scratch_directory, stage_in
 from scratchflow.tasks import PredictContext, TrainingStopped, load_task
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger("scratchflow")
 
@@ -273,6 +276,22 @@ def preemption_noted(piece: dict[str, Any]) -> Iterator[None]:
         raise
 
 
+def write_hparams_view(runs: pd.DataFrame, parameters: list[str], metrics: list[str]) -> None:
+    """The grid in TensorBoard's HParams view: each run's parameters, test metrics (as test/<name>)
+    and cost (cost/<column>), beside its curves under results/runs."""
+    sessions = {}
+    for row in runs.to_dict("records"):
+        values = {name: aggregation.plain(row[name]) for name in row}
+        sessions[Path(RUN_PATHS.of(row["run_id"]).tensorboard)] = (
+            {name: values[name] for name in parameters if name in values},
+            {
+                **{f"test/{name}": values[name] for name in metrics},
+                **{f"cost/{name}": values[name] for name in accounting.COLUMNS if name in values},
+            },
+        )
+    tracking.write_hparams_sessions(sessions)
+
+
 def grid_cost_of(
     runs: dict[str, dict[str, Path]],
     records: dict[str, dict[str, Any]],
@@ -439,6 +458,7 @@ def aggregate_job(
     with written_whole(runs_out) as partial:
         runs_written.to_csv(partial, sep="\t", index=False)
     log.info("the grid cost %s", cost.line())
+    write_hparams_view(runs_written, [*aggregation.setting_columns(table), REPLICATE_KEY], table.attrs["metrics"])
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
     drawn = list(table["run_id"].head(tracking.MOST_RUNS_DRAWN))

@@ -10,6 +10,7 @@ import math
 import os
 import shlex
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,6 +32,73 @@ Curves = dict[str, list[tuple[int, float]]]  # tag -> [(step, value)], steps asc
 # handler on the console; outside a job its lines go nowhere.
 console_log = logging.getLogger("scratchflow.console")
 console_log.propagate = False
+
+
+# In each run's TensorBoard folder: its session of TensorBoard's HParams view, which the aggregate
+# writes (a folder of its own, so that the run's curves stay the trainer's alone).
+HPARAMS_FOLDER = "hparams"
+
+
+def write_hparams_sessions(sessions: dict[Path, tuple[dict[str, Any], dict[str, float]]]) -> None:
+    """One HParams session per run (`sessions`: its TensorBoard folder -> its parameters and its
+    metrics), so that `tensorboard --logdir results/runs` shows the grid as a sortable table and
+    parallel coordinates beside the curves. Each session replaces the one an earlier aggregate
+    wrote. TensorBoard takes the view's columns from one session: a name missing (None or NaN) in
+    any run is left out of every session. Written with TensorBoard's own records (importing torch's
+    writer costs the aggregate 2 s)."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    if not sessions:
+        return
+
+    def present(values: dict[str, Any]) -> set[str]:
+        return {name for name, value in values.items() if value is not None and value == value}  # NaN != NaN
+
+    parameter_names, metric_names = (
+        sorted(set.intersection(*(present(values[part]) for values in sessions.values()))) for part in (0, 1)
+    )
+    kinds = {bool: ("bool_value", api_pb2.DATA_TYPE_BOOL), str: ("string_value", api_pb2.DATA_TYPE_STRING)}
+    first = next(iter(sessions.values()))[0]
+    field = {
+        name: kinds.get(type(first[name]), ("number_value", api_pb2.DATA_TYPE_FLOAT64)) for name in parameter_names
+    }
+    infos = []
+    for name in parameter_names:
+        info = api_pb2.HParamInfo(name=name, type=field[name][1])
+        if field[name][1] == api_pb2.DATA_TYPE_STRING:  # the view offers a string's values as one filter
+            info.domain_discrete.extend(sorted({str(values[0][name]) for values in sessions.values()}))
+        infos.append(info)
+    experiment = api_pb2.Experiment(
+        hparam_infos=infos, metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in metric_names]
+    )
+
+    def summary(tag: str, **data: Any) -> Summary:
+        plugin_data = plugin_data_pb2.HParamsPluginData(version=metadata.PLUGIN_DATA_VERSION, **data)
+        return Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(plugin_data))])
+
+    for folder, (parameters, metrics) in sessions.items():
+        session = folder / HPARAMS_FOLDER
+        shutil.rmtree(session, ignore_errors=True)
+        start = plugin_data_pb2.SessionStartInfo()
+        for name in parameter_names:
+            value = parameters[name]
+            setattr(start.hparams[name], field[name][0], value if field[name][0] != "number_value" else float(value))
+        summaries = [
+            summary(metadata.EXPERIMENT_TAG, experiment=experiment),
+            summary(metadata.SESSION_START_INFO_TAG, session_start_info=start),
+            summary(
+                metadata.SESSION_END_INFO_TAG,
+                session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS),
+            ),
+            *(Summary(value=[Summary.Value(tag=tag, simple_value=float(metrics[tag]))]) for tag in metric_names),
+        ]
+        writer = EventFileWriter(str(session))
+        for written in summaries:
+            writer.add_event(Event(wall_time=time.time(), step=0, summary=written))
+        writer.close()
 
 
 def open_writer(directory: Path, resumed_from_step: int | None) -> Any:
