@@ -7,10 +7,11 @@ Each runs through the whole lifecycle with the local profile (`scripts/run_local
 folder. The task is the command example (config/examples/command/train.py: a bag-of-words
 classifier in plain PyTorch) on all 2,225 BBC News articles, fast enough to train 18 runs twice.
 
-Reported: the training steps each spent (the cost a GPU budget pays: every run's last step,
-summed), the best setting each found by the mean test macro-F1 of its seeds, and where halving's
-choice stands among all the settings trained to the end (the same setting, or within one standard
-deviation of the seeds of the best).
+Reported: the training steps each spent (every run's last step, summed) and what the grid's tables
+say it cost (scratchflow.accounting: CPU-hours here, from the pieces' clocks; on a cluster the
+GPU-hours a budget pays, from sacct), the best setting each found by the mean test macro-F1 of its
+seeds, and where halving's choice stands among all the settings trained to the end (the same
+setting, or within one standard deviation of the seeds of the best).
 
     .venv/bin/python benchmarks/search.py [--trials 9] [--json out.json]
 """
@@ -60,6 +61,7 @@ def run_search(work: Path, kind: str, trials: int) -> dict:
         else:  # stopped at its last rung
             last = max(run.glob("rung-*.json"), key=lambda path: int(path.stem.split("-")[1]))
             steps += json.loads(last.read_text())["global_steps"]
+    costs = pd.read_csv(work / "results" / ("search/rungs.tsv" if kind == "halving" else "runs.tsv"), sep="\t")
     summary = pd.read_csv(work / "results" / "summary.tsv", sep="\t")
     settings = {
         (round(float(row["learning_rate"]), 6), int(row["hidden"])): (row["macro_f1_mean"], row["macro_f1_std"])
@@ -68,6 +70,7 @@ def run_search(work: Path, kind: str, trials: int) -> dict:
     return {
         "seconds": timing.seconds,
         "steps": steps,
+        "cpu_hours": float(costs["cpu_hours"].sum()),  # every run's, those a halving search stopped too
         "settings": settings,
         "runs": len(list((work / "results" / "runs").iterdir())),
     }
@@ -88,12 +91,14 @@ def main() -> None:
     title = f"{options.trials} configurations x 2 seeds, rungs {RUNGS} epochs, keep {KEEP:.2f} (command example)"
     print_table(
         title,
-        ["", "runs", "training steps", "x all", "wall s", "best setting (lr, hidden)", "its test macro-F1"],
+        ["", "runs", "training steps", "x all", "CPU-hours", "x all", "wall s", "best setting (lr, hidden)",
+         "its test macro-F1"],
         [
-            ["every configuration to the end", every["runs"], every["steps"], 1.0, every["seconds"], str(best),
-             best_mean],
+            ["every configuration to the end", every["runs"], every["steps"], 1.0, round(every["cpu_hours"], 4), 1.0,
+             every["seconds"], str(best), best_mean],
             ["successive halving", halving["runs"], halving["steps"], halving["steps"] / every["steps"],
-             halving["seconds"], str(chosen), halving["settings"][chosen][0]],
+             round(halving["cpu_hours"], 4), halving["cpu_hours"] / every["cpu_hours"], halving["seconds"],
+             str(chosen), halving["settings"][chosen][0]],
         ],
     )  # fmt: skip
     within = best_mean - chosen_mean <= (0.0 if math.isnan(best_std) else best_std)
@@ -112,6 +117,7 @@ def main() -> None:
             "every": {**every, "settings": {str(key): value for key, value in every["settings"].items()}},
             "halving": {**halving, "settings": {str(key): value for key, value in halving["settings"].items()}},
             "steps_ratio": halving["steps"] / every["steps"],
+            "cpu_hours_ratio": halving["cpu_hours"] / every["cpu_hours"],
             "chosen_rank": rank,
             "chosen_within_one_std": bool(within),
         },
