@@ -95,17 +95,18 @@ def run_identity_of(wildcards):
 
 def run_results(wildcards):
     """The params, test metrics and records of every run of the grid (of a halving search: of the
-    runs its last rung trained, its decisions, and every rung's records), for the comparison."""
+    runs its last rung trained, its decisions, and every rung's records), for the comparison.
+    """
     if PLAN.halving:
+        # The last rung's runs first: until its decision is made, that plans every decision.
+        results = PLAN.run_results(runs_in_rung(PLAN.last_rung))
         # Every rung's records too: what the runs the search stopped early cost.
-        rungs = {
-            "rung_records": [
-                RUNG_RECORD.format(run_id=run_id, rung=rung)
-                for rung in range(PLAN.last_rung)
-                for run_id in runs_in_rung(rung)
-            ]
-        }
-        return {**PLAN.run_results(runs_in_rung(PLAN.last_rung)), **rungs}
+        results["rung_records"] = [
+            RUNG_RECORD.format(run_id=run_id, rung=rung)
+            for rung in range(PLAN.last_rung)
+            for run_id in runs_in_rung(rung)
+        ]
+        return results
     return PLAN.run_results()
 
 

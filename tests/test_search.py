@@ -256,6 +256,11 @@ def test_a_halving_search_goes_on_with_the_best_and_its_last_rung_ends_as_a_dire
     rungs = pd.read_csv(results / "search" / "rungs.tsv", sep="\t")
     assert dict(zip(rungs["run_id"], rungs["rung"], strict=True)) == {run: int(run == promoted) for run in values}
     assert rungs.loc[rungs["run_id"] == promoted, "validation_macro_f1_at_20_epochs"].notna().all()
+    # What each run cost, the one stopped at rung 0 too; the one that went on, more (its 20 epochs).
+    cost = dict(zip(rungs["run_id"], rungs["cpu_hours"], strict=True))
+    (stopped,) = set(values) - {promoted}
+    assert 0 < cost[stopped] < cost[promoted]
+    assert "Rung 0: no Slurm accounting" in (results / "summary.html").read_text()
     runs = pd.read_csv(results / "runs.tsv", sep="\t")
     assert list(runs["run_id"]) == [promoted] and runs["validation_macro_f1_at_10_epochs"].tolist() == [
         values[promoted]
