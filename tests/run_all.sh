@@ -7,9 +7,10 @@
 #   core busy. Every job trains with one thread, so none waits on a partner thread that another
 #   holds off its core (benchmarks/README.md, section 12). The data, model and reference runs they
 #   share are built once (conftest.built_once);
-# - once the Slurm tests end (about 18 of the others' 25 minutes, 2026-11-26), a core is free:
+# - once the Slurm tests end (about 22 of the others' 27 minutes, 2026-11-26), a core is free:
 #   `after_slurm` (the config checks and the lab pipeline's tests, which start many Snakemakes and
-#   train little, about 3½ minutes) runs beside what is left of the others, instead of in them;
+#   train little, and benchmarks/gpu.py's check on the CPU: 27 s alone, 1½ to 3 minutes beside the
+#   Slurm tests; about 4 minutes in all) runs beside what is left of the others, instead of in them;
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
 #   go beside them says nothing (rsync 0.36 s against stage-in 0.89 s beside an image build).
 # Options (not test paths) go to every one.
@@ -19,7 +20,7 @@ python=${PYTHON:-.venv/bin/python}
 slurm_tests=(tests/test_slurm.py tests/test_slurm_faults.py)
 slurm_workers=3
 alone=(tests/test_benchmarks.py)
-after_slurm=(tests/test_config_validation.py tests/test_lab_pipeline.py)
+after_slurm=(tests/test_config_validation.py tests/test_lab_pipeline.py tests/test_gpu_benchmark.py)
 # Threads that wait for a partner sleep instead of spinning: both cores are busy for all of the suite,
 # and torch's default (OpenMP spinning) made a 2-thread process beside others take a core its partner
 # needed (benchmarks/README.md, section 12: the same weights, bit for bit, in less time).
