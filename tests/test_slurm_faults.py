@@ -643,43 +643,55 @@ def test_two_nodes_stopped_cancelled_and_killed_end_like_an_uninterrupted_run(
     assert different_curves(workdir, reference) == []
 
 
-@pytest.mark.parametrize("stop", ["USR2", "HUP"])
-def test_two_nodes_stop_on_usr2_or_hup_at_one_step_within_seconds_and_end_like_an_uninterrupted_run(
-    stop, slurm, tmp_path, bbc_subset, tiny_model, two_node_run
+def test_two_nodes_stop_on_usr2_then_on_hup_at_one_step_within_seconds_and_end_like_an_uninterrupted_run(
+    slurm, tmp_path, bbc_subset, tiny_model, two_node_run
 ):
-    """2 nodes x 2 processes with the OSCER profile and `checkpointing.stop_signal` USR2 or HUP, sent
-    by Slurm to every process of the job's steps (`scancel --signal`, as its wall-time warning does):
-    each node's launcher, torchrun (which handles HUP itself) and the four ranks. Every rank stops at
-    one step, the piece is paused within seconds (no torchrun exit barrier of 300 s), and the retry
-    resumes to the uninterrupted run's weights, byte for byte."""
+    """2 nodes x 2 processes with the OSCER profile and `checkpointing.stop_signal` USR2, then (the
+    config and the profile switched, the workflow started again) HUP, each sent by Slurm to every
+    process of the job's steps (`scancel --signal`, as its wall-time warning does): each node's
+    launcher, torchrun (which handles HUP itself) and the four ranks. Each time every rank stops at
+    one step and the piece is paused within seconds (no torchrun exit barrier of 300 s); the third
+    piece resumes to the uninterrupted run's weights, byte for byte. (One run for both signals: the
+    second stop is a resumed piece's.)"""
     workdir = tmp_path.resolve()
     two_node_config(workdir, bbc_subset, tiny_model)
+    signalled_at = {}
+    for stop, arguments in (("USR2", ["--retries", "0"]), ("HUP", [])):
+        switch_stop_signal(workdir, stop)
+        workflow = start(slurm, workdir, *arguments, profile=str(workdir / "profile"))
+        reached = max((piece["reached_step"] or 0 for piece in live_pieces(workdir)), default=0)
+        wait_until(lambda reached=reached: shared_checkpoint_after(workdir, reached), workflow, workdir, "a checkpoint")
+        (job,) = active_jobs(slurm, workdir, "train")
+        slurm.run("scancel", f"--signal={stop}", job)
+        signalled_at[stop] = time.time()
+        if stop == "USR2":  # paused, and no retry: the workflow ends
+            returncode, output = finish(workflow, workdir)
+            assert returncode != 0 and len(live_pieces(workdir)) == 1, output[-6000:]
+    wait_until(lambda: len(live_pieces(workdir)) == 3, workflow, workdir, "a third piece")
+
+    returncode, output = finish(workflow, workdir)
+    assert returncode == 0, output[-6000:]
+    paused_on_usr2, paused_on_hup, finished = pieces_of(workdir)
+    for paused, stop, resumed in ((paused_on_usr2, "USR2", paused_on_hup), (paused_on_hup, "HUP", finished)):
+        step = stopped_at(paused, f"SIG{stop}", workdir)
+        assert paused["world_size"] == 4 and resumed["resumed_from_step"] == step
+        assert ended_at(paused) - signalled_at[stop] < 60, f"the piece ends within seconds of {stop}"
+    assert finished["outcome"] == "finished"
+    assert same_results(workdir, two_node_run[0]) == []
+
+
+def switch_stop_signal(workdir: Path, stop: str) -> None:
+    """`checkpointing.stop_signal: <stop>` in the config, and the OSCER profile asking Slurm for the
+    same signal before the wall time (start-up refuses a mismatch), in <workdir>/profile."""
     config_file = workdir / "config" / "config.yaml"
     config = yaml.safe_load(config_file.read_text())
     config["checkpointing"]["stop_signal"] = stop
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-    # The profile asks Slurm for the same signal before the wall time (start-up refuses a mismatch).
     profile = REPO / "profiles" / "oscer" / "config.v8+.yaml"
     switched = yaml.safe_load(profile.read_text().replace("--signal=USR1@600", f"--signal={stop}@600"))
     switched["configfile"] = str(REPO / "config" / "clusters" / "oscer.yaml")
-    (workdir / "profile").mkdir()
+    (workdir / "profile").mkdir(exist_ok=True)
     (workdir / "profile" / "config.v8+.yaml").write_text(yaml.safe_dump(switched, sort_keys=False))
-    workflow = start(slurm, workdir, profile=str(workdir / "profile"))
-
-    wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
-    (job,) = active_jobs(slurm, workdir, "train")
-    slurm.run("scancel", f"--signal={stop}", job)
-    signalled_at = time.time()
-    wait_until(lambda: len(live_pieces(workdir)) == 2, workflow, workdir, "a second piece")
-
-    returncode, output = finish(workflow, workdir)
-    assert returncode == 0, output[-6000:]
-    paused, finished = pieces_of(workdir)
-    step = stopped_at(paused, f"SIG{stop}", workdir)
-    assert paused["world_size"] == 4 and finished["resumed_from_step"] == step
-    assert ended_at(paused) - signalled_at < 60, "the piece ends within seconds of the stop"
-    assert finished["outcome"] == "finished"
-    assert same_results(workdir, two_node_run[0]) == []
 
 
 def job_processes(pattern: str, job: str) -> dict[int, dict[str, str]]:
