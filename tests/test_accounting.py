@@ -182,3 +182,28 @@ def test_a_halving_searchs_pieces_are_counted_in_their_rung_and_the_last_rungs_o
     assert cost.by_rung[0].cpu_hours == pytest.approx(2 * 600 / 3600)
     assert cost.by_rung[1].cpu_hours == pytest.approx(1200 / 3600)
     assert isinstance(training_uses("kept", pieces["kept"])[0], Use)
+
+
+def test_a_runs_gpu_utilisation_is_its_jobs_weighted_by_their_gpu_hours_and_its_memory_their_peak():
+    site = Site(gpus=True, energy=False, gpu_utilisation=True)
+
+    def job(job_id: str, start: float, seconds: int, utilisation: int, memory: str) -> str:
+        span = f"{sacct_time(start)}|{sacct_time(start + seconds)}|{seconds}"
+        return (
+            f"{job_id}|COMPLETED|{span}|cpu=2,gres/gpu=1,mem=8G|0|\n"
+            f"{job_id}.0|COMPLETED|{span}|cpu=2|0|gres/gpumem={memory},gres/gpuutil={utilisation}\n"
+        )
+
+    jobs = parse_sacct(job("1", T0, 3600, 90, "1G") + job("2", T0 + 4000, 1800, 30, "3072M"), site)
+    pieces = [
+        piece(1, "1", T0, T0 + 3600, "Stopped: x", checkpoint_at=T0 + 3600),
+        piece(2, "2", T0 + 4000, T0 + 5800, "finished"),
+    ]
+    row = sum(costs(training_uses("r", pieces), jobs).values(), Cost()).as_row()
+    assert row["gpu_hours"] == pytest.approx(1.5)
+    assert row["gpu_utilisation_percent"] == pytest.approx((90 * 1 + 30 * 0.5) / 1.5, abs=0.1)
+    assert row["peak_gpu_memory_mb"] == 3072
+    untracked = parse_sacct(job("1", T0, 3600, 90, "1G"), TRACKING_GPUS)  # no gres/gpuutil in AccountingStorageTRES
+    (unrecorded,) = costs(training_uses("r", pieces[:1]), untracked).values()
+    assert unrecorded.gpu_hours == pytest.approx(1.0)
+    assert unrecorded.as_row()["gpu_utilisation_percent"] is None and unrecorded.peak_gpu_memory_mb is None

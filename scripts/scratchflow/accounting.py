@@ -98,6 +98,7 @@ def parse_sacct(text: str, site: Site) -> dict[str, list[JobRun]]:
         allocated = tres(job["AllocTRES"])
         longest = max(steps, key=lambda step: step[0])[1] if steps else {}
         energy = float(job["ConsumedEnergyRaw"] or 0)
+        used = site.gpu_utilisation
         jobs[job["JobIDRaw"]].append(
             JobRun(
                 job_id=job["JobIDRaw"],
@@ -109,8 +110,8 @@ def parse_sacct(text: str, site: Site) -> dict[str, list[JobRun]]:
                 gpus=int(allocated.get("gres/gpu", 0)) if site.gpus else None,
                 # Without an energy plugin sacct says 0: that is "not recorded", not no energy.
                 energy_joules=energy if site.energy and energy > 0 else None,
-                gpu_utilisation_percent=float(longest["gres/gpuutil"]) if "gres/gpuutil" in longest else None,
-                gpu_memory_mb=_megabytes(longest["gres/gpumem"]) if "gres/gpumem" in longest else None,
+                gpu_utilisation_percent=float(longest["gres/gpuutil"]) if used and "gres/gpuutil" in longest else None,
+                gpu_memory_mb=_megabytes(longest["gres/gpumem"]) if used and "gres/gpumem" in longest else None,
             )
         )
         steps.clear()
@@ -202,19 +203,30 @@ def predict_use(run_id: str, predict_record: dict[str, Any], threads: int) -> Us
 
 @dataclass
 class Cost:
-    """GPU-hours and CPU-hours (and the part of each lost to faults), and energy; None: not recorded."""
+    """GPU-hours and CPU-hours (and the part of each lost to faults), energy, and where the site
+    records them the GPUs' use (GPU-hours times utilisation) and peak memory; None: not recorded."""
 
     gpu_hours: float | None = 0.0
     lost_gpu_hours: float | None = 0.0
     cpu_hours: float = 0.0
     lost_cpu_hours: float = 0.0
     energy_kwh: float | None = 0.0
+    busy_gpu_hours: float | None = 0.0
+    peak_gpu_memory_mb: float | None = 0.0
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(**{name.name: _sum(getattr(self, name.name), getattr(other, name.name)) for name in fields(Cost)})
+        summed = {name.name: _sum(getattr(self, name.name), getattr(other, name.name)) for name in fields(Cost)}
+        peaks = (self.peak_gpu_memory_mb, other.peak_gpu_memory_mb)
+        return Cost(**{**summed, "peak_gpu_memory_mb": None if None in peaks else max(peaks)})
 
     def as_row(self) -> dict[str, float | None]:
-        return {name.name: _rounded(getattr(self, name.name)) for name in fields(Cost)}
+        """The tables' columns (COLUMNS): the GPUs' mean utilisation in place of their busy hours."""
+        row = {name.name: _rounded(getattr(self, name.name)) for name in fields(Cost)}
+        busy = row.pop("busy_gpu_hours")
+        used = busy is not None and bool(self.gpu_hours)
+        row["gpu_utilisation_percent"] = round(100 * self.busy_gpu_hours / self.gpu_hours, 1) if used else None
+        row["peak_gpu_memory_mb"] = row.pop("peak_gpu_memory_mb")
+        return row
 
 
 def _sum(a: float | None, b: float | None) -> float | None:
@@ -254,6 +266,10 @@ def costs(uses: list[Use], jobs: dict[str, list[JobRun]], now: float | None = No
                 cpu_hours=hours * job_run.cpus,
                 lost_cpu_hours=hours * job_run.cpus * lost,
                 energy_kwh=None if job_run.energy_joules is None else share * job_run.energy_joules / 3.6e6,
+                busy_gpu_hours=None
+                if gpu_hours is None or job_run.gpu_utilisation_percent is None
+                else gpu_hours * job_run.gpu_utilisation_percent / 100,
+                peak_gpu_memory_mb=job_run.gpu_memory_mb,
             )
     return result
 
@@ -280,6 +296,8 @@ def _local_cost(use: Use, now: float) -> Cost:
         cpu_hours=hours,
         lost_cpu_hours=hours * _lost_fraction(use, end),
         energy_kwh=None,
+        busy_gpu_hours=None,
+        peak_gpu_memory_mb=None,
     )
 
 
@@ -317,7 +335,15 @@ def described(cost: Cost, site: Site | None) -> str:
     return ", ".join(parts)
 
 
-COLUMNS = ("gpu_hours", "lost_gpu_hours", "cpu_hours", "lost_cpu_hours", "energy_kwh")
+COLUMNS = (
+    "gpu_hours",
+    "lost_gpu_hours",
+    "cpu_hours",
+    "lost_cpu_hours",
+    "energy_kwh",
+    "gpu_utilisation_percent",
+    "peak_gpu_memory_mb",
+)
 
 
 @dataclass
