@@ -10,9 +10,7 @@
 # - once the Slurm tests end (about 22 of the others' 27 minutes, 2026-11-26), a core is free:
 #   `after_slurm` (the config checks and the lab pipeline's tests, which start many Snakemakes and
 #   train little, and benchmarks/gpu.py's check on the CPU: 27 s alone, 1½ to 3 minutes beside the
-#   Slurm tests; about 4 minutes in all) runs beside what is left of the others, instead of in them,
-#   two at a time: when the others end (about a minute after the Slurm tests, 2026-11-26) both cores
-#   are busy to the end, not one (3:25 on one, 2:10 of it beside an idle core);
+#   Slurm tests; about 4 minutes in all) runs beside what is left of the others, instead of in them;
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
 #   go beside them says nothing (rsync 0.36 s against stage-in 0.89 s beside an image build).
 # Options (not test paths) go to every one.
@@ -41,7 +39,7 @@ SCRATCHFLOW_TEST_TRAINS_REFERENCES=1 "$python" -m pytest \
 others=$!
 "$python" -m pytest -n "$slurm_workers" --dist loadgroup --no-loadscope-reorder "${slurm_tests[@]}" "$@"
 slurm_status=$?
-"$python" -m pytest -n 2 "${after_slurm[@]}" "$@" >"$after_slurm_log" 2>&1 &
+"$python" -m pytest "${after_slurm[@]}" "$@" >"$after_slurm_log" 2>&1 &
 after=$!
 wait "$others"
 others_status=$?
