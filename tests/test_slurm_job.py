@@ -18,7 +18,9 @@ SHOWN = (
     [("1", "2026-11-26T17:15:04", True), ("1", "None", False), ("0", "2026-11-26T17:15:04", False)],
 )
 def test_a_job_is_preempted_and_requeueable_only_with_both_stamped(requeue, preempt_time, expected, monkeypatch):
-    monkeypatch.setattr(slurm_job, "_ask", lambda *command: SHOWN.format(requeue=requeue, preempt_time=preempt_time))
+    monkeypatch.setattr(
+        slurm_job, "ask_slurm", lambda *command: SHOWN.format(requeue=requeue, preempt_time=preempt_time)
+    )
     assert slurm_job.preempted_and_requeueable({"SLURM_JOB_ID": "7"}) is expected
 
 
@@ -41,5 +43,5 @@ def test_outside_slurm_or_without_its_clients_a_job_is_not_preempted(monkeypatch
     ],
 )
 def test_why_slurm_requeued_a_job_is_read_from_its_earlier_runs(states, cause, monkeypatch):
-    monkeypatch.setattr(slurm_job, "_ask", lambda *command: states)
+    monkeypatch.setattr(slurm_job, "ask_slurm", lambda *command: states)
     assert slurm_job.requeue_cause("7") == cause

@@ -10,7 +10,6 @@ site", never 0.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -18,18 +17,16 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from scratchflow.checkpoints import piece_time
+from scratchflow.slurm_job import ask_slurm
 
 SACCT_FIELDS = ("JobIDRaw", "State", "Start", "End", "ElapsedRaw", "AllocTRES", "ConsumedEnergyRaw", "TRESUsageInAve")
 NOT_RECORDED = "not recorded by this site"
 Ask = Callable[..., str | None]  # runs a Slurm command; its output, or None where it failed
 
 
-def ask_slurm(*command: str) -> str | None:
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+def ask_slurm_patiently(*command: str) -> str | None:
+    """slurm_job.ask_slurm, with time for one sacct of a large grid's jobs."""
+    return ask_slurm(*command, timeout=120)
 
 
 @dataclass(frozen=True)
@@ -131,7 +128,9 @@ def parse_sacct(text: str, site: Site) -> dict[str, list[JobRun]]:
     return dict(jobs)
 
 
-def slurm_accounting(job_ids: Iterable[str], ask: Ask = ask_slurm) -> tuple[dict[str, list[JobRun]], Site] | None:
+def slurm_accounting(
+    job_ids: Iterable[str], ask: Ask = ask_slurm_patiently
+) -> tuple[dict[str, list[JobRun]], Site] | None:
     """Every run of `job_ids` from one sacct query, and what the site records; None where there is
     no Slurm accounting to ask (a grid run without Slurm, sacct missing or failing)."""
     wanted = sorted(set(job_ids))
@@ -363,7 +362,7 @@ def grid_cost(
     pieces: dict[str, list[dict[str, Any]]],
     predictions: dict[str, tuple[dict[str, Any], int]],
     last_rung: int | None = None,
-    ask: Ask = ask_slurm,
+    ask: Ask = ask_slurm_patiently,
     now: float | None = None,
 ) -> GridCost:
     """`pieces`: each run's training pieces (its record's, or its last rung record's); `predictions`:

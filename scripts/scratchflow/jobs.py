@@ -301,8 +301,7 @@ def grid_cost_of(
     """What the grid's runs cost: the pieces of each run's record, and of a run a halving search
     stopped early, those of its last rung record; and each run's predict job."""
     pieces = {}
-    for path in sorted(rung_records, key=lambda path: read_json(path)["rung"]):
-        rung_record = read_json(path)
+    for rung_record in sorted((read_json(path) for path in rung_records), key=lambda record: record["rung"]):
         pieces[rung_record["run_id"]] = rung_record["pieces"]  # the later rung's list holds the earlier's
     pieces.update({run_id: record["pieces"] for run_id, record in records.items()})
     predictions = {}

@@ -26,9 +26,10 @@ log = logging.getLogger(__name__)
 REQUEUE_CAUSES = {"PREEMPTED": "preempted", "NODE_FAIL": "node failure"}
 
 
-def _ask(*command: str) -> str | None:
+def ask_slurm(*command: str, timeout: float = 30) -> str | None:
+    """A Slurm client's output, or None where it is missing, failed or timed out."""
     try:
-        answered = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        answered = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return answered.stdout if answered.returncode == 0 else None
@@ -38,7 +39,7 @@ def preempted_and_requeueable(environ: dict[str, str] | os._Environ = os.environ
     """Whether this job has been selected for preemption (`scontrol show job` stamps its PreemptTime)
     and was submitted requeueable."""
     job_id = environ.get("SLURM_JOB_ID")
-    shown = _ask("scontrol", "--oneliner", "show", "job", job_id) if job_id else None
+    shown = ask_slurm("scontrol", "--oneliner", "show", "job", job_id) if job_id else None
     if not shown:
         return False
     preempt_time = re.search(r"\bPreemptTime=(\S+)", shown)
@@ -61,7 +62,7 @@ def requeue_cause(job_id: str) -> str | None:
     where sacct lists an earlier run (`scontrol requeue`); None where it lists one run only, or cannot
     be asked: the same job id ran twice without a requeue (a workflow inside `salloc`, whose local
     retry runs in the allocation's job)."""
-    listed = _ask("sacct", "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", "State")
+    listed = ask_slurm("sacct", "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", "State")
     states = [line.split()[0] for line in (listed or "").splitlines() if line.strip()]
     cause = next((REQUEUE_CAUSES[state] for state in reversed(states) if state in REQUEUE_CAUSES), None)
     return cause or ("requeued" if len(states) > 1 else None)
