@@ -392,11 +392,12 @@ def slurm_workflow_env(slurm, env: dict[str, str] | None = None) -> dict[str, st
 
 
 def run_on_slurm(
-    slurm, workdir: Path, profile: str, env: dict[str, str], *arguments: str
+    slurm, workdir: Path, profile: str, env: dict[str, str], *arguments: str, pipeline: bool = False
 ) -> subprocess.CompletedProcess:
-    """`snakemake --profile profiles/<profile>` on the test cluster's login side, with the overlay."""
+    """`snakemake --profile profiles/<profile>` on the test cluster's login side, with the overlay.
+    With `pipeline`, `workdir` is a lab's pipeline, which runs its own Snakefile (slurm_workflow_command)."""
     return subprocess.run(
-        slurm_workflow_command(slurm, profile, *arguments),
+        slurm_workflow_command(slurm, profile, *arguments, pipeline=workdir if pipeline else None),
         cwd=workdir,
         env=slurm_workflow_env(slurm, env),
         stdout=subprocess.PIPE,
@@ -590,24 +591,29 @@ def uninterrupted_image_run(tmp_path_factory, animal_images, tiny_resnet) -> Pat
 
 def same_metrics(workdir: Path, reference: Path) -> bool:
     """Whether the one run of `workdir` ended with exactly the test metrics of `reference`'s."""
-    return metrics_of(workdir, reference) == metrics_of(reference, reference)
+    return metrics_of(workdir) == metrics_of(reference)
 
 
 def same_weights(workdir: Path, reference: Path, name: str) -> bool:
     """Whether the one run of `workdir` ended with exactly the weights of `reference`'s (a state dict
-    saved by torch, results/runs/<run>/model/<name>), tensor for tensor."""
+    saved by torch, results/runs/<run>/model/<name>), tensor for tensor. The runs' ids may differ
+    (a command task's program at another path)."""
     import torch
 
-    (run,) = (reference / "results" / "runs").iterdir()
-    mine = torch.load(workdir / "results" / "runs" / run.name / "model" / name)
-    theirs = torch.load(run / "model" / name)
+    mine = torch.load(one_run(workdir) / "model" / name)
+    theirs = torch.load(one_run(reference) / "model" / name)
     return mine.keys() == theirs.keys() and all(torch.equal(mine[key], theirs[key]) for key in theirs)
 
 
-def metrics_of(workdir: Path, reference: Path) -> str:
-    """The metrics.json of `reference`'s one run, as `workdir` holds it (an assertion message)."""
-    (run,) = (reference / "results" / "runs").iterdir()
-    return (workdir / "results" / "runs" / run.name / "metrics.json").read_text()
+def metrics_of(workdir: Path) -> str:
+    """The metrics.json of `workdir`'s one run (an assertion message)."""
+    return (one_run(workdir) / "metrics.json").read_text()
+
+
+def one_run(workdir: Path) -> Path:
+    """The results folder of the one run in `workdir`."""
+    (run,) = (workdir / "results" / "runs").iterdir()
+    return run
 
 
 # Scalars that time a piece: a resumed run's differ from an uninterrupted one's by nature.
@@ -722,15 +728,21 @@ def git(folder: Path, *args: str) -> str:
 
 def lab_pipeline(folder: Path, cluster: str, config: dict, source: Path = REPO, tag: str = "HEAD") -> Path:
     """A lab's pipeline as scripts/new_pipeline.py makes it (scratchflow from `source` at `tag`), with
-    the lab's own task (LAB_TASK) and `config` (its task set to it), committed."""
+    `config` and the lab's own code, committed: for a command task, its program (the command example)
+    as the repository's train.py, run from there; otherwise the lab's own task (LAB_TASK)."""
     from scratchflow.lab_pipeline import make_pipeline
 
     make_pipeline(folder, cluster, str(source), tag)
-    (folder / "ourlab").mkdir()
-    (folder / "ourlab" / "texts.py").write_text(LAB_TASK_SOURCE)
-    schema = REPO / "scripts" / "scratchflow" / "tasks" / "text_classification.schema.yaml"
-    shutil.copy(schema, folder / "ourlab" / "texts.schema.yaml")
-    write_config(folder, {**config, "task": LAB_TASK})
+    if config.get("task") == "command":
+        shutil.copy(COMMAND_EXAMPLE, folder / "train.py")
+        config = {**config, "training": {**config["training"], "command": ["python", "train.py"]}}
+    else:
+        (folder / "ourlab").mkdir()
+        (folder / "ourlab" / "texts.py").write_text(LAB_TASK_SOURCE)
+        schema = REPO / "scripts" / "scratchflow" / "tasks" / "text_classification.schema.yaml"
+        shutil.copy(schema, folder / "ourlab" / "texts.schema.yaml")
+        config = {**config, "task": LAB_TASK}
+    write_config(folder, config)
     git(folder, "add", "--all")
     git(folder, "commit", "--quiet", "--message", "Our pipeline")
     return folder

@@ -178,6 +178,13 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
         assert record["task"] == LAB_TASK and environment["scratchflow_version"] == __version__
         assert environment["pipeline_git"] == {"commit": git(tmp_path, "rev-parse", "HEAD"), "dirty": False}
         assert environment["git"]["commit"] == git(tmp_path / "scratchflow", "rev-parse", "HEAD")
+        # The lab's own `make status` (its Makefile's line; scratchflow's venv is this one) and report
+        status = slurm.run("make", "-C", str(tmp_path), "--old-file=setup", "status", f"PYTHON={sys.executable}")
+        assert "1 run: 1 finished" in status.stdout and " GPU-hours (" in status.stdout, status.stdout
+        reported = run_on_slurm(
+            slurm, tmp_path, profile, {"SBATCH_ACCOUNT": ACCOUNT}, "--report", "results/report.html", pipeline=True
+        )
+        assert reported.returncode == 0 and "Report created" in reported.stdout, reported.stdout[-3000:]
     if profile in CONTAINER_PROFILES:
         # Trained in the image, with its Python, not the host's; results on the mounted storage, ours.
         assert environment["container_image"] == str(scratchflow_image)

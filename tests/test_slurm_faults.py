@@ -28,7 +28,9 @@ from conftest import (
     USER,
     command_config,
     different_curves,
+    git,
     halving_search,
+    lab_pipeline,
     live_pieces,
     long_run,
     netscratch_directory,
@@ -46,6 +48,7 @@ from conftest import (
     two_node_config,
     write_config,
 )
+from scratchflow import __version__
 from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 
@@ -81,12 +84,18 @@ def configure_long_run(workdir: Path, data: Path, model: Path) -> dict:
 
 
 def start(
-    slurm, workdir: Path, *arguments: str, profile: str = PROFILE, env: dict[str, str] | None = None
+    slurm,
+    workdir: Path,
+    *arguments: str,
+    profile: str = PROFILE,
+    env: dict[str, str] | None = None,
+    pipeline: bool = False,
 ) -> subprocess.Popen:
-    """The profile's command in the background; its output goes to <workdir>.out."""
+    """The profile's command in the background (with `pipeline`, `workdir` is a lab's pipeline, run
+    with its own Snakefile and profile layer); its output goes to <workdir>.out."""
     output = open(workdir.with_suffix(".out"), "w")  # noqa: SIM115 (closed by finish)
     workflow = subprocess.Popen(
-        slurm_workflow_command(slurm, profile, *arguments),
+        slurm_workflow_command(slurm, profile, *arguments, pipeline=workdir if pipeline else None),
         cwd=workdir,
         env=slurm_workflow_env(slurm, env),
         stdout=output,
@@ -454,27 +463,40 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
     assert sorted(path.relative_to(run) for path in run.rglob("*")) == trained, "train results stay, no half result"
 
 
-def test_a_cancelled_command_task_is_paused_and_its_retry_resumes_to_the_same_result(
+def test_a_labs_own_program_cancelled_in_its_pipeline_is_paused_and_its_retry_resumes_to_the_same_result(
     slurm, tmp_path, bbc_subset, uninterrupted_command_run
 ):
-    """The lab's own program (config/examples/command/train.py) under scancel: the job passes SIGTERM
-    on, the program saves and exits, the piece is paused, the retry resumes to identical metrics."""
+    """A lab's pipeline (scripts/new_pipeline.py: scratchflow as its module, the lab's layer over the
+    edinburgh profile) whose command task runs the lab's own program from the lab's repository (the
+    command example as its train.py), under scancel: the job passes SIGTERM on, the program saves and
+    exits, the piece is paused, the retry resumes to identical metrics and weights. The record names
+    scratchflow's release, the pipeline's commit and the program's (the same repository); the lab's
+    `make status` says the run finished and what it cost by Slurm's accounting."""
     config = command_config(bbc_subset, scratch=None)
     del config["cluster"]
-    write_config(tmp_path, config)
-    workflow = start(slurm, tmp_path)
+    lab = lab_pipeline(tmp_path, PROFILE, config)
+    workflow = start(slurm, lab, pipeline=True)
     # It trains for seconds: cancelled at its first checkpoint on scratch, well before its last step
-    wait_until(lambda: checkpoint_on_scratch(tmp_path), workflow, tmp_path, "a first checkpoint on scratch")
-    (job,) = active_jobs(slurm, tmp_path, "train")
+    wait_until(lambda: checkpoint_on_scratch(lab), workflow, lab, "a first checkpoint on scratch")
+    (job,) = active_jobs(slurm, lab, "train")
     slurm.run("scancel", job)
 
-    returncode, output = finish(workflow, tmp_path)
+    returncode, output = finish(workflow, lab)
     assert returncode == 0, output[-6000:]
-    first, second = pieces_of(tmp_path)
+    first, second = pieces_of(lab)
     assert "stopped on SIGTERM at step" in first["outcome"] and "paused" in first["outcome"]
-    assert second["resumed_from_step"] == stopped_at(first, "SIGTERM", tmp_path) and second["outcome"] == "finished"
-    assert same_metrics(tmp_path, uninterrupted_command_run)
-    assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
+    assert second["resumed_from_step"] == stopped_at(first, "SIGTERM", lab) and second["outcome"] == "finished"
+    assert same_metrics(lab, uninterrupted_command_run)
+    assert same_weights(lab, uninterrupted_command_run, "model.pt")
+
+    (record,) = (json.loads(path.read_text()) for path in lab.glob("results/runs/*/record.json"))
+    pipeline_commit = {"commit": git(lab, "rev-parse", "HEAD"), "dirty": False}
+    assert record["environment"]["pipeline_git"] == record["training"]["program_git"] == pipeline_commit
+    assert record["environment"]["scratchflow_version"] == __version__
+    # The lab's own `make status` (its Makefile's line; scratchflow's venv is this one)
+    status = slurm.run("make", "-C", str(lab), "--old-file=setup", "status", f"PYTHON={sys.executable}").stdout
+    assert "1 run: 1 finished" in status, status
+    assert re.search(r"spent so far: [0-9.e-]+ GPU-hours \(\d+% lost to faults\)", status), status
 
 
 def checkpoint_on_scratch(workdir: Path) -> bool:
