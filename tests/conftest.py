@@ -444,10 +444,47 @@ def live_pieces(workdir: Path) -> list[dict]:
     return []
 
 
+# The tools' own options that slow them, by which the tests also find a slowed copy.
+SLOWING = ("--bwlimit=40", "--checkpoint-action=sleep=1")
+SLOWED_RSYNC = """#!/bin/sh
+# The real rsync; slowed while the flag file exists and the copy goes into a path matching the
+# shell pattern the file holds.
+for last; do :; done
+if [ -e "$SLOW_COPIES_WHILE" ]; then
+    into=$(cat "$SLOW_COPIES_WHILE")
+    case "$last" in $into) exec {rsync} {slowing[0]} "$@";; esac
+fi
+exec {rsync} "$@"
+"""
+SLOWED_TAR = """#!/bin/sh
+# The real tar; an extraction slowed (a pause every record) while the flag file holds "staging".
+if [ -e "$SLOW_COPIES_WHILE" ] && [ "$(cat "$SLOW_COPIES_WHILE")" = staging ]; then
+    case " $* " in *" --extract "*) exec {tar} --checkpoint=1 {slowing[1]} "$@";; esac
+fi
+exec {tar} "$@"
+"""
+
+
+def slowed_tools(workdir: Path, copies_into: str) -> tuple[dict[str, str], Path]:
+    """The environment (for a local run, or a Slurm job, which inherits it) that slows rsync's copies
+    into paths matching `copies_into` (a shell pattern), or tar's extractions for "staging", while the
+    returned flag file exists (it does at first, holding `copies_into`: write another there to slow
+    other copies)."""
+    tools = workdir / "slowed-tools"
+    tools.mkdir()
+    for name, script in (("rsync", SLOWED_RSYNC), ("tar", SLOWED_TAR)):
+        real = subprocess.run(["which", name], capture_output=True, text=True, check=True).stdout.strip()
+        (tools / name).write_text(script.format(slowing=SLOWING, **{name: real}))
+        (tools / name).chmod(0o755)
+    flag = workdir / "slow-copies"
+    flag.write_text(copies_into)
+    return {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}", "SLOW_COPIES_WHILE": str(flag)}, flag
+
+
 def processes_in(workdir: Path, pattern: str) -> dict[int, dict[str, str]]:
     """pid -> environment of the processes whose command line matches `pattern` (pgrep -f) and
     that run in `workdir`."""
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
     processes = {}
     for pid in map(int, found.stdout.split()):
         try:

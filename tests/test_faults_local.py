@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    SLOWING,
     command_config,
     image_config,
     job_process,
@@ -31,6 +32,7 @@ from conftest import (
     run_workflow,
     same_results,
     same_weights,
+    slowed_tools,
     start_workflow,
     write_config,
 )
@@ -40,39 +42,6 @@ from scratchflow.files import NoSpace
 from scratchflow.processes import StopForwarder, child_pids, run_program
 
 pytestmark = pytest.mark.slow
-
-# The tools' own options that slow them, by which the tests also find a slowed copy.
-SLOWING = ("--bwlimit=40", "--checkpoint-action=sleep=1")
-SLOWED_RSYNC = """#!/bin/sh
-# The real rsync; slowed while the flag file exists and the copy goes into a path matching the pattern.
-for last; do :; done
-if [ -e "$SLOW_COPIES_WHILE" ]; then
-    case "$last" in $SLOW_COPIES_INTO) exec {rsync} {slowing[0]} "$@";; esac
-fi
-exec {rsync} "$@"
-"""
-SLOWED_TAR = """#!/bin/sh
-# The real tar; an extraction slowed (a pause every record) while the flag file exists.
-if [ -e "$SLOW_COPIES_WHILE" ] && [ "$SLOW_COPIES_INTO" = staging ]; then
-    case " $* " in *" --extract "*) exec {tar} --checkpoint=1 {slowing[1]} "$@";; esac
-fi
-exec {tar} "$@"
-"""
-
-
-def slowed_tools(workdir: Path, copies_into: str) -> tuple[dict[str, str], Path]:
-    """The environment that slows rsync copies into paths matching `copies_into` (a shell pattern),
-    or tar's extractions for "staging", while the returned flag file exists (it does at first)."""
-    tools = workdir / "slowed-tools"
-    tools.mkdir()
-    for name, script in (("rsync", SLOWED_RSYNC), ("tar", SLOWED_TAR)):
-        real = subprocess.run(["which", name], capture_output=True, text=True, check=True).stdout.strip()
-        (tools / name).write_text(script.format(slowing=SLOWING, **{name: real}))
-        (tools / name).chmod(0o755)
-    flag = workdir / "slow-copies"
-    flag.touch()
-    path = f"{tools}{os.pathsep}{os.environ['PATH']}"
-    return {"PATH": path, "SLOW_COPIES_WHILE": str(flag), "SLOW_COPIES_INTO": copies_into}, flag
 
 
 def job_tree(pid: int) -> list[int]:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from conftest import (
     REPO,
+    SLOWING,
     USER,
     command_config,
     different_curves,
@@ -42,6 +43,7 @@ from conftest import (
     same_weights,
     sbatch_lines,
     scratch_named_in_logs,
+    slowed_tools,
     slurm_workflow_command,
     slurm_workflow_env,
     switched_profile,
@@ -519,22 +521,10 @@ def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_th
     job resumes, spending no retry, and the run ends with the uninterrupted run's results, byte for
     byte."""
     configure_long_run(tmp_path, bbc_subset, tiny_model)
-    profile = switched_profile(
-        "edinburgh-preemptible.yaml", tmp_path / "profile", {"partition: preemptible": f"partition: {partition}"}
-    )
-    # Most of a node's memory, so that the urgent job, asking as much, fits there only without it.
-    memory_mb = 400_000
-    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
-    settings["set-resources"]["train"]["mem_mb"] = memory_mb
-    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
+    profile = preemptible_profile(tmp_path / "profile", partition)
     workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile))
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
-    (job,) = active_jobs(slurm, tmp_path, "train")
-    (node,) = slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.split()
-    urgent = ["-p", "urgent", "-w", node, f"--mem={memory_mb}M", "-D", str(tmp_path), "-o", "/dev/null"]
-    slurm.run("sbatch", *urgent, "--wrap", "sleep 1")
-
-    wait_until(lambda: pending_again(slurm, job), workflow, tmp_path, "the preempted job to be requeued")
+    job = preempt_the_training(slurm, workflow, tmp_path)
     status = grid_status(slurm, tmp_path)
     assert "stopped on SIGTERM at step" in status and "(preempted: Slurm requeued its job)" in status, status
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
@@ -546,6 +536,72 @@ def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_th
     assert resumed["resumed_from_step"] == stopped_at(preempted, "SIGTERM", tmp_path) > 0
     assert same_results(tmp_path, uninterrupted_long_run) == []
     assert_the_cost_is_sacct_s(slurm, tmp_path, "runs.tsv")  # both runs of the requeued job
+
+
+def test_a_job_preempted_while_staging_in_and_again_while_syncing_back_loses_nothing(
+    slurm, tmp_path, bbc_subset, uninterrupted_command_run
+):
+    """Preemption at the two moments a job copies rather than trains (the preemptible switch, its
+    GraceTime=120, the command task): a higher-tier job takes the node while tar extracts the data
+    into node-local scratch, and, once the requeued job has trained, again while rsync copies the
+    trained model back to results/ (each copy slowed by the tool's own option, so that the moment can
+    be caught; Slurm's SIGTERM reaches tar and rsync as every process of the job). The first piece
+    pauses before training, recorded preempted, and its job is requeued, spending no retry; the
+    model's copy cut short is made again, never put in place as whole, and the run ends finished with
+    the uninterrupted run's metrics and weights."""
+    config = command_config(bbc_subset, scratch=None)
+    del config["cluster"]
+    write_config(tmp_path, config)
+    profile = preemptible_profile(tmp_path / "profile", "preemptible")
+    env, flag = slowed_tools(tmp_path, "staging")
+    workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile), env=env)
+    wait_until(lambda: processes_in(tmp_path, SLOWING[1]), workflow, tmp_path, "tar's slowed extraction")
+    flag.write_text("*results/runs/*/.model.partial*")  # from now on, the sync back is slowed
+    job = preempt_the_training(slurm, workflow, tmp_path)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
+    wait_until(lambda: processes_in(tmp_path, SLOWING[0]), workflow, tmp_path, "rsync's slowed sync back")
+    preempt_the_training(slurm, workflow, tmp_path, requeued=False)
+    flag.unlink()  # the copy made again runs at full speed
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+
+    staging, syncing = pieces_of(tmp_path)
+    assert staging["outcome"].startswith("TrainingStopped: stopped on SIGTERM while staging the data in"), staging
+    assert staging["requeued"] == "preempted" and staging["slurm_job_id"] == syncing["slurm_job_id"] == job
+    assert syncing["resumed_from_step"] is None and syncing["outcome"] == "finished"
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert "is not whole" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text(), "rsync was cut short"
+    assert not [path for path in run.iterdir() if path.name.startswith(".")], "no partial copy left"
+    assert same_metrics(tmp_path, uninterrupted_command_run)
+    assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
+
+
+def preemptible_profile(folder: Path, partition: str) -> Path:
+    """The edinburgh profile with the README's preemptible switch, on `partition`, its train jobs
+    asking for PREEMPTIBLE_MEMORY_MB."""
+    profile = switched_profile(
+        "edinburgh-preemptible.yaml", folder, {"partition: preemptible": f"partition: {partition}"}
+    )
+    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
+    settings["set-resources"]["train"]["mem_mb"] = PREEMPTIBLE_MEMORY_MB
+    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
+    return profile
+
+
+# Most of a node's memory, so that the urgent job, asking as much, fits there only without the training.
+PREEMPTIBLE_MEMORY_MB = 400_000
+
+
+def preempt_the_training(slurm, workflow: subprocess.Popen, workdir: Path, requeued: bool = True) -> str:
+    """A job of the higher tier `urgent` that needs the node of the (only) train job of `workdir`,
+    which Slurm then preempts; waits for that job to be requeued unless not `requeued`. Its id."""
+    (job,) = active_jobs(slurm, workdir, "train")
+    (node,) = slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.split()
+    urgent = ["-p", "urgent", "-w", node, f"--mem={PREEMPTIBLE_MEMORY_MB}M", "-D", str(workdir), "-o", "/dev/null"]
+    slurm.run("sbatch", *urgent, "--wrap", "sleep 1")
+    if requeued:
+        wait_until(lambda: pending_again(slurm, job), workflow, workdir, "the preempted job to be requeued")
+    return job
 
 
 def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
