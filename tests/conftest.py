@@ -478,7 +478,7 @@ def slowed_tools(workdir: Path, copies_into: str) -> tuple[dict[str, str], Path]
         (tools / name).chmod(0o755)
     flag = workdir / "slow-copies"
     flag.write_text(copies_into)
-    return {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}", "SLOW_COPIES_WHILE": str(flag)}, flag
+    return {"PATH": f"{tools}{os.pathsep}{workflow_env()['PATH']}", "SLOW_COPIES_WHILE": str(flag)}, flag
 
 
 def processes_in(workdir: Path, pattern: str) -> dict[int, dict[str, str]]:
