@@ -484,17 +484,37 @@ def slowed_tools(workdir: Path, copies_into: str) -> tuple[dict[str, str], Path]
 def processes_in(workdir: Path, pattern: str) -> dict[int, dict[str, str]]:
     """pid -> environment of the processes whose command line matches `pattern` (pgrep -f) and
     that run in `workdir`."""
+    return {
+        pid: environment
+        for pid, environment in processes_matching(pattern).items()
+        if _working_directory(pid) == workdir.resolve()
+    }
+
+
+def processes_matching(pattern: str) -> dict[int, dict[str, str]]:
+    """pid -> environment of the processes whose command line matches `pattern` (pgrep -f)."""
     found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
     processes = {}
     for pid in map(int, found.stdout.split()):
         try:
-            if Path(f"/proc/{pid}/cwd").resolve() != workdir.resolve():
-                continue
             listed = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
         except OSError:  # ended meanwhile
             continue
         processes[pid] = dict(line.split("=", 1) for line in listed if "=" in line)
     return processes
+
+
+def _working_directory(pid: int) -> Path | None:
+    try:
+        return Path(f"/proc/{pid}/cwd").resolve(strict=True)
+    except OSError:  # ended meanwhile
+        return None
+
+
+def slowed_copy_running(flag: Path, option: str) -> bool:
+    """Whether a tool slowed by `option` (one of SLOWING) runs under the flag file `flag` of
+    slowed_tools (rsync works in the folders it copies, so its working directory says nothing)."""
+    return any(env.get("SLOW_COPIES_WHILE") == str(flag) for env in processes_matching(option).values())
 
 
 @pytest.fixture

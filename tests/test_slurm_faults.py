@@ -43,6 +43,7 @@ from conftest import (
     same_weights,
     sbatch_lines,
     scratch_named_in_logs,
+    slowed_copy_running,
     slowed_tools,
     slurm_workflow_command,
     slurm_workflow_env,
@@ -555,11 +556,11 @@ def test_a_job_preempted_while_staging_in_and_again_while_syncing_back_loses_not
     profile = preemptible_profile(tmp_path / "profile", "preemptible")
     env, flag = slowed_tools(tmp_path, "staging")
     workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile), env=env)
-    wait_until(lambda: processes_in(tmp_path, SLOWING[1]), workflow, tmp_path, "tar's slowed extraction")
+    wait_until(lambda: slowed_copy_running(flag, SLOWING[1]), workflow, tmp_path, "tar's slowed extraction")
     flag.write_text("*results/runs/*/.model.partial*")  # from now on, the sync back is slowed
     job = preempt_the_training(slurm, workflow, tmp_path)
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
-    wait_until(lambda: processes_in(tmp_path, SLOWING[0]), workflow, tmp_path, "rsync's slowed sync back")
+    wait_until(lambda: slowed_copy_running(flag, SLOWING[0]), workflow, tmp_path, "rsync's slowed sync back")
     preempt_the_training(slurm, workflow, tmp_path, requeued=False)
     flag.unlink()  # the copy made again runs at full speed
     returncode, output = finish(workflow, tmp_path)
