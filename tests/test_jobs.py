@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
@@ -123,3 +125,20 @@ def test_the_stop_file_is_written_by_several_processes_at_once_without_failing(t
     ]
     assert [process.wait() for process in writers] == [0, 0, 0]
     assert [path.name for path in tmp_path.iterdir()] == ["stop-requested"]
+
+
+def test_a_sigterm_while_the_model_is_copied_back_pauses_the_piece_and_the_stop_signal_does_not(tmp_path):
+    """SIGTERM during the sync back (a scancel, a preemption, the time limit): the job is ending, and
+    on Slurm the job step's Snakemake, which had it too, fails the job and removes its outputs; so
+    the piece pauses instead of recording a run that would be removed. The stop signal (the warning
+    before the wall time, with time left) does not end the job: the run is recorded."""
+    from scratchflow.jobs import paused_if_terminated_while_syncing
+    from scratchflow.signals import STOP_FILE_NAME, write_stop_file
+    from scratchflow.tasks import TrainingStopped
+
+    paused_if_terminated_while_syncing(tmp_path)  # no stop at all
+    write_stop_file(tmp_path / STOP_FILE_NAME, "SIGUSR1")
+    paused_if_terminated_while_syncing(tmp_path)
+    write_stop_file(tmp_path / STOP_FILE_NAME, "SIGTERM")
+    with pytest.raises(TrainingStopped, match="^stopped on SIGTERM while copying the trained model back, after"):
+        paused_if_terminated_while_syncing(tmp_path)

@@ -547,9 +547,11 @@ def test_a_job_preempted_while_staging_in_and_again_while_syncing_back_loses_not
     into node-local scratch, and, once the requeued job has trained, again while rsync copies the
     trained model back to results/ (each copy slowed by the tool's own option, so that the moment can
     be caught; Slurm's SIGTERM reaches tar and rsync as every process of the job). The first piece
-    pauses before training, recorded preempted, and its job is requeued, spending no retry; the
-    model's copy cut short is made again, never put in place as whole, and the run ends finished with
-    the uninterrupted run's metrics and weights."""
+    pauses before training; the second makes the copy cut short again, whole, and pauses (the job
+    step's Snakemake, which had the SIGTERM too, fails the job and removes its outputs whatever the
+    script does: before, that spent a retry and the job was not requeued); each is recorded
+    preempted and requeues its job under its id, spending no retry; the third resumes from the final
+    checkpoint, trains nothing, and the run ends with the uninterrupted run's metrics and weights."""
     config = command_config(bbc_subset, scratch=None)
     del config["cluster"]
     write_config(tmp_path, config)
@@ -561,17 +563,20 @@ def test_a_job_preempted_while_staging_in_and_again_while_syncing_back_loses_not
     job = preempt_the_training(slurm, workflow, tmp_path)
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
     wait_until(lambda: slowed_copy_running(flag, SLOWING[0]), workflow, tmp_path, "rsync's slowed sync back")
-    preempt_the_training(slurm, workflow, tmp_path, requeued=False)
     flag.unlink()  # the copy made again runs at full speed
+    preempt_the_training(slurm, workflow, tmp_path)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
 
-    staging, syncing = pieces_of(tmp_path)
+    staging, syncing, last = pieces_of(tmp_path)
     assert staging["outcome"].startswith("TrainingStopped: stopped on SIGTERM while staging the data in"), staging
-    assert staging["requeued"] == "preempted" and staging["slurm_job_id"] == syncing["slurm_job_id"] == job
-    assert syncing["resumed_from_step"] is None and syncing["outcome"] == "finished"
+    assert syncing["outcome"].startswith("TrainingStopped: stopped on SIGTERM while copying the trained model back")
+    assert "is not whole" in (tmp_path / syncing["log"]).read_text(), "rsync was cut short"
+    assert staging["requeued"] == syncing["requeued"] == "preempted"
+    assert staging["slurm_job_id"] == syncing["slurm_job_id"] == last["slurm_job_id"] == job, "no retry spent"
+    assert last["resumed_from_step"] == syncing["reached_step"] > 0 and last["outcome"] == "finished"
     (run,) = (tmp_path / "results" / "runs").iterdir()
-    assert "is not whole" in (tmp_path / "logs" / "train" / f"{run.name}.log").read_text(), "rsync was cut short"
     assert not [path for path in run.iterdir() if path.name.startswith(".")], "no partial copy left"
     assert same_metrics(tmp_path, uninterrupted_command_run)
     assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
@@ -593,15 +598,14 @@ def preemptible_profile(folder: Path, partition: str) -> Path:
 PREEMPTIBLE_MEMORY_MB = 400_000
 
 
-def preempt_the_training(slurm, workflow: subprocess.Popen, workdir: Path, requeued: bool = True) -> str:
+def preempt_the_training(slurm, workflow: subprocess.Popen, workdir: Path) -> str:
     """A job of the higher tier `urgent` that needs the node of the (only) train job of `workdir`,
-    which Slurm then preempts; waits for that job to be requeued unless not `requeued`. Its id."""
+    which Slurm then preempts; waits for that job to be requeued. Its id."""
     (job,) = active_jobs(slurm, workdir, "train")
     (node,) = slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.split()
     urgent = ["-p", "urgent", "-w", node, f"--mem={PREEMPTIBLE_MEMORY_MB}M", "-D", str(workdir), "-o", "/dev/null"]
     slurm.run("sbatch", *urgent, "--wrap", "sleep 1")
-    if requeued:
-        wait_until(lambda: pending_again(slurm, job), workflow, workdir, "the preempted job to be requeued")
+    wait_until(lambda: pending_again(slurm, job), workflow, workdir, "the preempted job to be requeued")
     return job
 
 

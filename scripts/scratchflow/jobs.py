@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -224,6 +225,7 @@ def train_job(job: TrainJob) -> None:
             with timer.phase("sync"):
                 copy_whole(trained.output, job.model_out)
                 write_json_atomically(params, job.params_out)
+            paused_if_terminated_while_syncing(scratch)
     if job.rung is not None:
         halving.write_rung_record(job.run_id, params, job.rung, trained.metrics, run.pieces(), timer.seconds)
         return
@@ -261,6 +263,21 @@ def staged_or_paused(job: TrainJob, scratch: Path, newest: Path | None) -> Path:
             f"the next attempt {f'resumes from {newest.name}' if newest else 'starts from the beginning'}"
         )
     return staged
+
+
+def paused_if_terminated_while_syncing(scratch: Path) -> None:
+    """A SIGTERM that came while the trained model was copied back (a scancel, a preemption, the
+    time limit) ends the job as a pause, once the copy is whole. The job is ending: on Slurm the job
+    step's Snakemake had the SIGTERM too, and fails the job and removes its outputs whatever the
+    rule's script does. Paused (and, when preempted, requeued), the next piece resumes from the final
+    checkpoint, trains nothing, and records the run. The stop signal, a warning with time left, ends
+    nothing: that run is recorded now."""
+    stop_file = scratch / signals.STOP_FILE_NAME
+    if stop_file.exists() and stop_file.read_text() == signal.Signals.SIGTERM.name:
+        raise TrainingStopped(
+            "stopped on SIGTERM while copying the trained model back, after training, and paused; the "
+            "next attempt resumes from the final checkpoint and only copies it back"
+        )
 
 
 @contextlib.contextmanager
