@@ -140,5 +140,5 @@ def test_a_sigterm_while_the_model_is_copied_back_pauses_the_piece_and_the_stop_
     write_stop_file(tmp_path / STOP_FILE_NAME, "SIGUSR1")
     paused_if_terminated_while_syncing(tmp_path)
     write_stop_file(tmp_path / STOP_FILE_NAME, "SIGTERM")
-    with pytest.raises(TrainingStopped, match="^stopped on SIGTERM while copying the trained model back, after"):
+    with pytest.raises(TrainingStopped, match=r"^stopped on SIGTERM while copying the trained model back, after"):
         paused_if_terminated_while_syncing(tmp_path)
