@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scratchflow.lab_pipeline import CLUSTERS, default_source, default_tag, make_pipeline
+from scratchflow.lab_pipeline import CLUSTERS, PipelineError, default_source, default_tag, make_pipeline
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("folder", type=Path)
@@ -21,7 +21,10 @@ parser.add_argument("--cluster", required=True, choices=CLUSTERS)
 parser.add_argument("--source", default=default_source(), help="scratchflow's repository (default: %(default)s)")
 parser.add_argument("--tag", default=default_tag(), help="the release to pin (default: %(default)s)")
 arguments = parser.parse_args()
-make_pipeline(arguments.folder, arguments.cluster, arguments.source, arguments.tag)
+try:
+    make_pipeline(arguments.folder, arguments.cluster, arguments.source, arguments.tag)
+except PipelineError as error:
+    sys.exit(f"new_pipeline.py: {error}")
 print(
     f"{arguments.folder}: a pipeline on scratchflow {arguments.tag}. Next:\n"
     f"  cd {arguments.folder} && git commit -m 'Our pipeline on scratchflow {arguments.tag}' && make run"

@@ -84,7 +84,13 @@ def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_th
         planned = subprocess.run(["make", "-n", target], cwd=lab, capture_output=True, text=True)
         assert planned.returncode == 0 and "Nothing to be done" not in planned.stdout, (target, planned.stderr)
     refused = new_pipeline(lab, releases, "--cluster", "narval")
-    assert refused.returncode != 0 and "is not empty" in refused.stderr
+    assert refused.stderr == f"new_pipeline.py: {lab} is not empty: a new pipeline needs a folder of its own\n"
+    untagged = new_pipeline(tmp_path / "elsewhere", releases, "--cluster", "narval", "--tag", "v0.0.9")
+    assert untagged.returncode != 0 and not (tmp_path / "elsewhere").exists(), "nothing left behind"
+    assert untagged.stderr == (
+        f"new_pipeline.py: {releases} has no tag or commit 'v0.0.9' (its releases: {NEXT_RELEASE}, {RELEASE}); "
+        "give --tag a release's tag or a commit\n"
+    )
 
 
 def test_a_pipeline_plans_its_own_task_through_the_module(lab):

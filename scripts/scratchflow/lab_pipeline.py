@@ -102,8 +102,8 @@ Our tasks live beside the Snakefile as Python modules (`task: ourlab.segmentatio
 """
 
 
-class PipelineExists(RuntimeError):
-    """The folder to make a pipeline in is not empty."""
+class PipelineError(RuntimeError):
+    """A pipeline that cannot be made as asked: said in one line, nothing left behind."""
 
 
 def git(folder: Path, *args: str) -> str:
@@ -114,14 +114,18 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str) -> None:
     """A lab's repository in `folder`: git, scratchflow from `source` (a repository's URL or path) as
     the submodule at `tag`, and the lab's own files, staged for its first commit."""
     if cluster not in CLUSTERS:
-        raise ValueError(f"--cluster {cluster!r}: one of {', '.join(CLUSTERS)}")
+        raise PipelineError(f"--cluster {cluster!r}: one of {', '.join(CLUSTERS)}")
     if folder.exists() and any(folder.iterdir()):
-        raise PipelineExists(f"{folder} is not empty: a new pipeline needs a folder of its own")
+        raise PipelineError(f"{folder} is not empty: a new pipeline needs a folder of its own")
     folder.mkdir(parents=True, exist_ok=True)
-    git(folder, "init", "--quiet")
-    # A path as the source is a local repository, which git refuses to clone for a submodule unless told.
-    git(folder, "-c", "protocol.file.allow=always", "submodule", "--quiet", "add", source, SUBMODULE)
-    git(folder / SUBMODULE, "checkout", "--quiet", tag)
+    try:
+        git(folder, "init", "--quiet")
+        # A path as the source is a local repository, which git refuses to clone for a submodule unless told.
+        git(folder, "-c", "protocol.file.allow=always", "submodule", "--quiet", "add", source, SUBMODULE)
+        pin(folder / SUBMODULE, source, tag)
+    except BaseException:
+        shutil.rmtree(folder)  # it was empty: a second try starts clean
+        raise
     fields = {"name": folder.resolve().name, "submodule": SUBMODULE, "cluster": cluster, "version": tag}
     files = {
         "Snakefile": HOST_SNAKEFILE,
@@ -136,6 +140,18 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str) -> None:
     (folder / "config").mkdir()
     shutil.copy(SCRATCHFLOW_DIR / "config" / "config.yaml", folder / "config" / "config.yaml")
     git(folder, "add", "--all")
+
+
+def pin(checkout: Path, source: str, tag: str) -> None:
+    """Check scratchflow's `checkout` out at `tag` (a release's tag, or any commit)."""
+    try:
+        git(checkout, "checkout", "--quiet", tag)
+    except subprocess.CalledProcessError:
+        releases = git(checkout, "tag", "--list", "v*", "--sort=-v:refname").split()
+        raise PipelineError(
+            f"{source} has no tag or commit {tag!r} (its releases: {', '.join(releases) or 'none tagged'}); "
+            "give --tag a release's tag or a commit"
+        ) from None
 
 
 def default_source() -> str:
