@@ -510,19 +510,17 @@ def checkpoint_on_scratch(workdir: Path) -> bool:
         return False
 
 
-@pytest.mark.parametrize("partition", ["preemptible", "preemptible-nograce"])
 def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_the_same_results(
-    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run, partition
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
     """The README's preemptible switch (config/tests/profiles/edinburgh-preemptible.yaml) on the test
-    cluster's preemptible partitions (PreemptMode=REQUEUE; GraceTime=120, where the job, done saving
-    within it, requeues itself, or GraceTime=0, where Slurm requeues it at once): a job of the higher
-    tier `urgent` that needs the training's node preempts it for real. The training saves on SIGTERM
-    and stops; the job is requeued under the same id; the status says the piece was preempted; the
-    job resumes, spending no retry, and the run ends with the uninterrupted run's results, byte for
-    byte."""
+    cluster's preemptible partition (PreemptMode=REQUEUE, GraceTime=120, within which the job, done
+    saving, requeues itself): a job of the higher tier `urgent` that needs the training's node
+    preempts it for real. The training saves on SIGTERM and stops; the job is requeued under the same
+    id; the status says the piece was preempted; the job resumes, spending no retry, and the run ends
+    with the uninterrupted run's results, byte for byte."""
     configure_long_run(tmp_path, bbc_subset, tiny_model)
-    profile = preemptible_profile(tmp_path / "profile", partition)
+    profile = preemptible_profile(tmp_path / "profile", "preemptible")
     workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile))
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     job = preempt_the_training(slurm, workflow, tmp_path)
@@ -537,6 +535,41 @@ def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_th
     assert resumed["resumed_from_step"] == stopped_at(preempted, "SIGTERM", tmp_path) > 0
     assert same_results(tmp_path, uninterrupted_long_run) == []
     assert_the_cost_is_sacct_s(slurm, tmp_path, "runs.tsv")  # both runs of the requeued job
+
+
+def test_a_preemption_with_no_grace_time_to_save_in_resumes_from_the_checkpoint_before(
+    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    """A grace time too short to save: the preemptible partition without one (GraceTime=0: SIGTERM,
+    then SIGKILL after the cluster's KillWait, 30 s), and a checkpoint whose copy to shared storage
+    takes longer than that (rsync slowed by its own --bwlimit once the first checkpoint is there).
+    The copy is cut by SIGKILL, its partial left hidden; Slurm requeues the job under its id; the
+    next piece removes the partial, resumes from the newest whole checkpoint, the one before, spending
+    no retry; the lost piece is recorded killed, preempted; the run ends with the uninterrupted run's
+    results, byte for byte."""
+    configure_long_run(tmp_path, bbc_subset, tiny_model)
+    profile = preemptible_profile(tmp_path / "profile", "preemptible-nograce")
+    env, flag = slowed_tools(tmp_path, "(no copy yet)")
+    workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile), env=env)
+    checkpoints = wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
+    flag.write_text("*checkpoints/*/.checkpoint-*")  # each copy of a checkpoint now takes over a minute
+    wait_until(lambda: slowed_copy_running(flag, SLOWING[0]), workflow, tmp_path, "a slowed checkpoint copy")
+    job = preempt_the_training(slurm, workflow, tmp_path)
+    flag.unlink()
+    whole = newest_complete_checkpoint(checkpoints, TRAINER_CHECKPOINT_MARKER)
+    assert [path.name for path in checkpoints.glob(".checkpoint-*.partial*")], "the SIGKILL cut a copy"
+    status = grid_status(slurm, tmp_path)
+    assert "was killed (preempted: Slurm requeued its job)" in status, status
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
+    returncode, output = finish(workflow, tmp_path)
+    assert returncode == 0, output[-6000:]
+
+    killed, resumed = pieces_of(tmp_path)
+    assert killed["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
+    assert (killed["outcome"], killed["requeued"]) == ("killed", "preempted")
+    assert resumed["resumed_from_step"] == int(whole.name.split("-")[1]) > 0
+    assert not [path.name for path in checkpoints.iterdir() if path.name.startswith(".")], "the partial removed"
+    assert same_results(tmp_path, uninterrupted_long_run) == []
 
 
 def test_a_job_preempted_while_staging_in_and_again_while_syncing_back_loses_nothing(
