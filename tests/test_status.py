@@ -300,17 +300,32 @@ def test_a_stopped_or_killed_piece_points_at_its_own_log(tmp_path):
 
 def test_a_piece_whose_job_slurm_requeued_is_told_preempted_or_its_node_lost(tmp_path, monkeypatch):
     """A preempted job waits in the queue under its own id (sacct says why) until its next piece
-    starts; a job that lost its node is recorded so by its next piece."""
-    monkeypatch.setattr("scratchflow.status.requeue_cause", lambda job_id: {"102": "preempted"}[job_id])
+    starts, whether its piece saved or was killed before it could (its record still says running,
+    its job holds the run: before, that read "trains"); a job that lost its node is recorded so by
+    its next piece."""
+    causes = {"102": "preempted", "104": "preempted"}
+    monkeypatch.setattr("scratchflow.status.requeue_cause", lambda job_id: causes[job_id])
     now = time.time()
-    write_grid(tmp_path, {"preempted0": {}, "nodefail00": {}}, "accuracy", "max", "slurm")
+    write_grid(tmp_path, {"preempted0": {}, "nodefail00": {}, "cutshort00": {}}, "accuracy", "max", "slurm")
     stopped = "TrainingStopped: stopped on SIGTERM at step 40 and paused; saved"
     write(tmp_path / "checkpoints" / "preempted0" / "pieces.json", [{**piece(1, stopped, now), "slurm_job_id": "102"}])
     checkpoint(tmp_path / "checkpoints" / "preempted0" / "checkpoint-40")
     lost = {**piece(1, "killed", now), "slurm_job_id": "103", "requeued": "node failure"}
     write(tmp_path / "checkpoints" / "nodefail00" / "pieces.json", [lost])
-    jobs = {("train", "preempted0"): SlurmJob("102", "PENDING", "BeginTime", "")}
+    cut_short = tmp_path / "checkpoints" / "cutshort00"
+    write(cut_short / "pieces.json", [{**piece(1, "running", now), "slurm_job_id": "104"}])
+    write(cut_short / "running.json", {"slurm_job_id": "104", "host": "n1", "pid": 7})
+    checkpoint(cut_short / "checkpoint-20")
+    jobs = {
+        ("train", "preempted0"): SlurmJob("102", "PENDING", "BeginTime", ""),
+        ("train", "cutshort00"): SlurmJob("104", "PENDING", "BeginTime", ""),
+    }
     statuses = by_id(statuses_in(tmp_path, jobs))
+    assert (statuses["cutshort00"].state, statuses["cutshort00"].detail) == (
+        "interrupted",
+        "piece 1 was killed (preempted: Slurm requeued its job); the next piece resumes from checkpoint-20 "
+        "(Slurm job 104 pending (BeginTime))",
+    )
     assert statuses["preempted0"].detail == (
         "piece 1 stopped on SIGTERM at step 40 and paused (preempted: Slurm requeued its job); "
         "the next piece resumes from checkpoint-40 (Slurm job 102 pending (BeginTime))"

@@ -213,7 +213,7 @@ def _training_status(
         return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
     last = pieces[-1]
     holder = _read(folder / HOLDER_FILE)
-    if last["outcome"] == "running" and holder is not None and holder_is_alive(holder, active_jobs):
+    if last["outcome"] == "running" and holder is not None and _holder_trains(holder, active_jobs):
         if job is None and active_jobs:  # a packed run: its pack's job
             packed = active_jobs.get(holder.get("slurm_job_id"))
             queued = f" ({packed.describe()})" if packed else ""
@@ -236,6 +236,13 @@ def _training_status(
     if job is not None:  # a retry of a failed piece is queued or starting
         return RunStatus(run_id, "waits", f"piece {last['piece']} failed; a retry {resumes}{queued}", piece_log)
     return RunStatus(run_id, "failed", f"piece {last['piece']}: {last['outcome'].splitlines()[0][:300]}", piece_log)
+
+
+def _holder_trains(holder: dict[str, Any], active_jobs: dict[str, SlurmJob] | None) -> bool:
+    """Whether the job (or process) holding the run trains now: alive, and not a job Slurm requeued
+    and holds pending (its piece was killed: a preemption with no time to save, a lost node)."""
+    held_by = (active_jobs or {}).get(holder.get("slurm_job_id"))
+    return holder_is_alive(holder, active_jobs) and not (held_by and held_by.state == "PENDING")
 
 
 def _requeued(piece: dict[str, Any], job: SlurmJob | None) -> str:
