@@ -10,6 +10,7 @@ import shutil
 import sys
 
 import pytest
+import yaml
 from conftest import REPO, command_config, image_config, validated, workflow_config
 from scratchflow import contract
 from scratchflow.config import ConfigError, configured_task
@@ -110,3 +111,13 @@ def test_a_task_copied_from_another_that_forgot_a_name_is_refused_naming_it(tmp_
     config = {"task": "lab-images", "dataset": {}, "training": {}, "grid": {}, "aggregate": {"metric": None}}
     with pytest.raises(ConfigError, match=r"lacks predict \(what a task defines: the Task protocol"):
         configured_task(config)
+
+
+def test_the_contract_finds_a_model_shipped_in_a_package_as_the_workflow_does(tmp_path):
+    """`model.source: package:…` (the demo's, which a lab copies first): the checks train the
+    package's model, not a hub id of that name (before: transformers refused the name)."""
+    from scratchflow.checkpoints import RunCheckpoints
+
+    config = validated(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    spec = contract.piece_spec(config, tmp_path, 1, RunCheckpoints(tmp_path / "shared", "marker"))
+    assert spec.model.is_dir() and (spec.model / "config.json").is_file(), spec.model

@@ -25,7 +25,7 @@ import jsonschema
 
 from scratchflow import signals
 from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints
-from scratchflow.dataset import DatasetError, data_sources
+from scratchflow.dataset import DatasetError, data_sources, resolve_location
 from scratchflow.piece import Piece, PieceSpec
 from scratchflow.tasks import TASK_NAMES, TrainingStopped, load_task, training_schema
 
@@ -94,7 +94,7 @@ def piece_spec(config: dict[str, Any], work: Path, piece: int, run: RunCheckpoin
         data=data_sources(config["dataset"]),
         dataset=config["dataset"],
         params=config["training"],
-        model=Path(config["model"]["source"]) if config.get("model") else None,
+        model=resolve_location(config["model"]["source"]) if config.get("model") else None,  # package: too
         work_dir=work_dir,
         checkpoints=run,
         tracking_dir=work / "tensorboard",
