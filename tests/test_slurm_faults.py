@@ -682,6 +682,49 @@ def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
     assert node_state(slurm, "n3") == "idle"
 
 
+def test_a_two_node_training_whose_second_node_is_lost_resumes_once_the_node_is_back(
+    slurm, tmp_path, bbc_subset, tiny_model, two_node_run
+):
+    """2 nodes x 2 processes (the OSCER profile) on the `fragile` partition, n2 and n3; the second
+    node, n3, powers off mid-training (its slurmd, its launcher and ranks 2 and 3 SIGKILLed), while
+    ranks 0 and 1 on n2 wait in a collective that never completes. Slurm declares n3 DOWN after
+    SlurmdTimeout, ends the job NODE_FAIL (killing what is left on n2) and requeues it under its id;
+    it waits for two nodes, starts again once n3 is back, resumes from the newest checkpoint on
+    shared storage, spending no retry, and ends with the uninterrupted two-node run's results, byte
+    for byte; no node keeps any scratch. (The requeued job is held while n3's slurmd comes back and
+    cleans up the job's earlier run there: a real node takes minutes to reboot; one back in seconds
+    would have the same job id started on it before that clean-up ends, which kills it.)"""
+    workdir = tmp_path.resolve()
+    two_node_config(workdir, bbc_subset, tiny_model)
+    profile = workdir / "profile"
+    shutil.copytree(REPO / "profiles" / "oscer", profile)
+    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
+    settings["configfile"] = str(REPO / "config" / "clusters" / "oscer.yaml")
+    settings["set-resources"]["train"]["slurm_partition"] = "fragile"
+    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
+    workflow = start(slurm, workdir, "--retries", "0", profile=str(profile))
+    wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
+    (job,) = active_jobs(slurm, workdir, "train")
+    assert slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip() == "n[2-3]"
+
+    slurm.lose_node("n3")
+    wait_until(lambda: node_state(slurm, "n3").startswith("down"), workflow, workdir, "n3 down", timeout=360)
+    wait_until(lambda: pending_again(slurm, job), workflow, workdir, "the job requeued")
+    slurm.run("scontrol", "hold", job)
+    slurm.restart_node("n3")
+    slurm.run("scontrol", "release", job)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
+    returncode, output = finish(workflow, workdir)
+    assert returncode == 0, output[-6000:]
+    lost, resumed = pieces_of(workdir)
+    assert lost["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
+    assert (lost["outcome"], lost["requeued"]) == ("killed", "node failure"), lost
+    assert resumed["ranks"] == {"n2": [0, 1], "n3": [2, 3]}
+    assert resumed["resumed_from_step"] == lost["reached_step"] > 0
+    reference, _output = two_node_run
+    assert same_results(workdir, reference) == []
+
+
 def node_state(slurm, node: str) -> str:
     return slurm.run("sinfo", "-h", "-n", node, "-o", "%T", check=False).stdout.strip()
 
