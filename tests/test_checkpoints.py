@@ -199,6 +199,18 @@ def test_a_piece_found_killed_by_the_next_is_closed_with_the_step_of_its_last_ch
     assert second["ended_at"]
 
 
+def test_a_piece_that_a_signal_ends_before_it_can_pause_is_recorded_killed_by_it(tmp_path):
+    """SIGTERM where the piece does not listen (signals.exit_on_sigterm raises SystemExit(143)): a
+    lost node's cancellation of the job on the node left, a scancel while restoring. Before, the
+    record read "SystemExit: 143" and `make status` said the piece failed."""
+    run = RunCheckpoints(tmp_path, MARKER)
+    with pytest.raises(SystemExit), run.piece():
+        raise SystemExit(128 + 15)
+    with pytest.raises(SystemExit), run.piece():
+        raise SystemExit(1)
+    assert [piece["outcome"] for piece in run.pieces()] == ["killed by SIGTERM", "SystemExit: 1"]
+
+
 def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, monkeypatch):
     """Preempted (or its node lost), the job runs again under its id: its earlier piece is marked
     with why, once; another job's piece, or this job's first run, is not."""

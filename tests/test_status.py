@@ -310,7 +310,7 @@ def test_a_piece_whose_job_slurm_requeued_is_told_preempted_or_its_node_lost(tmp
     stopped = "TrainingStopped: stopped on SIGTERM at step 40 and paused; saved"
     write(tmp_path / "checkpoints" / "preempted0" / "pieces.json", [{**piece(1, stopped, now), "slurm_job_id": "102"}])
     checkpoint(tmp_path / "checkpoints" / "preempted0" / "checkpoint-40")
-    lost = {**piece(1, "killed", now), "slurm_job_id": "103", "requeued": "node failure"}
+    lost = {**piece(1, "killed by SIGTERM", now), "slurm_job_id": "103", "requeued": "node failure"}
     write(tmp_path / "checkpoints" / "nodefail00" / "pieces.json", [lost])
     cut_short = tmp_path / "checkpoints" / "cutshort00"
     write(cut_short / "pieces.json", [{**piece(1, "running", now), "slurm_job_id": "104"}])
@@ -331,7 +331,7 @@ def test_a_piece_whose_job_slurm_requeued_is_told_preempted_or_its_node_lost(tmp
         "the next piece resumes from checkpoint-40 (Slurm job 102 pending (BeginTime))"
     )
     assert statuses["nodefail00"].detail == (
-        "piece 1 was killed (node failure: Slurm requeued its job); the next piece starts again from step 0"
+        "piece 1 was killed by SIGTERM (node failure: Slurm requeued its job); the next piece starts again from step 0"
     )
 
 

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -391,8 +392,7 @@ class RunCheckpoints:
         try:
             yield piece
         except BaseException as error:
-            # One line: the traceback and any output the error quotes are in the piece's log.
-            piece["outcome"] = f"{type(error).__name__}: {error}".splitlines()[0]
+            piece["outcome"] = outcome_of(error)
             piece.setdefault("reached_step", self.newest_step())
             trained_to = self._progress_step_since(started)
             if trained_to is not None and trained_to > (piece["reached_step"] or 0):
@@ -562,6 +562,16 @@ def space_warning(root: Path, runs: int, keep: int, model: Path | None) -> str |
 
 def this_process() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+
+
+def outcome_of(error: BaseException) -> str:
+    """How a piece that `error` ended ended, in one line (the traceback and any output the error
+    quotes are in the piece's log): "killed by SIGTERM" where a signal ended it before it could
+    pause (signals.exit_on_sigterm: a node failure's cancellation, a scancel while it restored)."""
+    code = error.code if isinstance(error, SystemExit) else None
+    if isinstance(code, int) and code - 128 in {number.value for number in signal.Signals}:
+        return f"killed by {signal.Signals(code - 128).name}"
+    return f"{type(error).__name__}: {error}".splitlines()[0]
 
 
 def holder_is_alive(holder: dict[str, Any], active_slurm_jobs: Container[str] | None = None) -> bool:

@@ -226,11 +226,12 @@ def _training_status(
         return RunStatus(
             run_id, "paused", f"piece {last['piece']} {stopped}{requeued}; the next piece {resumes}{queued}", piece_log
         )
-    if last["outcome"] in ("running", "killed"):
+    if last["outcome"] == "running" or last["outcome"].startswith("killed"):
+        how = "killed" if last["outcome"] == "running" else last["outcome"]  # "killed by SIGTERM" too
         return RunStatus(
             run_id,
             "interrupted",
-            f"piece {last['piece']} was killed{requeued}; the next piece {resumes}{queued}",
+            f"piece {last['piece']} was {how}{requeued}; the next piece {resumes}{queued}",
             piece_log,
         )
     if job is not None:  # a retry of a failed piece is queued or starting
