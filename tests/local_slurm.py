@@ -346,12 +346,15 @@ class LocalSlurm:
         self._wait("the nodes", self._nodes_idle)
         return self
 
-    def _start_node(self, node: str) -> None:
+    def _start_node(self, node: str, rebooted: bool = False) -> None:
+        """`node`'s slurmd; `rebooted`: it says so when it registers (slurmd -b), as a node that
+        powered off and on does, so that slurmctld forgets what the node ran before (without it, a
+        job requeued onto the node found its steps refused: "Requested nodes are busy")."""
         (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
         private_run = 'mkdir -p /run/slurm && mount -t tmpfs slurm-run /run/slurm && exec "$@"'
         command = [
             *("unshare", "--mount", "--propagation", "slave", "sh", "-c", private_run, "sh"),
-            *("slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"),
+            *("slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1", *(["-b"] if rebooted else [])),
         ]
         self._start(f"slurmd-{node}", command, env=self.node_env(node))
 
@@ -374,7 +377,7 @@ class LocalSlurm:
 
     def restart_node(self, node: str) -> None:
         """`node` back: its slurmd starts again, registers, and the node returns (ReturnToService=2)."""
-        self._start_node(node)
+        self._start_node(node, rebooted=True)
         self._wait(f"{node} back", self._nodes_idle, timeout=90)
 
     def restart_controller(self, down_seconds: float) -> None:
