@@ -641,6 +641,7 @@ def preempt_the_training(slurm, workflow: subprocess.Popen, workdir: Path) -> st
     return job
 
 
+@pytest.mark.xdist_group("fragile")  # one worker runs both: each loses n3, which no other test uses
 def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
     slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
@@ -682,6 +683,7 @@ def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
     assert node_state(slurm, "n3") == "idle"
 
 
+@pytest.mark.xdist_group("fragile")  # one worker runs both: each loses n3, which no other test uses
 def test_a_two_node_training_whose_second_node_is_lost_resumes_once_the_node_is_back(
     slurm, tmp_path, bbc_subset, tiny_model, two_node_run
 ):
