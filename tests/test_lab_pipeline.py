@@ -87,6 +87,9 @@ def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_th
     assert refused.stderr == f"new_pipeline.py: {lab} is not empty: a new pipeline needs a folder of its own\n"
     untagged = new_pipeline(tmp_path / "elsewhere", releases, "--cluster", "narval", "--tag", "v0.0.9")
     assert untagged.returncode != 0 and not (tmp_path / "elsewhere").exists(), "nothing left behind"
+    (tmp_path / "empty").mkdir()
+    assert new_pipeline(tmp_path / "empty", releases, "--cluster", "narval", "--tag", "v0.0.9").returncode != 0
+    assert list((tmp_path / "empty").iterdir()) == [], "a folder given empty is left empty"
     assert untagged.stderr == (
         f"new_pipeline.py: {releases} has no tag or commit 'v0.0.9' (its releases: {NEXT_RELEASE}, {RELEASE}); "
         "give --tag a release's tag or a commit\n"

@@ -117,6 +117,7 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str) -> None:
         raise PipelineError(f"--cluster {cluster!r}: one of {', '.join(CLUSTERS)}")
     if folder.exists() and any(folder.iterdir()):
         raise PipelineError(f"{folder} is not empty: a new pipeline needs a folder of its own")
+    existed = folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     try:
         git(folder, "init", "--quiet")
@@ -124,7 +125,9 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str) -> None:
         git(folder, "-c", "protocol.file.allow=always", "submodule", "--quiet", "add", source, SUBMODULE)
         pin(folder / SUBMODULE, source, tag)
     except BaseException:
-        shutil.rmtree(folder)  # it was empty: a second try starts clean
+        shutil.rmtree(folder)  # left as it was, absent or empty, so that a second try starts clean
+        if existed:
+            folder.mkdir()
         raise
     fields = {"name": folder.resolve().name, "submodule": SUBMODULE, "cluster": cluster, "version": tag}
     files = {
