@@ -43,9 +43,10 @@ GPU_TYPE = "a100"
 # and a third in no partition but `fragile`, which a test loses (LocalSlurm.lose_node) with no other
 # test's job on it.
 NODES = ("n1", "n2", "n3")
-# `fragile` holds it and n2, where its jobs go while it is lost; it is taken first (lower Weight).
+# `fragile` holds it and the others, where its jobs go while it is lost (a job of two nodes too, with
+# no wait for it to come back); it is taken first (lower Weight).
 FRAGILE_NODE, FRAGILE_NODE_WEIGHT = "n3", 1
-FRAGILE = f"PartitionName=fragile Nodes=n2,{FRAGILE_NODE} State=UP PreemptMode=OFF"
+FRAGILE = f"PartitionName=fragile Nodes=n1,n2,{FRAGILE_NODE} State=UP PreemptMode=OFF"
 # How soon Slurm declares a node whose slurmd stopped answering DOWN (real clusters: minutes).
 SLURMD_TIMEOUT_SECONDS = 20
 FIRST_SLURMD_PORT = 17001
@@ -346,15 +347,12 @@ class LocalSlurm:
         self._wait("the nodes", self._nodes_idle)
         return self
 
-    def _start_node(self, node: str, rebooted: bool = False) -> None:
-        """`node`'s slurmd; `rebooted`: it says so when it registers (slurmd -b), as a node that
-        powered off and on does, so that slurmctld forgets what the node ran before (without it, a
-        job requeued onto the node found its steps refused: "Requested nodes are busy")."""
+    def _start_node(self, node: str) -> None:
         (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
         private_run = 'mkdir -p /run/slurm && mount -t tmpfs slurm-run /run/slurm && exec "$@"'
         command = [
             *("unshare", "--mount", "--propagation", "slave", "sh", "-c", private_run, "sh"),
-            *("slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1", *(["-b"] if rebooted else [])),
+            *("slurmd", "-D", "-N", node, "--conf-server", "127.0.0.1"),
         ]
         self._start(f"slurmd-{node}", command, env=self.node_env(node))
 
@@ -377,7 +375,7 @@ class LocalSlurm:
 
     def restart_node(self, node: str) -> None:
         """`node` back: its slurmd starts again, registers, and the node returns (ReturnToService=2)."""
-        self._start_node(node, rebooted=True)
+        self._start_node(node)
         self._wait(f"{node} back", self._nodes_idle, timeout=90)
 
     def restart_controller(self, down_seconds: float) -> None:
