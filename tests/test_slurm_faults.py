@@ -648,7 +648,7 @@ def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
     """The node of a training powers off: its slurmd and the job's every process SIGKILLed (n3, of
     the test cluster's `fragile` partition, n1 to n3, which takes n3 first; no other test's job is
     on n3). Slurm declares it DOWN after SlurmdTimeout, ends the job NODE_FAIL and requeues it under
-    its id; it starts on n2, resumes from the newest checkpoint on shared storage, and ends with the
+    its id; it starts on another node, resumes from the newest checkpoint on shared storage, and ends with the
     uninterrupted run's results, byte for byte, spending no retry. The lost piece is recorded killed,
     by a node failure. The dead run's scratch is removed by the next job on that machine (here, one
     machine holds every node: the resumed job); n3 comes back by itself when its slurmd starts."""
