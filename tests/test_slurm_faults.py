@@ -653,12 +653,7 @@ def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
     by a node failure. The dead run's scratch is removed by the next job on that machine (here, one
     machine holds every node: the resumed job); n3 comes back by itself when its slurmd starts."""
     configure_long_run(tmp_path, bbc_subset, tiny_model)
-    profile = tmp_path / "profile"
-    shutil.copytree(REPO / "profiles" / PROFILE, profile)
-    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
-    settings["configfile"] = str(REPO / "config" / "clusters" / f"{PROFILE}.yaml")
-    settings["set-resources"]["train"]["slurm_partition"] = "fragile"
-    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
+    profile = fragile_profile(PROFILE, tmp_path / "profile")
     workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile))
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     (job,) = active_jobs(slurm, tmp_path, "train")
@@ -696,12 +691,7 @@ def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_o
     for byte; no node keeps any scratch."""
     workdir = tmp_path.resolve()
     two_node_config(workdir, bbc_subset, tiny_model)
-    profile = workdir / "profile"
-    shutil.copytree(REPO / "profiles" / "oscer", profile)
-    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
-    settings["configfile"] = str(REPO / "config" / "clusters" / "oscer.yaml")
-    settings["set-resources"]["train"]["slurm_partition"] = "fragile"
-    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
+    profile = fragile_profile("oscer", workdir / "profile")
     workflow = start(slurm, workdir, "--retries", "0", profile=str(profile))
     wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
     (job,) = active_jobs(slurm, workdir, "train")
@@ -725,6 +715,17 @@ def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_o
     reference, _output = two_node_run
     assert same_results(workdir, reference) == []
     slurm.restart_node("n3")
+
+
+def fragile_profile(cluster: str, folder: Path) -> Path:
+    """`cluster`'s profile, copied to `folder`, its train jobs on the test cluster's `fragile`
+    partition (the one that holds n3, which the lost-node tests lose)."""
+    shutil.copytree(REPO / "profiles" / cluster, folder)
+    settings = yaml.safe_load((folder / "config.v8+.yaml").read_text())
+    settings["configfile"] = str(REPO / "config" / "clusters" / f"{cluster}.yaml")
+    settings["set-resources"]["train"]["slurm_partition"] = "fragile"
+    (folder / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
+    return folder
 
 
 def node_state(slurm, node: str) -> str:
