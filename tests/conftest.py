@@ -333,6 +333,17 @@ def pytest_sessionfinish(session) -> None:
         (finished_workers() / XDIST_WORKER).touch()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In `make test`, each Slurm test's start and end (its fixtures included) and its worker, for
+    the timeline tests/run_all.sh prints after them: where a worker waited, and for what."""
+    started = time.time()
+    yield
+    if XDIST_WORKER and SHARED:
+        with open(Path(SHARED) / "slurm-timeline.tsv", "a") as timeline:
+            timeline.write(f"{started:.0f}\t{time.time():.0f}\t{XDIST_WORKER}\t{item.nodeid}\n")
+
+
 @contextlib.contextmanager
 def using_the_cluster(alone: bool = False):
     """Tests side by side share the cluster; one that changes it for every job (it restarts the
