@@ -7,11 +7,11 @@
 #   core busy. Every job trains with one thread, so none waits on a partner thread that another
 #   holds off its core (benchmarks/README.md, section 12). The data, model and reference runs they
 #   share are built once (conftest.built_once);
-# - once either of those two ends (the others, about 2 minutes before the Slurm tests, 2026-11-27),
-#   a core is free: `once_a_core_frees` (the config checks and the lab pipeline's tests, which start
-#   many Snakemakes and train little, and benchmarks/gpu.py's check on the CPU: 27 s alone, 1½ to 3
-#   minutes beside the Slurm tests; about 2 to 4 minutes in all) runs beside what is left, instead
-#   of in them;
+# - once either of those two ends, or the Slurm tests are down to those that need the cluster alone
+#   (the last: one test runs where three did), a core is free: `once_a_core_frees` (the config
+#   checks and the lab pipeline's tests, which start many Snakemakes and train little, and
+#   benchmarks/gpu.py's check on the CPU: 27 s alone, 1½ to 3 minutes beside the Slurm tests; about
+#   2 to 4 minutes in all) runs beside what is left, instead of in them;
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
 #   go beside them says nothing (rsync 0.36 s against stage-in 0.89 s beside an image build).
 # Options (not test paths) go to every one.
@@ -39,8 +39,9 @@ SCRATCHFLOW_TEST_TRAINS_REFERENCES=1 "$python" -m pytest \
 others=$!
 # Started by a watcher, so that the Slurm tests stay in the foreground (Ctrl-C reaches them).
 slurm_ended=$SCRATCHFLOW_TEST_SHARED/slurm-tests-ended
+slurm_ending=$SCRATCHFLOW_TEST_SHARED/slurm-tests-ending  # conftest.using_the_cluster
 (
-    while kill -0 "$others" 2>/dev/null && [ ! -e "$slurm_ended" ]; do sleep 2; done
+    while kill -0 "$others" 2>/dev/null && [ ! -e "$slurm_ended" ] && [ ! -e "$slurm_ending" ]; do sleep 2; done
     exec "$python" -m pytest "${once_a_core_frees[@]}" "$@" >"$late_log" 2>&1
 ) &
 after=$!
@@ -60,7 +61,7 @@ echo
 echo "=== every other test (all but ${slurm_tests[*]}, ${alone[*]} and ${once_a_core_frees[*]}), beside the Slurm tests above ==="
 cat "$others_log"
 echo
-echo "=== ${once_a_core_frees[*]}, once the first of those two ended, beside the other ==="
+echo "=== ${once_a_core_frees[*]}, from the first of: the others' end, the Slurm tests' end or last tests ==="
 cat "$late_log"
 echo
 echo "=== the benchmarks' ratio tests, alone ==="
