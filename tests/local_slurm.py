@@ -360,7 +360,7 @@ class LocalSlurm:
         """`node` powers off: its slurmd and every process of its jobs (their slurmstepd, which
         carries the node's PATH, and what they run, which carries SLURMD_NODENAME) SIGKILLed at
         once. Slurm declares it DOWN after SlurmdTimeout."""
-        pid_file = self.root / "run" / f"slurmd-{node}.pid"
+        pid_file = self._slurmd_pid_file(node)
         os.kill(int(pid_file.read_text()), signal.SIGKILL)  # started by the process that keeps the cluster
         pid_file.unlink()
         marker = f"PATH={self.root / 'nodes' / node}{os.pathsep}".encode()
@@ -377,6 +377,13 @@ class LocalSlurm:
         """`node` back: its slurmd starts again, registers, and the node returns (ReturnToService=2)."""
         self._start_node(node)
         self._wait(f"{node} back", self._nodes_idle, timeout=90)
+
+    def is_lost(self, node: str) -> bool:
+        """Whether `node` was lost (lose_node) and not brought back since."""
+        return not self._slurmd_pid_file(node).exists()
+
+    def _slurmd_pid_file(self, node: str) -> Path:
+        return self.root / "run" / f"slurmd-{node}.pid"  # SlurmdPidFile
 
     def restart_controller(self, down_seconds: float) -> None:
         """Stop slurmctld, as a crash or an upgrade does, and start it again from its saved state."""

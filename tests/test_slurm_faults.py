@@ -51,6 +51,7 @@ from conftest import (
     two_node_config,
     write_config,
 )
+from local_slurm import FRAGILE_NODE
 from scratchflow import __version__
 from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
@@ -729,16 +730,15 @@ def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_o
     assert resumed["resumed_from_step"] == lost["reached_step"] > 0
     reference, _output = two_node_run
     assert same_results(workdir, reference) == []
-    slurm.restart_node("n3")
 
 
 @pytest.fixture
 def fragile_node(slurm):
-    """The node the lost-node tests lose (n3), back after the test even where it failed half-way,
+    """The node the lost-node tests lose (n3), back after the test, also where it failed half-way,
     so that the next of them finds it."""
-    yield "n3"
-    if not (slurm.root / "run" / "slurmd-n3.pid").exists():  # lost (LocalSlurm.lose_node) and not back
-        slurm.restart_node("n3")
+    yield
+    if slurm.is_lost(FRAGILE_NODE):
+        slurm.restart_node(FRAGILE_NODE)
 
 
 # How long a lost node's job may take to be requeued: SlurmdTimeout is 20 s (about 45 s from the
