@@ -38,16 +38,16 @@ SCRATCHFLOW_TEST_TRAINS_REFERENCES=1 "$python" -m pytest \
     >"$others_log" 2>&1 &
 others=$!
 # Started by a watcher, so that the Slurm tests stay in the foreground (Ctrl-C reaches them).
-slurm_ended=$SCRATCHFLOW_TEST_SHARED/slurm-tests-ended
-slurm_ending=$SCRATCHFLOW_TEST_SHARED/slurm-tests-ending  # conftest.using_the_cluster
+# The mark is left by the first test that needs the cluster alone (conftest.using_the_cluster), or below.
+slurm_ending=$SCRATCHFLOW_TEST_SHARED/slurm-tests-ending
 (
-    while kill -0 "$others" 2>/dev/null && [ ! -e "$slurm_ended" ] && [ ! -e "$slurm_ending" ]; do sleep 2; done
+    while kill -0 "$others" 2>/dev/null && [ ! -e "$slurm_ending" ]; do sleep 2; done
     exec "$python" -m pytest "${once_a_core_frees[@]}" "$@" >"$late_log" 2>&1
 ) &
 after=$!
 "$python" -m pytest -n "$slurm_workers" --dist loadgroup --no-loadscope-reorder "${slurm_tests[@]}" "$@"
 slurm_status=$?
-touch "$slurm_ended"
+touch "$slurm_ending"
 timeline=$SCRATCHFLOW_TEST_SHARED/slurm-timeline.tsv  # written by conftest.pytest_runtest_protocol
 if [ -e "$timeline" ]; then
     echo "=== the Slurm tests' timeline: minutes from the first one's start to its end, the worker, the test ==="
