@@ -363,7 +363,13 @@ class LocalSlurm:
         pid_file = self._slurmd_pid_file(node)
         os.kill(int(pid_file.read_text()), signal.SIGKILL)  # started by the process that keeps the cluster
         pid_file.unlink()
+        while self._kill_processes_of(node):  # again: one killed late may have started another meanwhile
+            time.sleep(0.1)
+
+    def _kill_processes_of(self, node: str) -> int:
+        """SIGKILL every process of `node`'s jobs now running, and return how many there were."""
         marker = f"PATH={self.root / 'nodes' / node}{os.pathsep}".encode()
+        killed = 0
         for pid in [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]:
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -372,6 +378,8 @@ class LocalSlurm:
             if f"SLURMD_NODENAME={node}".encode() in environ or any(v.startswith(marker) for v in environ):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+                    killed += 1
+        return killed
 
     def restart_node(self, node: str) -> None:
         """`node` back: its slurmd starts again, registers, and the node returns (ReturnToService=2)."""
