@@ -382,9 +382,14 @@ class LocalSlurm:
         return killed
 
     def restart_node(self, node: str) -> None:
-        """`node` back: its slurmd starts again, registers, and the node returns (ReturnToService=2)."""
+        """`node` back: its slurmd starts again and registers, and the node returns by itself
+        (ReturnToService=2), idle once Slurm has released what its lost jobs still held there."""
         self._start_node(node)
-        self._wait(f"{node} back", self._nodes_idle, timeout=90)
+        self._wait(f"{node} back and idle", lambda: self.node_state(node) == "idle", timeout=90)
+
+    def node_state(self, node: str) -> str:
+        """sinfo's state of `node` (`idle`, `mixed*`, `down*`, ...: `*` where it does not respond)."""
+        return self.run("sinfo", "-h", "-N", "-n", node, "-o", "%T", check=False).stdout.split("\n")[0].strip()
 
     def is_lost(self, node: str) -> bool:
         """Whether `node` was lost (lose_node) and not brought back since."""
