@@ -16,18 +16,37 @@ import yaml
 SCRATCHFLOW_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(SCRATCHFLOW_DIR / "scripts"))
 from scratchflow import contract  # noqa: E402
-from scratchflow.config import configured_task  # noqa: E402
+from scratchflow.config import ConfigError, configured_task, explain_schema_error  # noqa: E402
 from scratchflow.tasks import find_lab_tasks_in  # noqa: E402
+from snakemake.exceptions import WorkflowError  # noqa: E402
 from snakemake.utils import validate  # noqa: E402
+
+
+def checked_config(path: Path) -> dict:
+    """The config at `path`, validated as the workflow validates it (ConfigError: one line)."""
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read it: {error}") from None
+    try:
+        validate(config, str(SCRATCHFLOW_DIR / "config" / "schemas" / "config.schema.yaml"))
+    except WorkflowError as error:
+        raise ConfigError(explain_schema_error(error) or str(error)) from None
+    configured_task(config)
+    return config
+
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("configs", nargs="+", type=Path)
 find_lab_tasks_in(Path.cwd())
 broken = 0
 for path in parser.parse_args().configs:
-    config = yaml.safe_load(path.read_text())
-    validate(config, str(SCRATCHFLOW_DIR / "config" / "schemas" / "config.schema.yaml"))
-    configured_task(config)
+    try:
+        config = checked_config(path)
+    except ConfigError as error:
+        broken += 1
+        print(f"{path}: not a config scratchflow runs: {error}", flush=True)
+        continue
     for check, failure in contract.check_all(config):
         broken += failure is not None
         print(f"{path}: {config['task']}: {check}: {f'FAILED: {failure}' if failure else 'ok'}", flush=True)

@@ -174,3 +174,24 @@ def test_a_labs_own_task_is_checked_against_the_task_protocol_with_one_command(l
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
     assert checked.stdout.count(f"contract/texts.yaml: {LAB_TASK}: ") == checked.stdout.count(": ok\n") == 5
+
+
+def test_a_contract_config_scratchflow_would_not_run_is_named_in_one_line_with_its_key(tmp_path):
+    """check_task.py validates each config as the workflow does, and says what is wrong with it in
+    one line, naming the file and the key, rather than a traceback; the other configs still run."""
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump({"task": "text-classification", "trainng": {}}))
+    demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    del demo["grid"]
+    (tmp_path / "no_grid.yaml").write_text(yaml.safe_dump(demo))
+    checked = subprocess.run(
+        [sys.executable, REPO / "scripts" / "check_task.py", "typo.yaml", "no_grid.yaml", "missing.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=workflow_env(),
+    )
+    assert checked.returncode == 1 and "Traceback" not in checked.stderr, checked.stderr[-3000:]
+    typo, no_grid, missing = checked.stdout.splitlines()
+    assert typo.startswith("typo.yaml: not a config scratchflow runs: config key (top level): ") and "'trainng'" in typo
+    assert no_grid.startswith("no_grid.yaml: not a config scratchflow runs: config key grid: ")
+    assert missing.startswith("missing.yaml: not a config scratchflow runs: cannot read it: ")
