@@ -686,7 +686,7 @@ def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
     assert "n3" not in resumed["ranks"] and resumed["resumed_from_step"] == lost["reached_step"] > 0
     assert not dead_scratch.exists(), "removed by the next job on that machine"
     assert same_results(tmp_path, uninterrupted_long_run) == []
-    slurm.restart_node("n3")  # raises unless n3 comes back idle within 90 s
+    slurm.restart_node("n3")  # raises unless n3 comes back (answers, schedulable) within 90 s
 
 
 @pytest.mark.xdist_group("fragile")  # one worker runs both: each loses n3, which no other test uses
