@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 # This file's folder, not workflow.basedir: used as a module, that is the host workflow's. Its code
 # must be on disk (a checkout at a tag, not a remote source).
@@ -19,7 +18,7 @@ try:
     from scratchflow import workflow_hooks
 except ModuleNotFoundError as error:  # a job's image or venv without requirements.txt
     raise WorkflowError(missing_module_message(error)) from None
-from scratchflow.config import ConfigError, check_dataset_layout, explain_schema_error
+from scratchflow.config import check_dataset_layout, validate_config
 from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.models import is_local_source
 from scratchflow.files import read_json
@@ -44,10 +43,7 @@ from scratchflow.snakemake_adapter import (
 )
 
 check_dataset_layout(config)
-try:
-    validate(config, "../config/schemas/config.schema.yaml")
-except WorkflowError as error:
-    raise ConfigError(explain_schema_error(error) or str(error)) from None
+validate_config(config)
 TASK, PLAN, DATA_SOURCES, DATA_FINGERPRINT = workflow_hooks.read_config(
     config, workflow, target_rules()
 )

@@ -16,10 +16,8 @@ import yaml
 SCRATCHFLOW_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(SCRATCHFLOW_DIR / "scripts"))
 from scratchflow import contract  # noqa: E402
-from scratchflow.config import ConfigError, configured_task, explain_schema_error  # noqa: E402
+from scratchflow.config import ConfigError, configured_task, validate_config  # noqa: E402
 from scratchflow.tasks import find_lab_tasks_in  # noqa: E402
-from snakemake.exceptions import WorkflowError  # noqa: E402
-from snakemake.utils import validate  # noqa: E402
 
 
 def checked_config(path: Path) -> dict:
@@ -28,10 +26,7 @@ def checked_config(path: Path) -> dict:
         config = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
         raise ConfigError(f"cannot read it: {error}") from None
-    try:
-        validate(config, str(SCRATCHFLOW_DIR / "config" / "schemas" / "config.schema.yaml"))
-    except WorkflowError as error:
-        raise ConfigError(explain_schema_error(error) or str(error)) from None
+    validate_config(config)
     configured_task(config)
     return config
 

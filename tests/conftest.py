@@ -939,9 +939,8 @@ def netscratch_directory() -> Path:
 def validated(config: dict) -> dict:
     """A config as the workflow reads it: checked against the schema and the task's fragment, their
     defaults filled in."""
-    from scratchflow.config import configured_task
-    from snakemake.utils import validate
+    from scratchflow.config import configured_task, validate_config
 
-    validate(config, str(REPO / "config" / "schemas" / "config.schema.yaml"))
+    validate_config(config)
     configured_task(config)
     return config

@@ -51,6 +51,21 @@ class ConfigError(ValueError):
     """The configuration names something that does not exist or does not fit; the message names the key."""
 
 
+CONFIG_SCHEMA = Path(__file__).resolve().parents[2] / "config" / "schemas" / "config.schema.yaml"
+
+
+def validate_config(config: dict[str, Any]) -> None:
+    """Snakemake's validation of `config` against scratchflow's schema, its defaults filled in; a
+    ConfigError of one line naming the key where it does not fit."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        validate(config, str(CONFIG_SCHEMA))
+    except WorkflowError as error:
+        raise ConfigError(explain_schema_error(error) or str(error)) from None
+
+
 def explain_schema_error(error: Exception) -> str | None:
     """One line naming the offending key, for the jsonschema error inside Snakemake's validation
     error (whose own message prints the whole schema); None if there is no such error inside."""
