@@ -50,6 +50,8 @@ FRAGILE = f"PartitionName=fragile Nodes=n1,n2,{FRAGILE_NODE} State=UP PreemptMod
 # How soon Slurm declares a node whose slurmd stopped answering DOWN (real clusters: minutes).
 SLURMD_TIMEOUT_SECONDS = 20
 FIRST_SLURMD_PORT = 17001
+# sinfo states of a node whose slurmd has registered and which Slurm may schedule on
+ANSWERING = ("idle", "mixed", "allocated")
 # Each node claims what the profiles ask of a real GPU node (SlurmdParameters=config_overrides keeps
 # slurmd from draining it for lacking them), so each profile's own requests schedule as they are.
 NODE_CPUS = 128
@@ -388,7 +390,7 @@ class LocalSlurm:
         were still held there; the tests ask nothing of that allocation.)"""
         self._start_node(node)
         try:
-            self._wait(f"{node} back", lambda: self.node_state(node) in ("idle", "mixed", "allocated"), timeout=90)
+            self._wait(f"{node} back", lambda: self.node_state(node) in ANSWERING, timeout=90)
         except TimeoutError as error:
             raise TimeoutError(f"{error}; sinfo says {self.node_state(node)!r}") from None
 
@@ -416,8 +418,7 @@ class LocalSlurm:
     def _nodes_idle(self) -> bool:
         listed = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split("\n")
         states = dict(line.split() for line in listed if line.strip())  # a node is listed per partition
-        ready = ("idle", "mixed", "allocated")
-        return set(states) == set(NODES) and all(state.rstrip("*") in ready for state in states.values())
+        return set(states) == set(NODES) and all(state.rstrip("*") in ANSWERING for state in states.values())
 
     def stop(self) -> None:
         """Stop the daemons started here, newest first, then anything else still running in the

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scratchflow import SCRATCHFLOW_DIR
 from scratchflow.dataset import DatasetError, data_sources, resolve_location, table_columns
 from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.models import is_local_source
@@ -51,7 +52,7 @@ class ConfigError(ValueError):
     """The configuration names something that does not exist or does not fit; the message names the key."""
 
 
-CONFIG_SCHEMA = Path(__file__).resolve().parents[2] / "config" / "schemas" / "config.schema.yaml"
+CONFIG_SCHEMA = SCRATCHFLOW_DIR / "config" / "schemas" / "config.schema.yaml"
 
 
 def validate_config(config: dict[str, Any]) -> None:
