@@ -196,6 +196,10 @@ CASES = {
     ),
     "one label only": (csv_dataset([(f"text {i}", "sport") for i in range(20)]), ["one label only (['sport'])"]),
     "missing local model": (set_key("model", source="./no-such-model"), ["model.source", "no config.json"]),
+    "no model for a task that needs one": (
+        lambda config, _tmp_path: config.update(model=None),
+        ["config key model: task 'text-classification' needs a model (model.name and model.source)"],
+    ),
     "hub model not cached, hub off": (
         set_key("model", source="no-such-org/no-such-model"),
         ["model.source", "HF_HUB_OFFLINE is set", "not in the local Hugging Face cache"],
@@ -441,3 +445,19 @@ def test_a_large_grid_is_announced_with_its_planning_cost_and_one_above_max_runs
     # Counted, never expanded: 60**6 points would take days to list.
     with pytest.raises(ConfigError, match=r"46,656,000,000 runs .* about 1,782 days and 2,332,800.0 GB"):
         check_run_count({"grid": HUGE_GRID, "max_runs": 100_000})
+
+
+@pytest.mark.parametrize("model", [None, "absent"])
+def test_a_task_without_a_model_plans_with_model_null_or_absent(model, tmp_path, bbc_subset, tiny_model):
+    """`model: null`, which the schema allows, is no model, as an absent `model:` is."""
+    config = copy.deepcopy(workflow_config(bbc_subset, tiny_model, tmp_path / "scratch"))
+    command_task(seed=0)(config, tmp_path)
+    if model is None:
+        config["model"] = None
+    else:
+        del config["model"]
+    write_config(tmp_path, config)
+    (tmp_path / "train.py").write_text("")  # planned, not run
+    planned = run_workflow(tmp_path, "--dry-run", check=False)
+    assert planned.returncode == 0, planned.stdout[-3000:]
+    assert "prefetch_model" not in planned.stdout and "train" in planned.stdout

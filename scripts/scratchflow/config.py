@@ -61,6 +61,10 @@ def validate_config(config: dict[str, Any]) -> None:
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
+    # `model: null` is no model, as an absent `model:` is: Snakemake's default-filling validator
+    # would descend into the null (for model.token_file's default) and fail with an AttributeError.
+    if isinstance(config, dict) and "model" in config and config["model"] is None:
+        del config["model"]
     try:
         validate(config, str(CONFIG_SCHEMA))
     except WorkflowError as error:
