@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""What the cluster offers a profile's jobs: python scripts/cluster.py profiles/<name>.
+"""What the cluster offers a profile's jobs: python scripts/cluster.py profiles/<name> [LAYER].
+
+LAYER: a lab's settings over the profile (its --workflow-profile), whose keys replace the profile's.
 
 For each partition the profile's rules ask for (the cluster's default partition where a rule names
 none): its nodes, the idle and total GPUs by type, and the jobs of every user pending there, so that
@@ -16,15 +18,17 @@ from scratchflow.preflight import cluster_overview, pending_jobs, profile_partit
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("profile", type=Path, help="a profile's folder, e.g. profiles/narval")
-    profile = parser.parse_args().profile
+    parser.add_argument(
+        "profiles", type=Path, nargs="+", help="a profile's folder (profiles/narval), then a lab's layer over it"
+    )
+    profiles = parser.parse_args().profiles
     try:
         cluster = read_cluster(user=None)
         pending = pending_jobs()
     except (OSError, subprocess.SubprocessError) as error:
         print(f"scratchflow cluster: Slurm did not answer ({error})", file=sys.stderr)
         return 2
-    named = [name or cluster.default_partition for name in profile_partitions(profile)]
+    named = [name or cluster.default_partition for name in profile_partitions(*profiles)]
     print(cluster_overview(cluster, [name for name in dict.fromkeys(named) if name], pending))
     return 0
 

@@ -15,23 +15,31 @@ import pytest
 import yaml
 from conftest import LAB_TASK, REPO, git, lab_pipeline, workflow_config, workflow_env
 from scratchflow import __version__
+from scratchflow.releases import changelog_releases
 
-RELEASE, NEXT_RELEASE = f"v{__version__}", "v99.0.0"
+PINNED = git(REPO, "rev-parse", "HEAD")  # what the lab pipelines of these tests run: this commit
+
+NEXT_RELEASE = "v99.0.0"
+
+
+def clone(source: Path, folder: Path) -> Path:
+    subprocess.run(["git", "clone", "--quiet", str(source), str(folder)], check=True)
+    return folder
 
 
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory) -> Path:
-    """scratchflow's repository as a lab would clone it: this commit tagged as its release, and a
-    newer release after it that changes code (the train rule's script among it) but no run's
-    identity, as its CHANGELOG says."""
-    source = tmp_path_factory.mktemp("scratchflow-releases") / "scratchflow"
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(source)], check=True)
-    git(source, "tag", "--force", RELEASE)
+    """scratchflow's repository as a lab would clone it: its releases tagged as the repository tags
+    them, this commit after them, and a newer release after it that changes code (the train rule's
+    script among it) but no run's identity, as its CHANGELOG says."""
+    source = clone(REPO, tmp_path_factory.mktemp("scratchflow-releases") / "scratchflow")
+    subprocess.run([sys.executable, source / "scripts" / "tag_releases.py"], check=True, capture_output=True)
     init = source / "scripts" / "scratchflow" / "__init__.py"
     init.write_text(init.read_text().replace(f'"{__version__}"', f'"{NEXT_RELEASE[1:]}"'))
     changelog = source / "CHANGELOG.md"
     entry = f"## {NEXT_RELEASE[1:]} (2026-12-01)\n\n### Changed\n- The train job's entry script.\n\n"
-    changelog.write_text(changelog.read_text().replace(f"## {__version__}", entry + f"## {__version__}", 1))
+    newest = f"## {changelog_releases(source)[0]} ("
+    changelog.write_text(changelog.read_text().replace(newest, entry + newest, 1))
     (source / "scripts" / "train.py").write_text((source / "scripts" / "train.py").read_text() + "\n# newer\n")
     git(source, "commit", "--quiet", "--all", "--message", f"Release {NEXT_RELEASE[1:]}")
     git(source, "tag", NEXT_RELEASE)
@@ -52,7 +60,7 @@ def lab(tmp_path, releases, bbc_subset, tiny_model) -> Path:
     """A new pipeline at the release, with the lab's own task and a small grid of it, committed."""
     config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch")
     config["training"]["epochs"] = 2
-    return lab_pipeline(tmp_path / "ourlab-pipeline", "narval", config, source=releases, tag=RELEASE)
+    return lab_pipeline(tmp_path / "ourlab-pipeline", "narval", config, source=releases, tag=PINNED)
 
 
 def snakemake(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -66,20 +74,22 @@ def snakemake(folder: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_the_release(tmp_path, releases):
+def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_the_commit(tmp_path, releases):
     lab = tmp_path / "ourlab-pipeline"
-    made = new_pipeline(lab, releases, "--cluster", "narval", "--tag", RELEASE)
+    made = new_pipeline(lab, releases, "--cluster", "narval", "--tag", PINNED)
     assert made.returncode == 0, made.stderr
     assert set(git(lab, "ls-files").splitlines()) == {
         ".gitignore", ".gitmodules", "Makefile", "README.md", "Snakefile", "config/config.yaml",
         "profiles/narval/config.v8+.yaml", "scratchflow",
     }  # fmt: skip
-    assert git(lab / "scratchflow", "rev-parse", "HEAD") == git(releases, "rev-parse", f"{RELEASE}^{{commit}}")
+    assert git(lab / "scratchflow", "rev-parse", "HEAD") == PINNED
     shown = (REPO / "docs" / "lab-pipeline.md").read_text()
     for name in ("Snakefile", "profiles/narval/config.v8+.yaml"):
         assert f"\n{(lab / name).read_text()}```" in shown, f"docs/lab-pipeline.md shows the {name} it makes"
     targets = set(re.findall(r"^make ([a-z]+)", shown, re.MULTILINE)) | set(re.findall(r"`make ([a-z]+)", shown))
-    assert targets == {"run", "cluster", "status", "test"}
+    assert targets == set(re.findall(r"^([a-z]+):", (lab / "Makefile").read_text(), re.MULTILINE)) - {"setup"}
+    scratchflows = set(re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), re.MULTILINE))
+    assert targets & scratchflows == {"cluster", "status", "test"}, "one name, one meaning in both Makefiles"
     for target in targets:
         planned = subprocess.run(["make", "-n", target], cwd=lab, capture_output=True, text=True)
         assert planned.returncode == 0 and "Nothing to be done" not in planned.stdout, (target, planned.stderr)
@@ -90,10 +100,84 @@ def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_th
     (tmp_path / "empty").mkdir()
     assert new_pipeline(tmp_path / "empty", releases, "--cluster", "narval", "--tag", "v0.0.9").returncode != 0
     assert list((tmp_path / "empty").iterdir()) == [], "a folder given empty is left empty"
+    tags = ", ".join(["v99.0.0", *(f"v{version}" for version in changelog_releases(REPO))])
     assert untagged.stderr == (
-        f"new_pipeline.py: {releases} has no tag or commit 'v0.0.9' (its releases: {NEXT_RELEASE}, {RELEASE}); "
+        f"new_pipeline.py: {releases} has no tag or commit 'v0.0.9' (its releases: {tags}); "
         "give --tag a release's tag or a commit\n"
     )
+
+
+def test_a_clone_with_its_releases_tagged_pins_the_newest_which_holds_every_file_the_pipeline_names(tmp_path, releases):
+    """As a lab clones scratchflow: new_pipeline.py pins the release the clone is (or descends from),
+    and refuses one that lacks a file the pipeline's Makefile, Snakefile or README names, such as
+    0.1.0, which predates lab pipelines."""
+    scratchflow = clone(releases, tmp_path / "scratchflow")
+    git(scratchflow, "checkout", "--quiet", PINNED)
+    newest = f"v{changelog_releases(REPO)[0]}"
+    made = subprocess.run(
+        [sys.executable, scratchflow / "scripts" / "new_pipeline.py", tmp_path / "ours", "--cluster", "narval"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr + made.stdout
+    assert git(tmp_path / "ours" / "scratchflow", "describe", "--tags", "--exact-match") == newest
+    assert made.stdout.splitlines()[0] == (
+        f"new_pipeline.py: the submodule's URL is the path {releases}, which a colleague's `git submodule update "
+        "--init` cannot reach: point it at a repository they can clone (git submodule set-url scratchflow URL)"
+    ), "a local path is allowed, and said"
+    old = new_pipeline(tmp_path / "old", releases, "--cluster", "narval", "--tag", "v0.1.0")
+    assert old.stderr.startswith(
+        "new_pipeline.py: v0.1.0 lacks scripts/check_task.py, docs/lab-pipeline.md, which a pipeline's Makefile, "
+        "Snakefile or README names (it predates lab pipelines): give --tag a newer release (its releases: v99.0.0, "
+    )
+    assert not (tmp_path / "old").exists()
+
+
+def test_a_clone_without_release_tags_pins_its_commit_and_says_so(tmp_path):
+    scratchflow = clone(REPO, tmp_path / "scratchflow")
+    for tag in git(scratchflow, "tag", "--list").split():
+        git(scratchflow, "tag", "--delete", tag)
+    made = subprocess.run(
+        [sys.executable, scratchflow / "scripts" / "new_pipeline.py", tmp_path / "ours", "--cluster", "narval"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    commit = git(scratchflow, "rev-parse", "--short=12", "HEAD")
+    assert f"new_pipeline.py: pinned commit {commit}, not a release: " in made.stdout
+    assert git(tmp_path / "ours" / "scratchflow", "rev-parse", "HEAD") == git(scratchflow, "rev-parse", "HEAD")
+
+
+def test_a_cluster_of_the_labs_own_is_its_profile_copied_whole_with_its_facts(tmp_path, releases):
+    """--cluster PATH: a profile of the lab's own (here Narval's, as a lab would start from it), its
+    facts file beside it; the pipeline runs with it alone, and plans."""
+    own = tmp_path / "ourhpc"
+    own.mkdir()
+    profile = (REPO / "profiles" / "narval" / "config.v8+.yaml").read_text()
+    (own / "config.v8+.yaml").write_text(profile.replace("../../config/clusters/narval.yaml", "ourhpc-facts.yaml"))
+    facts = yaml.safe_load((REPO / "config" / "clusters" / "narval.yaml").read_text())
+    facts["cluster"]["name"] = "ourhpc"
+    (own / "ourhpc-facts.yaml").write_text(yaml.safe_dump(facts))
+    lab = tmp_path / "ourlab-pipeline"
+    made = new_pipeline(lab, releases, "--cluster", str(own), "--tag", PINNED)
+    assert made.returncode == 0, made.stderr
+    assert {"profiles/ourhpc/config.v8+.yaml", "config/clusters/ourhpc.yaml"} <= set(git(lab, "ls-files").split())
+    assert "configfile: ../../config/clusters/ourhpc.yaml\n" in (lab / "profiles/ourhpc/config.v8+.yaml").read_text()
+    assert "PROFILE := --profile profiles/ourhpc\n" in (lab / "Makefile").read_text()
+    planned = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "profiles/ourhpc", "--dry-run"],
+        cwd=lab,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**workflow_env(), "SLURM_CONF": "/dev/null"},
+    )
+    assert planned.returncode == 0 and "rule train:" in planned.stdout, planned.stdout[-3000:]
+    (tmp_path / "nofacts").mkdir()
+    (tmp_path / "nofacts" / "config.v8+.yaml").write_text("executor: slurm\n")
+    refused = new_pipeline(tmp_path / "other", releases, "--cluster", str(tmp_path / "nofacts"))
+    assert refused.stderr.startswith(f"new_pipeline.py: --cluster {tmp_path / 'nofacts'}: its config.v8+.yaml has ")
+    assert not (tmp_path / "other").exists()
 
 
 def test_a_pipeline_plans_its_own_task_through_the_module(lab):
@@ -141,7 +225,7 @@ def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothi
     assert len(records) == 2 and {record["task"] for record in records} == {LAB_TASK}
     environment = records[0]["environment"]
     assert environment["scratchflow_version"] == __version__
-    assert environment["git"] == {"commit": git(releases, "rev-parse", f"{RELEASE}^{{commit}}"), "dirty": False}
+    assert environment["git"] == {"commit": PINNED, "dirty": False}
     assert environment["pipeline_git"] == {"commit": git(lab, "rev-parse", "HEAD"), "dirty": False}
     status = subprocess.run(
         [sys.executable, "scratchflow/scripts/status.py", "."], cwd=lab, capture_output=True, text=True

@@ -8,14 +8,20 @@ CHANGELOG says what between the two changes a run's identity, the one thing that
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-from scratchflow import SCRATCHFLOW_DIR, __version__
+from scratchflow import SCRATCHFLOW_DIR
+from scratchflow.releases import TAG_PATTERN, release_of
 
 SUBMODULE = "scratchflow"  # where the lab's repository holds scratchflow
 CLUSTERS = ("dfki", "edinburgh", "lrz", "narval", "oscer")
+PROFILE_FILE = "config.v8+.yaml"
+FACTS_FOLDER = "config/clusters"  # a cluster's facts, in scratchflow's tree and in a lab's own profile's pipeline
+CONFIGFILE_LINE = re.compile(r"^configfile:[ \t]*(?P<path>\S+)[ \t]*$", re.MULTILINE)
 
 HOST_SNAKEFILE = """\
 # {name}: our pipeline on scratchflow, the submodule {submodule}/ at a release's tag.
@@ -45,12 +51,13 @@ jobs: 100
 """
 
 MAKEFILE = """\
-# Our pipeline: `make run` here, `make cluster` on {cluster}'s login node, `make test` before a push.
+# Our pipeline: `make run` here, `make submit` on {cluster}'s login node, `make test` before a push.
 SCRATCHFLOW := {submodule}
 PYTHON := $(SCRATCHFLOW)/.venv/bin/python
 SNAKEMAKE := $(SCRATCHFLOW)/.venv/bin/snakemake
+PROFILE := {profile_arguments}
 
-.PHONY: setup run cluster status test
+.PHONY: setup run submit cluster status test
 
 setup:  ## scratchflow's venv (its requirements and the demo's data and model) in $(SCRATCHFLOW)/.venv
 \t$(MAKE) -C $(SCRATCHFLOW) setup
@@ -58,15 +65,18 @@ setup:  ## scratchflow's venv (its requirements and the demo's data and model) i
 run: setup  ## the whole grid on this machine
 \t$(SCRATCHFLOW)/scripts/run_local.sh
 
-cluster: setup  ## the whole grid on {cluster}, from its login node
-\t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/{cluster} --workflow-profile profiles/{cluster}
+submit: setup  ## the whole grid on {cluster}, from its login node
+\t$(SNAKEMAKE) $(PROFILE)
+
+cluster: setup  ## what {cluster} offers our jobs: idle GPUs and pending jobs per partition; changes nothing
+\t$(PYTHON) $(SCRATCHFLOW)/scripts/cluster.py {profile_folders}
 
 status: setup  ## where every run stands
 \t$(PYTHON) $(SCRATCHFLOW)/scripts/status.py .
 
 test: setup  ## the grid plans, here and on {cluster}; our tasks keep scratchflow's task protocol
 \t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/local --dry-run --quiet
-\t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/{cluster} --workflow-profile profiles/{cluster} --dry-run --quiet
+\t$(SNAKEMAKE) $(PROFILE) --dry-run --quiet
 \t$(if $(wildcard contract/*.yaml),$(PYTHON) $(SCRATCHFLOW)/scripts/check_task.py $(wildcard contract/*.yaml))
 """
 
@@ -91,14 +101,14 @@ Our experiments, on scratchflow {version}, pinned as the submodule `{submodule}/
 ```bash
 git submodule update --init   # after cloning this repository
 make run                      # the grid in config/config.yaml on this machine
-make cluster                  # the same on {cluster}, from its login node
+make cluster                  # what {cluster} offers our jobs (on its login node; changes nothing)
+make submit                   # the grid on {cluster}, from its login node
 make status                   # where every run stands
 make test                     # the grid plans, here and on {cluster}
 ```
 
 Our tasks live beside the Snakefile as Python modules (`task: ourlab.segmentation` is
-`ourlab/segmentation.py` and `ourlab/segmentation.schema.yaml`); our cluster settings in
-`profiles/{cluster}/`, over scratchflow's.
+`ourlab/segmentation.py` and `ourlab/segmentation.schema.yaml`); {profile_sentence}
 """
 
 
@@ -106,55 +116,189 @@ class PipelineError(RuntimeError):
     """A pipeline that cannot be made as asked: said in one line, nothing left behind."""
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster a pipeline runs on: one of scratchflow's profiles, under the lab's layer, or the
+    lab's own profile (`own`: its folder, copied whole into the pipeline with its facts file)."""
+
+    name: str
+    own: Path | None = None
+
+    @classmethod
+    def named(cls, given: str) -> Cluster:
+        """`--cluster`: a cluster scratchflow has a profile for, or the path of a profile's folder whose
+        `configfile:` names the cluster's facts file."""
+        if given in CLUSTERS:
+            return cls(given)
+        folder = Path(given).expanduser().resolve()
+        if not (folder / PROFILE_FILE).is_file():
+            raise PipelineError(
+                f"--cluster {given}: one of {', '.join(CLUSTERS)}, or the folder of a profile of your own "
+                f"(its {PROFILE_FILE}; docs/lab-pipeline.md, 'A cluster not in the list')"
+            )
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", folder.name):
+            raise PipelineError(f"--cluster {given}: name the profile's folder in lower case, e.g. ourhpc/")
+        found = CONFIGFILE_LINE.search((folder / PROFILE_FILE).read_text())
+        if not found:
+            raise PipelineError(
+                f"--cluster {given}: its {PROFILE_FILE} has no configfile: line naming the cluster's facts "
+                "(scratch, longest run time: start from one of scratchflow's config/clusters/*.yaml)"
+            )
+        if not (folder / found["path"].strip("'\"")).is_file():
+            raise PipelineError(f"--cluster {given}: its configfile: {found['path']} is not there")
+        return cls(folder.name, folder)
+
+    @property
+    def profile_arguments(self) -> str:
+        if self.own:
+            return f"--profile profiles/{self.name}"
+        return f"--profile $(SCRATCHFLOW)/profiles/{self.name} --workflow-profile profiles/{self.name}"
+
+    @property
+    def profile_folders(self) -> str:
+        return f"profiles/{self.name}" if self.own else f"$(SCRATCHFLOW)/profiles/{self.name} profiles/{self.name}"
+
+    @property
+    def profile_sentence(self) -> str:
+        if self.own:
+            return f"our cluster's profile in\n`profiles/{self.name}/`, its facts in `{FACTS_FOLDER}/{self.name}.yaml`."
+        return f"our cluster settings in\n`profiles/{self.name}/`, over scratchflow's."
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What the pipeline's submodule is checked out at: a release's tag, or a commit; and what a
+    lab should know of it (one line each)."""
+
+    tag: str
+    notes: tuple[str, ...] = ()
+
+
 def git(folder: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True, text=True).stdout
 
 
-def make_pipeline(folder: Path, cluster: str, source: str, tag: str) -> None:
+def make_pipeline(folder: Path, cluster: str, source: str, tag: str | None = None) -> Pin:
     """A lab's repository in `folder`: git, scratchflow from `source` (a repository's URL or path) as
-    the submodule at `tag`, and the lab's own files, staged for its first commit."""
-    if cluster not in CLUSTERS:
-        raise PipelineError(f"--cluster {cluster!r}: one of {', '.join(CLUSTERS)}")
+    the submodule at `tag` (default: the release this scratchflow is, or its commit where it has no
+    release tags), and the lab's own files, staged for its first commit."""
+    target = Cluster.named(cluster)
     if folder.exists() and any(folder.iterdir()):
         raise PipelineError(f"{folder} is not empty: a new pipeline needs a folder of its own")
     existed = folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    checkout = folder / SUBMODULE
     try:
         git(folder, "init", "--quiet")
         # A path as the source is a local repository, which git refuses to clone for a submodule unless told.
         git(folder, "-c", "protocol.file.allow=always", "submodule", "--quiet", "add", source, SUBMODULE)
-        pin(folder / SUBMODULE, source, tag)
+        pinned = pin(checkout, source, tag)
+        lacking = [name for name in named_files(target) if not (checkout / name).exists()]
+        if lacking:
+            raise PipelineError(
+                f"{pinned.tag} lacks {', '.join(lacking)}, which a pipeline's Makefile, Snakefile or README names "
+                f"(it predates lab pipelines): give --tag a newer release (its releases: "
+                f"{', '.join(releases_in(checkout)) or 'none tagged'})"
+            )
     except BaseException:
         shutil.rmtree(folder)  # left as it was, absent or empty, so that a second try starts clean
         if existed:
             folder.mkdir()
         raise
-    fields = {"name": folder.resolve().name, "submodule": SUBMODULE, "cluster": cluster, "version": tag}
-    files = {
-        "Snakefile": HOST_SNAKEFILE,
-        f"profiles/{cluster}/config.v8+.yaml": PROFILE_LAYER,
-        "Makefile": MAKEFILE,
-        ".gitignore": GITIGNORE,
-        "README.md": README,
+    fields = {
+        "name": folder.resolve().name,
+        "submodule": SUBMODULE,
+        "cluster": target.name,
+        "version": pinned.tag,
+        "profile_arguments": target.profile_arguments,
+        "profile_folders": target.profile_folders,
+        "profile_sentence": target.profile_sentence,
     }
+    files = {"Snakefile": HOST_SNAKEFILE, "Makefile": MAKEFILE, ".gitignore": GITIGNORE, "README.md": README}
+    if not target.own:
+        files[f"profiles/{target.name}/{PROFILE_FILE}"] = PROFILE_LAYER
     for name, template in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(template.format(**fields))
-    (folder / "config").mkdir()
-    shutil.copy(SCRATCHFLOW_DIR / "config" / "config.yaml", folder / "config" / "config.yaml")
+    if target.own:
+        copy_own_profile(target, folder)
+    (folder / "config").mkdir(exist_ok=True)
+    shutil.copy(checkout / "config" / "config.yaml", folder / "config" / "config.yaml")  # the release's demo grid
     git(folder, "add", "--all")
+    if Path(source).exists():
+        return Pin(pinned.tag, (*pinned.notes, local_source_note(source)))
+    return pinned
 
 
-def pin(checkout: Path, source: str, tag: str) -> None:
-    """Check scratchflow's `checkout` out at `tag` (a release's tag, or any commit)."""
+def copy_own_profile(cluster: Cluster, folder: Path) -> None:
+    """The lab's own profile, copied whole into `profiles/<name>/`, and the facts file its
+    `configfile:` names into `config/clusters/<name>.yaml`, the profile then pointing at that copy
+    (the same place as in scratchflow's tree, so that the profile reads the same from either)."""
+    profile = folder / "profiles" / cluster.name
+    shutil.copytree(cluster.own, profile)
+    settings = (profile / PROFILE_FILE).read_text()
+    found = CONFIGFILE_LINE.search(settings)
+    facts = (cluster.own / found["path"].strip("'\"")).resolve()
+    copied = folder / FACTS_FOLDER / f"{cluster.name}.yaml"
+    copied.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(facts, copied)
+    if facts.is_relative_to(cluster.own):
+        (profile / facts.relative_to(cluster.own)).unlink()  # one facts file in the pipeline, not two
+    pointed = str(Path("..", "..", FACTS_FOLDER, copied.name))
+    (profile / PROFILE_FILE).write_text(settings[: found.start("path")] + pointed + settings[found.end("path") :])
+
+
+def named_files(cluster: Cluster) -> list[str]:
+    """The files of scratchflow's that the pipeline's Makefile, Snakefile and README name: the pinned
+    release must hold every one (its venv, which `make setup` builds, aside)."""
+    text = "".join(
+        template.format(
+            name="",
+            submodule=SUBMODULE,
+            cluster=cluster.name,
+            version="",
+            profile_arguments=cluster.profile_arguments,
+            profile_folders=cluster.profile_folders,
+            profile_sentence="",
+        )
+        for template in (HOST_SNAKEFILE, MAKEFILE, README)
+    )
+    named = re.findall(rf"(?:\$\(SCRATCHFLOW\)|\b{SUBMODULE})/([\w.+/-]*\w)", text)
+    return [name for name in dict.fromkeys(named) if name.split("/")[0] != ".venv"]
+
+
+def pin(checkout: Path, source: str, tag: str | None) -> Pin:
+    """Check scratchflow's `checkout` out at `tag` (a release's tag, or any commit); without one, at
+    the release this scratchflow is, or at its commit where it has no release tags."""
+    notes: tuple[str, ...] = ()
+    if tag is None:
+        tag = release_of(SCRATCHFLOW_DIR)
+        if tag is None:
+            tag = git(SCRATCHFLOW_DIR, "rev-parse", "--short=12", "HEAD").strip()
+            notes = (
+                f"pinned commit {tag}, not a release: this clone of scratchflow has no release tags "
+                "(git fetch --tags; or give --tag vX.Y.Z)",
+            )
     try:
         git(checkout, "checkout", "--quiet", tag)
     except subprocess.CalledProcessError:
-        releases = git(checkout, "tag", "--list", "v*", "--sort=-v:refname").split()
+        releases = releases_in(checkout)
         raise PipelineError(
             f"{source} has no tag or commit {tag!r} (its releases: {', '.join(releases) or 'none tagged'}); "
             "give --tag a release's tag or a commit"
         ) from None
+    return Pin(tag, notes)
+
+
+def releases_in(checkout: Path) -> list[str]:
+    return git(checkout, "tag", "--list", TAG_PATTERN, "--sort=-v:refname").split()
+
+
+def local_source_note(source: str) -> str:
+    return (
+        f"the submodule's URL is the path {source}, which a colleague's `git submodule update --init` cannot "
+        f"reach: point it at a repository they can clone (git submodule set-url {SUBMODULE} URL)"
+    )
 
 
 def default_source() -> str:
@@ -163,7 +307,3 @@ def default_source() -> str:
         return git(SCRATCHFLOW_DIR, "remote", "get-url", "origin").strip()
     except subprocess.CalledProcessError:
         return str(SCRATCHFLOW_DIR)
-
-
-def default_tag() -> str:
-    return f"v{__version__}"

@@ -341,10 +341,13 @@ def pending_jobs(run: Run = slurm_query) -> Counter:
     return counted
 
 
-def profile_partitions(profile: Path) -> list[str | None]:
-    """The partitions a profile's rules name (its default-resources' and set-resources'), in order;
-    None stands for the cluster's default partition, where the default resources name none."""
-    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text()) or {}
+def profile_partitions(*profiles: Path) -> list[str | None]:
+    """The partitions the rules of `profiles` name (their default-resources' and set-resources'), in
+    order; None stands for the cluster's default partition, where the default resources name none.
+    A later profile's key replaces an earlier one's whole, as Snakemake's --workflow-profile does."""
+    settings: dict = {}
+    for profile in profiles:
+        settings.update(yaml.safe_load((profile / "config.v8+.yaml").read_text()) or {})
     named = [str((settings.get("default-resources") or {}).get("slurm_partition") or "").strip("'\"") or None]
     for resources in (settings.get("set-resources") or {}).values():
         named.append(str(resources.get("slurm_partition") or "").strip("'\"") or named[0])
