@@ -114,10 +114,18 @@ def test_every_reference_to_a_section_names_a_heading_of_its_file():
     assert not broken, "references to no heading:\n" + "\n".join(broken)
 
 
-def test_the_version_has_its_changelog_section_and_the_licence_is_there():
-    """A release is a version bump with its CHANGELOG entry in one commit (CHANGELOG.md's own rule)."""
+def test_the_version_is_the_newest_release_or_the_next_ones_dev0_and_the_licence_is_there():
+    """A release is a version bump with its CHANGELOG entry in one commit; between releases the
+    version is the next one's .dev0 and CHANGELOG.md has an Unreleased section (CHANGELOG.md's rule),
+    so that a run trained between releases never records the last release's number."""
+    from packaging.version import Version
     from scratchflow import __version__
+    from scratchflow.releases import changelog_releases
 
-    releases = re.findall(r"^## (\d+\.\d+\.\d+) \((\d{4}-\d{2}-\d{2})\)$", (REPO / "CHANGELOG.md").read_text(), re.M)
-    assert releases and releases[0][0] == __version__, "the newest section of CHANGELOG.md is the version's"
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    newest = changelog_releases(REPO)[0]
+    if "\n## Unreleased\n" in changelog:
+        assert Version(__version__).is_devrelease and Version(__version__) > Version(newest), __version__
+    else:
+        assert __version__ == newest, "the newest section of CHANGELOG.md is the version's"
     assert "MIT License" in (REPO / "LICENSE").read_text()
