@@ -325,16 +325,12 @@ def train(
         # A rung job killed after its last checkpoint: evaluate that checkpoint, train no further.
         trainer._load_from_checkpoint(str(resume_from))
         evaluation = trainer.evaluate()
-        return trainer, {
-            "global_steps": step_of(resume_from),
-            "resumed_from_step": step_of(resume_from),
-            "validation": validation_figures(evaluation),
-        }
+        return trainer, {"validation": validation_figures(evaluation)}
     with curves_logged(trainer, context, resume_from):
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if result.global_step < trainer.state.max_steps and not stop.at_budget:
         return trainer, None
-    return trainer, training_figures(trainer, result, resume_from)
+    return trainer, training_figures(trainer, result)
 
 
 @contextmanager
@@ -391,14 +387,13 @@ for event in (name for name in vars(TrainerCallback) if name.startswith("on_")):
     setattr(NeverFails, event, _forwarding(event))
 
 
-def training_figures(trainer: Trainer, result: Any, resume_from: Path | None) -> dict[str, Any]:
+def training_figures(trainer: Trainer, result: Any) -> dict[str, Any]:
+    """The training's figures for the record (its piece adds the step figures)."""
     history = trainer.state.log_history
     logged_losses = [entry["loss"] for entry in history if "loss" in entry]
     figures: dict[str, Any] = {
         # Over all pieces of a resumed run (the trainer's own figure covers only the last piece).
         "train_loss": float(np.mean(logged_losses)) if logged_losses else result.training_loss,
-        "global_steps": result.global_step,
-        "resumed_from_step": step_of(resume_from) if resume_from else None,
         "train_examples": len(trainer.train_dataset),
         "validation_examples": len(trainer.eval_dataset) if trainer.eval_dataset is not None else 0,
     }

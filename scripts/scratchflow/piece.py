@@ -14,7 +14,10 @@ scratchflow.distributed launches them from the same spec):
   processes: each node's part into a hidden assembly folder, published by rank 0 once every
   process's part is there);
 - **deciding the outcome**: a task that returns None stopped on request; the piece raises
-  `TrainingStopped` naming the checkpoint the next piece resumes from.
+  `TrainingStopped` naming the checkpoint the next piece resumes from;
+- **the step figures**: what a task returns gets `global_steps` (the step of the newest checkpoint
+  it saved, or of the one restored) and `resumed_from_step` (the restored one's, or None): the task
+  reports neither.
 
 `PieceSpec` is the one description of a piece, passed as it is from the job to each node's launcher
 and each training process (as JSON, `launch.json`).
@@ -165,18 +168,22 @@ class Piece:
         self.received: str | None = None  # the stop request's signal, once there is one
         self.resume_from: Path | None = None
         self.mirroring: CheckpointMirroring | None = None
+        self.saved_step: int | None = None  # the newest checkpoint's step: restored, then each saved
 
     def train(self) -> Trained:
-        """Restore, train the task while listening for the stop signal, and return what it trained;
-        raises TrainingStopped when it stopped on request (its checkpoint on shared storage)."""
+        """Restore, train the task while listening for the stop signal, and return what it trained,
+        with the piece's step figures among its metrics; raises TrainingStopped when it stopped on
+        request (its checkpoint on shared storage)."""
         self.resume_from = self.spec.checkpoints.restore_newest_to(self.spec.checkpoint_dir, self.me.world_size)
-        restored_step = step_of(self.resume_from) if self.resume_from else None
+        restored_step = self.saved_step = step_of(self.resume_from) if self.resume_from else None
         self.mirroring = self.spec.checkpoints.mirroring(self.spec.checkpoint_dir, restored_step)
         self.spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with signals.listening(self._receive):
             trained = self.task.train(self.context())
         if trained is not None:
-            return trained
+            # The task saves a checkpoint after its last step: the newest one is where it ended.
+            steps = {"global_steps": self.saved_step, "resumed_from_step": restored_step}
+            return dataclasses.replace(trained, metrics={**trained.metrics, **steps})
         if self.received is None:
             raise RuntimeError(f"task {self.spec.task}'s train returned None, which means stopped, unasked")
         raise TrainingStopped(self.stopped())
@@ -246,6 +253,7 @@ class Piece:
     def checkpoint_saved(self, checkpoint: Path) -> None:
         if self.me.world_size == 1:
             self.mirroring.mirror_newest()
+            self.saved_step = self.mirroring.mirrored_step
             return
         import torch.distributed  # only a piece of several processes has them
 
@@ -263,6 +271,7 @@ class Piece:
                 raise RuntimeError(f"{assembly} lacks {', '.join(missing) or marker}: not published")
             self.spec.checkpoints.publish(assembly, self.me.world_size)
             log.info("checkpoint %s of %d processes saved to %s", checkpoint.name, self.me.world_size, assembly.parent)
+        self.saved_step = step_of(checkpoint)
 
     def report_progress(self, progress: dict[str, Any]) -> None:
         self.spec.checkpoints.report_progress(progress)
@@ -280,3 +289,4 @@ class Piece:
             )
         finally:
             self.received = self.received or stop.received
+            self.saved_step = self.mirroring.mirrored_step  # the program's checkpoints, as mirrored

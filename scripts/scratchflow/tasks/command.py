@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow import tracking
-from scratchflow.checkpoints import newest_complete_checkpoint, step_of
 from scratchflow.dataset import DatasetError
 from scratchflow.files import read_json
 from scratchflow.record import git_state
@@ -228,14 +227,11 @@ def train(context: TrainContext) -> Trained | None:
         raise CommandFailed(f"the command {argv} {how}; its last lines:\n{tail}")
     read_metrics(expected)
     validation = output_dir / VALIDATION_FILE
-    newest = newest_complete_checkpoint(context.checkpoint_dir, CHECKPOINT_MARKER)
     return Trained(
         output=output_dir,
         metrics={
             "command": argv,
             "exit_code": code,
-            "resumed_from_step": step_of(context.resume_from) if context.resume_from else None,
-            "global_steps": step_of(newest) if newest else None,
             "program_git": program_git(argv),
             **({"validation": read_metrics(validation)} if validation.is_file() else {}),
         },
