@@ -4,32 +4,20 @@ scratchflow's own tasks pass, on a small config of it (docs/lab-pipeline.md, "Yo
     scratchflow/.venv/bin/python scratchflow/scripts/check_task.py contract/texts.yaml
 
 Run it in your pipeline's folder. Each config is a whole config.yaml (paths relative to that folder)
-whose data and model train in seconds, with a checkpoint every few steps and at least two epochs.
+whose data and model train in seconds, with a validation split and a checkpoint every few steps.
+Each check prints `ok` or `FAILED` and why (docs/tasks.md, "What check_task.py checks"); what the
+task raises in one is that check's FAILED line, and the next check runs.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 SCRATCHFLOW_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(SCRATCHFLOW_DIR / "scripts"))
 from scratchflow import contract  # noqa: E402
-from scratchflow.config import ConfigError, configured_task, validate_config  # noqa: E402
+from scratchflow.config import ConfigError  # noqa: E402
 from scratchflow.tasks import find_lab_tasks_in  # noqa: E402
-
-
-def checked_config(path: Path) -> dict:
-    """The config at `path`, validated as the workflow validates it (ConfigError: one line)."""
-    try:
-        config = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise ConfigError(f"cannot read it: {error}") from None
-    validate_config(config)
-    configured_task(config)
-    return config
-
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("configs", nargs="+", type=Path)
@@ -37,10 +25,14 @@ find_lab_tasks_in(Path.cwd())
 broken = 0
 for path in parser.parse_args().configs:
     try:
-        config = checked_config(path)
+        config = contract.contract_config(path)
     except ConfigError as error:
         broken += 1
         print(f"{path}: not a config scratchflow runs: {error}", flush=True)
+        continue
+    except contract.TaskDidNotLoad as failure:
+        broken += 1
+        print(f"{path}: {failure.task}: loaded, its settings checked: FAILED: {failure}", flush=True)
         continue
     for check, failure in contract.check_all(config):
         broken += failure is not None

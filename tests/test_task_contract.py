@@ -2,16 +2,23 @@
 (scratchflow.contract, which a lab runs on its own tasks with scripts/check_task.py): the names it
 must define, its schema fragment (valid, defaults filled in), an empty dataset refused at start-up,
 train -> stop -> resume on tiny data under its piece with a real stop signal, a rung, and nothing
-of its piece's duties in its code. A task module that lacks a name of the protocol is refused naming it."""
+of its piece's duties in its code (read as code: imports and calls, not words). A task module that
+lacks a name of the protocol is refused naming it. A lab's own plain-PyTorch task that reports no
+step counts passes check_task.py; what a lab's task raises in a check is that check's FAILED line,
+with where it raised it, and the other checks run; a contract config that cannot run is one line."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, command_config, image_config, validated, workflow_config
+from conftest import REPO, command_config, image_config, validated, workflow_config, workflow_env
 from scratchflow import contract
 from scratchflow.config import ConfigError, configured_task
 from scratchflow.tasks import UnknownTask, available_tasks, load_task, training_schema
@@ -83,12 +90,92 @@ def test_a_task_leaves_signals_mirroring_barriers_and_the_outcome_to_its_piece(m
     contract.check_leaves_duties_to_its_piece(REPO / "scripts" / "scratchflow" / module)
 
 
-def test_the_checks_find_a_task_that_does_its_pieces_duties(tmp_path):
-    """The check itself can fail: hf_trainer as it was, listening and mirroring itself."""
-    old = tmp_path / "hf_trainer.py"
-    old.write_text("from scratchflow.tasks import TrainingStopped\nimport torch\ntorch.distributed.barrier()\n")
-    with pytest.raises(contract.ContractBroken, match="barriers or collectives, deciding that it stopped"):
-        contract.check_leaves_duties_to_its_piece(old)
+# A task's code that does what its piece does: (its source, the duty and the line the check names).
+DOES_ITS_PIECES_DUTY = {
+    "a signal handler": (
+        "import signal\nsignal.signal(signal.SIGUSR1, print)\n",
+        "listening for signals (line 2: signal.signal)",
+    ),
+    "a timer signal, imported by name": (
+        "from signal import ITIMER_REAL, setitimer\nsetitimer(ITIMER_REAL, 5)\n",
+        "listening for signals (line 2: signal.setitimer)",
+    ),
+    "scratchflow's listening": (
+        "from scratchflow import signals\nwith signals.listening(print):\n    pass\n",
+        "listening for signals (line 2: scratchflow.signals.listening)",
+    ),
+    "a barrier": (
+        "import torch\ntorch.distributed.barrier()\n",
+        "barriers or collectives (line 2: torch.distributed.barrier)",
+    ),
+    "a collective, under another name": (
+        "import torch.distributed as dist\ndef train(context):\n    dist.all_reduce(context.params['x'])\n",
+        "barriers or collectives (line 3: torch.distributed.all_reduce)",
+    ),
+    "a process group": (
+        "from torch.distributed import init_process_group\ninit_process_group('gloo')\n",
+        "barriers or collectives (line 2: torch.distributed.init_process_group)",
+    ),
+    "scratchflow's mirroring": (
+        "from scratchflow.checkpoints import RunCheckpoints\n",
+        "mirroring to shared storage (line 1: scratchflow.checkpoints.RunCheckpoints)",
+    ),
+    "a mirror of its own": (
+        "def train(context, run):\n    run.mirror(context.checkpoint_dir)\n",
+        "mirroring to shared storage (line 2: run.mirror)",
+    ),
+    "raising TrainingStopped": (
+        "import scratchflow.tasks\nraise scratchflow.tasks.TrainingStopped('asked')\n",
+        "deciding that it stopped (line 2: scratchflow.tasks.TrainingStopped)",
+    ),
+    "importing TrainingStopped": (
+        "from scratchflow.tasks import TrainingStopped as Stopped\n",
+        "deciding that it stopped (line 1: scratchflow.tasks.TrainingStopped)",
+    ),
+    "scratchflow's processes": (
+        "from scratchflow.processes import run_program\n",
+        "running programs itself (line 1: scratchflow.processes.run_program)",
+    ),
+}
+# What a task may do: the words in its text, other programs, asking where it is among the processes.
+LEAVES_ITS_PIECES_DUTIES = {
+    "subprocess for something else": "import subprocess\nsubprocess.run(['nvidia-smi'])\n",
+    "its rank and the world's size": (
+        "import torch.distributed as dist\n"
+        "rank = dist.get_rank() if dist.is_initialized() else 0\nsize = dist.get_world_size()\n"
+    ),
+    "signals named, not handled": (
+        '"""Never calls signal.signal( or raises TrainingStopped; RunCheckpoints mirror for it."""\n'
+        "import signal\nname = signal.Signals(10).name\nprint(signal.getsignal(signal.SIGUSR1))\n"
+    ),
+    "the stop file's name": "from scratchflow.signals import STOP_FILE_NAME\n",
+    "reading its own checkpoints": "from scratchflow.checkpoints import newest_complete_checkpoint, step_of\n",
+    "a mirror image, not a copy": "import torch\nflipped = torch.flip(torch.zeros(2, 2), [1])\n",
+}
+
+
+@pytest.mark.parametrize("case", DOES_ITS_PIECES_DUTY)
+def test_the_duties_check_refuses_a_task_that_does_what_its_piece_does_naming_the_line(case, tmp_path):
+    source, found = DOES_ITS_PIECES_DUTY[case]
+    module = tmp_path / "task.py"
+    module.write_text(source)
+    with pytest.raises(contract.ContractBroken) as broken:
+        contract.check_leaves_duties_to_its_piece(module)
+    assert str(broken.value) == f"{module} does what its piece does: {found}"
+
+
+@pytest.mark.parametrize("case", LEAVES_ITS_PIECES_DUTIES)
+def test_the_duties_check_reads_code_not_words(case, tmp_path):
+    module = tmp_path / "task.py"
+    module.write_text(LEAVES_ITS_PIECES_DUTIES[case])
+    contract.check_leaves_duties_to_its_piece(module)
+
+
+def test_the_duties_check_names_every_duty_a_task_does(tmp_path):
+    module = tmp_path / "task.py"
+    module.write_text("from scratchflow.tasks import TrainingStopped\nimport torch\ntorch.distributed.barrier()\n")
+    with pytest.raises(contract.ContractBroken, match=r"barriers or collectives \(line 3: .*\), deciding that it"):
+        contract.check_leaves_duties_to_its_piece(module)
 
 
 def test_a_task_copied_from_another_that_forgot_a_name_is_refused_naming_it(tmp_path, monkeypatch):
@@ -121,3 +208,164 @@ def test_the_contract_finds_a_model_shipped_in_a_package_as_the_workflow_does(tm
     config = validated(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
     spec = contract.piece_spec(config, tmp_path, 1, RunCheckpoints(tmp_path / "shared", "marker"))
     assert spec.model.is_dir() and (spec.model / "config.json").is_file(), spec.model
+
+
+# A lab's folder with a plain-PyTorch task of its own (ourlab.mlp: an MLP on a CSV of numbers, no
+# Hugging Face, no step counts reported), written from docs/tasks.md alone, and its contract config.
+PLAIN_PYTORCH_LAB = REPO / "tests" / "plain_pytorch_lab"
+CHECKS = (
+    "declarations",
+    "an empty dataset refused",
+    "stopped by the stop signal, then resumed",
+    "a halving search's rung",
+    "its piece's duties left to it",
+)
+
+
+def check_task(lab: Path, *configs: str) -> subprocess.CompletedProcess:
+    """scripts/check_task.py run in the lab's folder, as the lab's `make test` runs it."""
+    return subprocess.run(
+        [sys.executable, REPO / "scripts" / "check_task.py", *configs],
+        cwd=lab,
+        capture_output=True,
+        text=True,
+        env=workflow_env(),
+    )
+
+
+def test_a_plain_pytorch_task_that_reports_no_step_counts_passes_every_check(tmp_path):
+    lab = shutil.copytree(PLAIN_PYTORCH_LAB, tmp_path / "ourlab-pipeline")
+    checked = check_task(lab, "contract/mlp.yaml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
+    assert checked.stdout.splitlines() == [f"contract/mlp.yaml: ourlab.mlp: {check}: ok" for check in CHECKS]
+
+
+def lab_task(tmp_path: Path, monkeypatch, *edits: tuple[str, str]) -> tuple[dict, Path]:
+    """The plain-PyTorch lab task with `edits` (text, its replacement) made to its code, as a module
+    of its own, importable here; its contract config, validated, and the module's file."""
+    package = re.sub(r"\W", "_", f"lab_{tmp_path.name}")
+    (tmp_path / package).mkdir()
+    source = (PLAIN_PYTORCH_LAB / "ourlab" / "mlp.py").read_text()
+    for text, replacement in edits:
+        assert text in source, text
+        source = source.replace(text, replacement)
+    module = tmp_path / package / "mlp.py"
+    module.write_text(source)
+    shutil.copy(PLAIN_PYTORCH_LAB / "ourlab" / "mlp.schema.yaml", tmp_path / package)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = yaml.safe_load((PLAIN_PYTORCH_LAB / "contract" / "mlp.yaml").read_text())
+    config["task"] = f"{package}.mlp"
+    config["dataset"]["path"] = str(PLAIN_PYTORCH_LAB / "data" / "numbers.csv")
+    return validated(config), module
+
+
+def line_of(module: Path, text: str) -> int:
+    return next(number for number, line in enumerate(module.read_text().splitlines(), 1) if text in line)
+
+
+def test_what_a_task_raises_in_a_check_is_that_checks_failure_where_it_raised_it_and_the_next_check_runs(
+    tmp_path, monkeypatch
+):
+    """A lab's bug is reported, never a crash of the checks: the train that raises fails the two
+    checks that train, naming the exception, its message and the task's line; the others pass."""
+    raising = "params['global_steps']"
+    config, module = lab_task(tmp_path, monkeypatch, ("    step = 0\n", f"    step = {raising}\n"))
+    results = dict(contract.check_all(config))
+    assert list(results) == list(CHECKS)
+    where = f"(raised at {module}:{line_of(module, raising)} (in train))"
+    for check in ("stopped by the stop signal, then resumed", "a halving search's rung"):
+        assert str(results[check]) == f"KeyError: 'global_steps' {where}"
+    assert [check for check, failure in results.items() if failure is None] == [CHECKS[0], CHECKS[1], CHECKS[4]]
+
+
+def test_an_error_raised_inside_a_library_is_placed_at_the_tasks_line_that_called_it(tmp_path, monkeypatch):
+    """The innermost place in the task's own module, not torch's, nor the piece's."""
+    config, module = lab_task(
+        tmp_path, monkeypatch, ("    model = mlp(features.shape[1],", "    model = mlp(features.shape[0],")
+    )
+    results = dict(contract.check_all(config))
+    failure = str(results["stopped by the stop signal, then resumed"])
+    assert failure.startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied"), failure
+    assert failure.endswith(f"(raised at {module}:{line_of(module, 'model(features[rows])')} (in train))")
+
+
+def test_an_error_raised_outside_the_tasks_module_is_placed_where_it_was_raised():
+    """Where the traceback never passes through the task's module: its innermost place."""
+    with pytest.raises(ValueError) as raised:
+        json.loads("{")
+    where = contract.raised_at(raised.value, PLAIN_PYTORCH_LAB / "ourlab" / "mlp.py")
+    assert where.startswith(f"{json.decoder.__file__}:") and where.endswith("(in raw_decode)"), where
+
+
+def test_check_data_that_refuses_an_empty_dataset_with_another_exception_is_told_to_raise_dataset_error(
+    tmp_path, monkeypatch
+):
+    raising = '        raise DatasetError(f"{path}: not a CSV file of numbers (dataset.path)")'
+    config, module = lab_task(tmp_path, monkeypatch, (raising, raising.replace("DatasetError", "ValueError")))
+    with pytest.raises(contract.ContractBroken) as broken:
+        contract.check_refuses_empty_data(config, tmp_path / "work")
+    assert str(broken.value).startswith(
+        f"{config['task']}: check_data must refuse an empty dataset with scratchflow.dataset.DatasetError"
+    )
+    assert f"it raised ValueError: {tmp_path}/work/empty-dataset: not a CSV file" in str(broken.value)
+    assert str(broken.value).endswith(f"(raised at {module}:{line_of(module, 'not a CSV file')} (in read_table))")
+
+
+def test_check_data_that_accepts_an_empty_dataset_fails_the_check(tmp_path, monkeypatch):
+    config, _ = lab_task(
+        tmp_path,
+        monkeypatch,
+        ("    found = splits(sources, dataset)\n", "    return\n    found = splits(sources, dataset)\n"),
+    )
+    with pytest.raises(contract.ContractBroken, match="check_data accepted an empty dataset"):
+        contract.check_refuses_empty_data(config, tmp_path / "work")
+
+
+def test_a_task_that_hands_its_piece_no_checkpoint_is_told_how(tmp_path, monkeypatch):
+    config, _ = lab_task(tmp_path, monkeypatch, ("    context.checkpoint_saved(folder)\n", ""))
+    with pytest.raises(contract.ContractBroken, match=r"without a complete checkpoint handed to its piece: save"):
+        contract.check_stops_and_resumes(config, tmp_path / "work")
+
+
+def test_a_progress_report_make_status_could_not_read_fails_naming_what_it_lacks(tmp_path, monkeypatch):
+    config, _ = lab_task(tmp_path, monkeypatch, ('                    "at": now,\n', ""))
+    with pytest.raises(contract.ContractBroken, match=r"report_progress\(.*\): it lacks at \(a report holds step,"):
+        contract.check_stops_and_resumes(config, tmp_path / "work")
+
+
+def test_a_rung_without_validation_metrics_fails_the_rung_check_not_the_checks(tmp_path, monkeypatch):
+    config, _ = lab_task(
+        tmp_path, monkeypatch, ('metrics={"validation": validation})', 'metrics={"accuracy": validation})')
+    )
+    with pytest.raises(contract.ContractBroken, match=r"a rung returns Trained\(metrics=\{'validation': \{...\}\}\)"):
+        contract.check_rung(config, tmp_path / "work")
+
+
+def test_a_contract_config_whose_data_or_task_is_missing_is_one_line_naming_it(tmp_path):
+    """Missing data (dataset.path, a split's file), a task module that fails as it is imported, and an
+    empty file: one line each, no traceback; each config is checked."""
+    lab = shutil.copytree(PLAIN_PYTORCH_LAB, tmp_path / "ourlab-pipeline")
+    contract_config = yaml.safe_load((lab / "contract" / "mlp.yaml").read_text())
+    configs = {
+        "no-data.yaml": {**contract_config, "dataset": {**contract_config["dataset"], "path": "data/gone.csv"}},
+        "no-split.yaml": {
+            **contract_config,
+            "dataset": {**contract_config["dataset"], "splits": {"train": "data/numbers.csv", "test": "data/t.csv"}},
+        },
+        "import-fails.yaml": {**contract_config, "task": "ourlab.broken"},
+    }
+    for name, config in configs.items():
+        (lab / "contract" / name).write_text(yaml.safe_dump(config))
+    (lab / "ourlab" / "broken.py").write_text("import numbers_we_never_installed\n")
+    (lab / "contract" / "empty.yaml").touch()
+    checked = check_task(lab, *(f"contract/{name}" for name in configs), "contract/empty.yaml")
+    assert checked.returncode == 1 and "Traceback" not in checked.stdout + checked.stderr, checked.stderr[-3000:]
+    not_run = "not a config scratchflow runs: config key"
+    assert checked.stdout.splitlines() == [
+        f"contract/no-data.yaml: {not_run} dataset.path: {lab}/data/gone.csv is not there",
+        f"contract/no-split.yaml: {not_run} dataset.splits.test: {lab}/data/t.csv is not there",
+        "contract/import-fails.yaml: ourlab.broken: loaded, its settings checked: FAILED: ModuleNotFoundError: "
+        f"No module named 'numbers_we_never_installed' (raised at {lab}/ourlab/broken.py:1 (in <module>))",
+        "contract/empty.yaml: not a config scratchflow runs: it holds no mapping of config keys (task:, dataset:, "
+        "grid:, ...)",
+    ]

@@ -1,37 +1,114 @@
 """The task protocol checked by behaviour, on a task's smallest real config: what
-tests/test_task_contract.py runs on scratchflow's tasks, and `scripts/check_task.py` on a lab's own.
+tests/test_task_contract.py runs on scratchflow's tasks, and `scripts/check_task.py` on a lab's own
+(docs/tasks.md, "What check_task.py checks").
 
 Each check raises `ContractBroken` saying what the task did instead:
 - `check_declarations`: the protocol's names, a valid schema fragment that refuses unknown keys;
-- `check_refuses_empty_data`: an empty dataset refused when the workflow starts;
+- `check_refuses_empty_data`: an empty dataset refused with a DatasetError when the workflow starts;
 - `check_stops_and_resumes`: under its piece, a real stop signal makes it save, hand the checkpoint on
   and return; the next piece resumes from that checkpoint and trains to the end;
 - `check_rung`: a halving search's rung (1 of 2 epochs) and a retry after it that only evaluates;
-- `check_leaves_duties_to_its_piece`: nothing in its code does what its piece does.
+- `check_leaves_duties_to_its_piece`: nothing in its code (its imports and calls) does what its
+  piece does.
+`check_all` runs them all, each on its own: whatever a task raises in one is that check's failure,
+with where the task raised it, and the others still run.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib.util
 import os
 import re
 import signal
 import tempfile
+import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import yaml
 
 from scratchflow import signals
 from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints
-from scratchflow.dataset import DatasetError, data_sources, resolve_location
+from scratchflow.config import ConfigError, configured_task, validate_config
+from scratchflow.dataset import WHOLE, DatasetError, data_sources, resolve_location
 from scratchflow.piece import Piece, PieceSpec
-from scratchflow.tasks import TASK_NAMES, TrainingStopped, load_task, training_schema
+from scratchflow.tasks import PROGRESS_KEYS, TASK_NAMES, TrainingStopped, load_task, module_name, training_schema
 
 
 class ContractBroken(AssertionError):
     """A task does not keep the task protocol."""
+
+
+class TaskDidNotLoad(ContractBroken):
+    """The task's own code failed while it was imported or checked its config's settings."""
+
+    def __init__(self, task: str, message: str) -> None:
+        super().__init__(message)
+        self.task = task
+
+
+def task_file(task: str) -> Path | None:
+    """The file of the task's module, found without running it (None: not found)."""
+    try:
+        spec = importlib.util.find_spec(module_name(task))
+    except Exception:  # its package's own __init__ failed, say: the error itself is named elsewhere
+        return None
+    return Path(spec.origin) if spec and spec.origin else None
+
+
+def raised_at(error: BaseException, module_file: Path | None) -> str:
+    """Where `error` was raised: the innermost place in the task's module (`module_file`), or else
+    the innermost place of all, as file:line (in function)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "where, Python does not say"
+    inside = [frame for frame in frames if module_file and Path(frame.filename).resolve() == module_file.resolve()]
+    frame = (inside or frames)[-1]
+    return f"{frame.filename}:{frame.lineno} (in {frame.name})"
+
+
+def described(error: BaseException, module_file: Path | None) -> str:
+    """An exception the task raised, in one line: its type, its message and where it was raised."""
+    return f"{type(error).__name__}: {error} (raised at {raised_at(error, module_file)})"
+
+
+def contract_config(path: Path) -> dict[str, Any]:
+    """The contract config at `path` as the workflow would run it: validated, the task's defaults
+    filled in, its data there. ConfigError: one line naming what to fix in the config; TaskDidNotLoad:
+    the task's own code failed while it was imported or checked the config's settings."""
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read it: {error}") from None
+    if not isinstance(config, dict):
+        raise ConfigError("it holds no mapping of config keys (task:, dataset:, grid:, ...)")
+    validate_config(config)
+    try:
+        configured_task(config)
+    except ConfigError:
+        raise
+    except Exception as error:  # the lab's module, as it is imported or checks its settings
+        raise TaskDidNotLoad(config["task"], described(error, task_file(config["task"]))) from error
+    check_data_is_there(config["dataset"])
+    return config
+
+
+def check_data_is_there(dataset: dict[str, Any]) -> None:
+    """Each data location of the config (`dataset.path`, or each file of `dataset.splits`) is there;
+    ConfigError naming the key and the path where one is not."""
+    try:
+        sources = data_sources(dataset)
+    except DatasetError as error:
+        raise ConfigError(f"config key dataset: {error}") from None
+    for name, location in sources.items():
+        if not location.exists():
+            key = "dataset.path" if name == WHOLE else f"dataset.splits.{name}"
+            raise ConfigError(f"config key {key}: {location.absolute()} is not there")
 
 
 def check_declarations(task: str) -> None:
@@ -48,15 +125,22 @@ def check_declarations(task: str) -> None:
 
 
 def check_refuses_empty_data(config: dict[str, Any], work: Path) -> None:
+    """`check_data` on the config's dataset with `dataset.path` an empty folder (no splits)."""
     empty = work / "empty-dataset"
     empty.mkdir(parents=True)
     dataset = {**config["dataset"], "path": str(empty)}
     dataset.pop("splits", None)
+    task = config["task"]
     try:
-        load_task(config["task"]).check_data(dataset, data_sources(dataset))
+        load_task(task).check_data(dataset, data_sources(dataset))
     except DatasetError:
         return
-    raise ContractBroken(f"{config['task']}: check_data accepted an empty dataset")
+    except Exception as error:
+        raise ContractBroken(
+            f"{task}: check_data must refuse an empty dataset with scratchflow.dataset.DatasetError (the "
+            f"workflow then names it in one line); it raised {described(error, task_file(task))}"
+        ) from error
+    raise ContractBroken(f"{task}: check_data accepted an empty dataset (dataset.path an empty folder)")
 
 
 class QuickMirroring(CheckpointMirroring):
@@ -70,9 +154,11 @@ class QuickMirroring(CheckpointMirroring):
 @dataclasses.dataclass(frozen=True)
 class StopsAfterFirstCheckpoint(RunCheckpoints):
     """The run's shared checkpoints; the first one mirrored sends this process the stop signal, as
-    Slurm's wall-time warning would, at a moment the check knows."""
+    Slurm's wall-time warning would, at a moment the check knows. What the task reports of its
+    progress is checked as it comes: `make status` reads it."""
 
     stop: bool = True
+    since: float = dataclasses.field(default_factory=time.time)
 
     def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
         return QuickMirroring(self, local_folder, restored_step)
@@ -82,6 +168,30 @@ class StopsAfterFirstCheckpoint(RunCheckpoints):
         if self.stop and len(self.complete()) == 1:
             os.kill(os.getpid(), signals.stop_signal())
         return destination
+
+    def report_progress(self, progress: dict[str, Any]) -> None:
+        problem = progress_problem(progress, self.since)
+        if problem:
+            raise ContractBroken(f"report_progress({progress!r:.300}): {problem}")
+        super().report_progress(progress)
+
+
+def progress_problem(progress: Any, since: float) -> str | None:
+    """What is wrong with a progress report (None: nothing): each of PROGRESS_KEYS a number, and `at`
+    the time it was reported (time.time())."""
+    if not isinstance(progress, dict):
+        return "a progress report is a dict"
+    missing = [key for key in PROGRESS_KEYS if key not in progress]
+    if missing:
+        return f"it lacks {', '.join(missing)} (a report holds {', '.join(PROGRESS_KEYS)})"
+    not_numbers = [
+        key for key in PROGRESS_KEYS if isinstance(progress[key], bool) or not isinstance(progress[key], int | float)
+    ]
+    if not_numbers:
+        return f"not a number: {', '.join(not_numbers)}"
+    if not since <= progress["at"] <= time.time():
+        return "at is not the time it was reported (time.time())"
+    return None
 
 
 def piece_spec(config: dict[str, Any], work: Path, piece: int, run: RunCheckpoints) -> PieceSpec:
@@ -117,6 +227,12 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> None:
             if not re.match(r"stopped on SIGUSR2 at step \d+ and paused; checkpoint-", str(stopped)):
                 raise ContractBroken(f"{task}: paused, but not at a saved checkpoint: {stopped}") from None
         else:
+            if first.newest() is None:
+                raise ContractBroken(
+                    f"{task}: trained to its end without a complete checkpoint handed to its piece: save "
+                    f"checkpoint-<step>/ every save_every_steps steps, {marker} in it last, then call "
+                    "context.checkpoint_saved(it)"
+                )
             raise ContractBroken(f"{task}: trained to its end through a stop signal (saved one checkpoint first)")
         stopped_at = first.newest_step()
         if signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN:
@@ -126,10 +242,11 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> None:
     finally:
         signals.use_stop_signal(signals.DEFAULT_STOP_SIGNAL)
     figures = trained.metrics
-    if figures.get("resumed_from_step") != stopped_at or not figures.get("global_steps", 0) > stopped_at:
+    if figures.get("resumed_from_step") != stopped_at or not (figures.get("global_steps") or 0) > stopped_at:
         raise ContractBroken(
-            f"{task}: the next piece did not resume from checkpoint-{stopped_at} and train on: "
-            f"resumed_from_step {figures.get('resumed_from_step')}, global_steps {figures.get('global_steps')}"
+            f"{task}: the next piece did not resume from checkpoint-{stopped_at} and train on to a checkpoint "
+            f"after its last step: resumed_from_step {figures.get('resumed_from_step')}, its newest checkpoint "
+            f"(global_steps) {figures.get('global_steps')}"
         )
     if not (trained.output.is_dir() and any(trained.output.iterdir())):
         raise ContractBroken(f"{task}: what it trained ({trained.output}) is not a folder with something in it")
@@ -143,38 +260,140 @@ def check_rung(config: dict[str, Any], work: Path) -> None:
     run = RunCheckpoints(work / "shared-rung", load_task(task).CHECKPOINT_MARKER)
     rung = Piece(dataclasses.replace(piece_spec(config, work / "rung", 1, run), budget_epochs=1)).train()
     retried = Piece(dataclasses.replace(piece_spec(config, work / "rung", 2, run), budget_epochs=1)).train()
-    if not rung.metrics.get("validation") or retried.metrics.get("validation") != rung.metrics["validation"]:
-        raise ContractBroken(f"{task}: a rung's validation metrics, and its retry's the same: {rung.metrics}")
-    if not retried.metrics["global_steps"] == rung.metrics["global_steps"] == run.newest_step():
-        raise ContractBroken(f"{task}: a retried rung trained on, or its checkpoint is not the rung's end")
+    validation = rung.metrics.get("validation")
+    if not validation or retried.metrics.get("validation") != validation:
+        raise ContractBroken(
+            f"{task}: a rung returns Trained(metrics={{'validation': {{...}}}}), the metrics on the validation "
+            f"split at the end of budget_epochs, and a retry from that checkpoint the same: the rung's "
+            f"{rung.metrics.get('validation')!r:.200}, the retry's {retried.metrics.get('validation')!r:.200}"
+        )
+    rung_end = rung.metrics["global_steps"]
+    if rung_end is None or not retried.metrics["global_steps"] == rung_end == run.newest_step():
+        raise ContractBroken(
+            f"{task}: a rung saves a checkpoint at the end of budget_epochs (saved: {rung_end}), and a retry "
+            f"from it trains no further (its newest checkpoint: {retried.metrics['global_steps']})"
+        )
     last = Piece(piece_spec(config, work / "rung", 3, run)).train()
-    if last.metrics["resumed_from_step"] != rung.metrics["global_steps"] or (
-        last.metrics["global_steps"] != 2 * rung.metrics["global_steps"]
-    ):
-        raise ContractBroken(f"{task}: the run's last job did not resume from the rung and train to the end")
+    if last.metrics["resumed_from_step"] != rung_end or last.metrics["global_steps"] != 2 * rung_end:
+        raise ContractBroken(
+            f"{task}: the run's last job did not resume from the rung's checkpoint-{rung_end} and train to the "
+            f"end of epoch 2 (step {2 * rung_end}), with a checkpoint there: its newest is "
+            f"{last.metrics['global_steps']}"
+        )
 
 
-# What a task leaves to its piece (scratchflow.piece); none of it may be in the task's code.
-PIECE_DUTIES = {
-    "listening for signals": r"signal\.signal\(|scratchflow\.signals import (?!STOP_FILE_NAME$)|listening\(",
-    "running programs itself": r"scratchflow\.processes|subprocess",
-    "barriers or collectives": r"torch\.distributed",
-    "mirroring to shared storage": r"RunCheckpoints|\.mirror|restore_newest_to",
-    "deciding that it stopped": r"TrainingStopped",
+# What a task leaves to its piece (scratchflow.piece), found in its code: each duty's test of one
+# use of a name (fully qualified where the module imported it) by an import, a call or a reference.
+SIGNAL_HANDLERS = {
+    *("signal.signal", "signal.setitimer", "signal.alarm", "signal.pthread_sigmask", "signal.sigwait"),
+    *("signal.sigwaitinfo", "signal.sigtimedwait", "signal.set_wakeup_fd", "signal.siginterrupt"),
+}
+# scratchflow.signals' names a task may read: its constants, and which signal stops a job.
+SIGNALS_TO_READ = {"stop_signal", "stop_signals"}
+COLLECTIVES = {
+    *("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all", "all_to_all_single"),
+    *("barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter"),
+    *("reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list"),
+    *("send", "recv", "isend", "irecv", "batch_isend_irecv"),
+    *("init_process_group", "destroy_process_group", "new_group"),
+}
+MIRRORING_NAMES = {"scratchflow.checkpoints.RunCheckpoints", "scratchflow.checkpoints.CheckpointMirroring"}
+MIRRORING_METHODS = {"mirror", "mirror_newest", "restore_newest_to"}
+
+
+def _last(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+def _listens(name: str, how: str) -> bool:
+    if how == "call" and name in SIGNAL_HANDLERS:
+        return True
+    inside, _, member = name.partition("scratchflow.signals.")
+    return not inside and bool(member) and not (member.isupper() or member in SIGNALS_TO_READ)
+
+
+PIECE_DUTIES: dict[str, Callable[[str, str], bool]] = {
+    "listening for signals": _listens,
+    "running programs itself": lambda name, how: (
+        name == "scratchflow.processes" or name.startswith("scratchflow.processes.")
+    ),
+    "barriers or collectives": lambda name, how: (
+        how == "call" and name.startswith("torch.distributed.") and _last(name) in COLLECTIVES
+    ),
+    "mirroring to shared storage": lambda name, how: (
+        name in MIRRORING_NAMES or (how == "call" and "." in name and _last(name) in MIRRORING_METHODS)
+    ),
+    "deciding that it stopped": lambda name, how: _last(name) == "TrainingStopped",
 }
 
 
+def package_of(module_file: Path) -> list[str]:
+    """The package a module file lies in (its folders that hold an __init__.py), outermost first."""
+    package, folder = [], module_file.parent
+    while (folder / "__init__.py").is_file():
+        package.insert(0, folder.name)
+        folder = folder.parent
+    return package
+
+
+def uses_of_names(source: str, package: list[str]) -> list[tuple[int, str, str]]:
+    """(line, name, how) for each import ("import"), call ("call") and other use ("reference") of a
+    name in `source`, the name fully qualified through the module's imports (`dist.barrier` after
+    `import torch.distributed as dist` is torch.distributed.barrier); `package`: the module's, for
+    its relative imports."""
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}
+    uses: list[tuple[int, str, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.partition(".")[0]  # `import torch.distributed` binds torch
+                aliases[alias.asname or top] = alias.name if alias.asname else top
+                uses.append((node.lineno, alias.name, "import"))
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            for alias in node.names:
+                qualified = f"{module}.{alias.name}"
+                if alias.name != "*":
+                    aliases[alias.asname or alias.name] = qualified
+                uses.append((node.lineno, qualified, "import"))
+
+    def qualified(node: ast.expr) -> str:
+        if isinstance(node, ast.Name):
+            return aliases.get(node.id, node.id)
+        if isinstance(node, ast.Attribute):
+            return f"{qualified(node.value)}.{node.attr}"
+        return "(an expression)"
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            uses.append((node.lineno, qualified(node.func), "call"))
+        elif isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Load):
+            uses.append((node.lineno, qualified(node), "reference"))
+    return sorted(set(uses))
+
+
 def check_leaves_duties_to_its_piece(module_file: Path) -> None:
-    source = module_file.read_text()
-    found = [duty for duty, pattern in PIECE_DUTIES.items() if re.search(pattern, source, re.MULTILINE)]
+    """Reads the module's code: what it imports and calls, not its words (a docstring may name a
+    signal; `subprocess` may serve something else; torch.distributed.get_rank() is not a barrier)."""
+    uses = uses_of_names(module_file.read_text(), package_of(module_file))
+    found = []
+    for duty, does_it in PIECE_DUTIES.items():
+        where = sorted({(line, name) for line, name, how in uses if does_it(name, how)})
+        if where:
+            shown = "; ".join(f"line {line}: {name}" for line, name in where[:3])
+            found.append(f"{duty} ({shown}{'; ...' if len(where) > 3 else ''})")
     if found:
         raise ContractBroken(f"{module_file} does what its piece does: {', '.join(found)}")
 
 
 def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | None]]:
     """Every check of `config`'s task on `config` (validated, its defaults filled in), each in a
-    folder of its own: (what was checked, how it broke or None)."""
+    folder of its own: (what was checked, how it broke or None). Whatever the task raises in a check
+    is that check's failure, and the next check runs."""
     task = config["task"]
+    module_file = task_file(task)
     checks: dict[str, Callable[[Path], None]] = {
         "declarations": lambda work: check_declarations(task),
         "an empty dataset refused": lambda work: check_refuses_empty_data(config, work),
@@ -188,5 +407,7 @@ def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | No
                 check(Path(work))
             except ContractBroken as broken:
                 yield name, broken
+            except (Exception, SystemExit) as error:  # the task's own code failed: said, not raised
+                yield name, ContractBroken(described(error, module_file))
             else:
                 yield name, None

@@ -4,11 +4,14 @@ newest checkpoint, hears the stop signal, mirrors each checkpoint to shared stor
 whether the piece finished or paused; the job (scratchflow.jobs) stages the data in and syncs the
 result back.
 
-A task is one module here, `scratchflow.tasks.<name with _ for ->`, beside its schema fragment
-`<module>.schema.yaml` (the JSON schema of the `training:` section; `grid:` accepts exactly the same
-keys, as lists). What the module must define is the `Task` protocol below; `load_task` checks a
-module against it (and for its schema fragment) when the workflow starts, and names what is missing;
-tests/test_task_contract.py checks every task's behaviour against it.
+A task is one module beside its schema fragment `<module>.schema.yaml` (the JSON schema of the
+`training:` section; `grid:` accepts exactly the same keys, as lists): a lab's own beside its
+Snakefile, named by its module path (`task: ourlab.mlp` is ourlab/mlp.py), or one of scratchflow's
+here, `scratchflow.tasks.<name with _ for ->`. What the module must define is the `Task` protocol
+below (docs/tasks.md, "Adding a task"); `load_task` checks a module against it (and for its schema
+fragment) when the workflow starts, and names what is missing; scratchflow.contract checks a task's
+behaviour against it (scripts/check_task.py on a lab's, tests/test_task_contract.py on
+scratchflow's).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from typing import Any, Protocol
 import yaml
 
 DEFAULT_TASK = "text-classification"
+# What a progress report holds, each a number: where training is, where this job stops, the loss,
+# the speed, the seconds left at that speed, and when it was reported (time.time()).
+PROGRESS_KEYS = ("step", "max_steps", "loss", "samples_per_second", "seconds_left", "at")
 
 
 class UnknownTask(ValueError):
@@ -56,9 +62,12 @@ class TrainContext:
 
     run_id: str
     piece: int  # 1 for the first job that trains the run, 2 for the one that resumes it, ...
-    data: dict[str, Path]  # the staged data on scratch: {"all": path} or {"train": ..., "test": ...}
-    dataset: dict[str, Any]
-    params: dict[str, Any]  # the run's training parameters
+    # The data, staged on scratch, as the config's dataset gives it, unsplit: {"all": the file or
+    # folder of dataset.path} or, with dataset.splits, {"train": ..., "test": ..., "validation": ...}
+    # (validation only if given). The task splits "all" itself (scratchflow.dataset.load_splits).
+    data: dict[str, Path]
+    dataset: dict[str, Any]  # the config's dataset: section, its defaults filled in
+    params: dict[str, Any]  # the run's training parameters (training:, the grid's values in it)
     model: Path | None  # the base model's cache on shared storage
     work_dir: Path  # this piece's private scratch folder
     checkpoint_dir: Path  # on scratch: save checkpoint-<step>/ here, the task's CHECKPOINT_MARKER last
@@ -72,7 +81,7 @@ class TrainContext:
     processes_per_node: int
     # A halving search's rung: train until this many of the run's epochs are done (the schedule
     # still that of all its epochs), save a checkpoint there and return the validation metrics
-    # there (Trained.metrics["validation"]).
+    # there: Trained(output, {"validation": {name: number}}).
     budget_epochs: int | None
     lifecycle: Lifecycle = field(repr=False)
 
@@ -88,8 +97,10 @@ class TrainContext:
         self.lifecycle.checkpoint_saved(checkpoint)
 
     def report_progress(self, progress: dict[str, Any]) -> None:
-        """Where training is (step, max_steps, loss, samples_per_second, seconds_left, at), for the
-        grid's status; from the first process only. Optional."""
+        """Optional: where training is, for `make status` (PROGRESS_KEYS, each a number; `at` is
+        time.time()), from the first process only. The piece writes it to the run's folder on shared
+        storage, replacing the last report, and records a piece that dies with the step it had
+        reached: report at most every few seconds (say every logging interval), not every step."""
         self.lifecycle.report_progress(progress)
 
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -102,7 +113,10 @@ class TrainContext:
 @dataclass(frozen=True)
 class Trained:
     output: Path  # a directory on scratch, synced back whole to results/runs/<run_id>/model/
-    metrics: dict[str, Any]  # training figures for the record (global_steps, resumed_from_step, ...)
+    # Training figures for record.json's "training" (JSON-serializable; {} will do), and a rung's
+    # {"validation": {name: number}}. No step counts: the piece adds global_steps (its newest
+    # checkpoint's step) and resumed_from_step (the one it restored, or None), replacing any of the task's.
+    metrics: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -124,7 +138,9 @@ class Predicted:
 
 class Task(Protocol):
     """What a task module defines (module-level names; the functions as plain functions). A task
-    imports no signal, mirrors nothing and raises nothing to stop: its `TrainContext` does that."""
+    sets no signal handler, calls no torch.distributed barrier or collective, runs no program through
+    scratchflow.processes, mirrors nothing and raises nothing to stop: its piece does that, asked
+    through its `TrainContext` (scratchflow.contract reads a task's code for it)."""
 
     # The file the task writes last into `checkpoint-<step>/`: its presence makes the checkpoint
     # complete (mirrored to shared storage, resumable).
@@ -140,7 +156,9 @@ class Task(Protocol):
         """Start-up checks of its settings (every start); raises ValueError naming the key."""
 
     def check_data(self, dataset: dict[str, Any], sources: dict[str, Path]) -> None:
-        """Start-up checks of the data (once per version of it); raises DatasetError."""
+        """Start-up checks of the data where the config says it is (once per version of it):
+        `sources` shaped as `TrainContext.data`. Raises scratchflow.dataset.DatasetError, one line
+        naming the key or file, for data it cannot train on (an empty folder among it)."""
 
     def check_model(self, model_dir: Path) -> None:
         """Proves a prefetched model loads offline (if NEEDS_MODEL)."""
@@ -151,9 +169,10 @@ class Task(Protocol):
         after the last, saves `checkpoint-<step>/` into `context.checkpoint_dir` (its marker last)
         and calls `context.checkpoint_saved` with it. Asks `context.stop_requested()` after every
         step: when asked, saves a checkpoint the same way and returns None. With
-        `context.budget_epochs`, stops the same way at the end of that epoch and returns the
-        validation metrics there (a `resume_from` already there: evaluates it, trains no further).
-        Otherwise returns what it trained when done."""
+        `context.budget_epochs`, stops the same way at the end of that epoch and returns
+        Trained(output, {"validation": the metrics there}) (a `resume_from` already there: evaluates
+        it, trains no further). Otherwise returns what it trained when done, its checkpoint after
+        the last step saved: its step is the run's `global_steps`."""
 
     def predict(self, context: PredictContext) -> Predicted:
         """Tests what `train` made."""
