@@ -16,7 +16,7 @@ define install_missing
 	fi
 endef
 
-.PHONY: demo test check status cluster setup setup-dev .debian-tools lint format clean example-image example-command
+.PHONY: demo test check status retrain cluster setup setup-dev .debian-tools lint format clean example-image example-command
 
 demo: setup  ## Run the demo grid on this machine, then build its report and say where it is.
 	scripts/run_local.sh
@@ -29,6 +29,10 @@ example-image example-command: setup  ## Run config/examples/<name>/ in example-
 
 status: setup  ## Where every run of the grid in DIR (default: here) stands; changes nothing.
 	$(PYTHON) scripts/status.py $(or $(DIR),.)
+
+# A grid whose jobs went to Slurm runs again with PROFILE's snakemake command, from this machine (the login node).
+retrain: setup  ## Train the runs in RUNS (make status names them) of the grid in DIR again from zero, and nothing else.
+	$(PYTHON) scripts/retrain.py $(RUNS) --dir $(or $(DIR),.) $(if $(PROFILE),-- $(CURDIR)/$(VENV)/bin/snakemake --snakefile $(CURDIR)/Snakefile --profile $(CURDIR)/$(PROFILE))
 
 cluster: setup  ## Per partition of PROFILE's rules: idle and total GPUs by type, pending jobs; changes nothing.
 	$(PYTHON) scripts/cluster.py $(or $(PROFILE),$(error give the profile: make cluster PROFILE=profiles/<name>))

@@ -2,7 +2,8 @@
 """Where every run of a grid stands: python scripts/status.py [the directory you run snakemake in].
 
 Reads what the workflow writes (results/, checkpoints/, logs/) and, where there is a Slurm, one
-squeue and one sacct (what the grid has cost so far); changes nothing. Exits 0, or 2 when the
+squeue and one sacct (what the grid has cost so far); where the runs were trained by other code or
+packages, says so, with the line that trains them again. Changes nothing. Exits 0, or 2 when the
 directory holds no grid."""
 
 import argparse
@@ -11,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scratchflow.plan import NoPlan
-from scratchflow.status import current_status, render, spend_line
+from scratchflow.status import current_status, render, run_records, spend_line, trained_by_lines
 
 
 def main() -> int:
@@ -23,7 +24,8 @@ def main() -> int:
     except NoPlan as error:
         print(f"scratchflow status: {error}", file=sys.stderr)
         return 2
-    print(render(statuses, rung, spend_line(workdir, statuses)))
+    records = run_records(workdir)
+    print(render(statuses, rung, spend_line(workdir, statuses, records), trained_by_lines(workdir, records)))
     return 0
 
 

@@ -11,7 +11,9 @@ from scratchflow.aggregation import (
     comparison_axis,
     plot_comparison,
     setting_columns,
+    setting_trained_by,
     summarize,
+    trained_by_table,
     varying_columns,
 )
 
@@ -122,3 +124,29 @@ def test_the_comparison_axis_names_the_metric_once_says_what_a_bar_is_and_fits_t
     label, (low, high) = comparison_axis(table, by_setting(table), "accuracy", "max")
     assert label == "test accuracy: mean ± std over each setting's seeds, a dot per run (higher is better)"
     assert 0.9 < high < 1.05
+
+
+def trained(torch: str, code: str | None) -> dict:
+    """A run's record as far as what trained it goes: its packages and its task's code."""
+    environment = {"scratchflow_version": "0.2.0", "python": "3.11.7", "packages": {"torch": torch}}
+    return {"environment": environment, "code": {"files": {"ourlab/mlp.py": code}, "sha256": code}}
+
+
+def test_the_tables_show_what_trained_each_run_where_the_runs_differ_in_it_and_only_there(tmp_path):
+    table = summarize(runs(tmp_path))
+    settings = by_setting(table)
+    alike = trained_by_table({run_id: trained("2.13.0", "a" * 64) for run_id in ("aaa", "bbb", "ccc")})
+    assert list(alike.columns) == ["run_id"] and list(alike["run_id"]) == ["aaa", "bbb", "ccc"]
+    assert list(setting_trained_by(settings, alike).columns) == ["run_ids"]
+    differing = trained_by_table(
+        {"aaa": trained("2.13.0", "a" * 64), "bbb": trained("2.13.0", "b" * 64), "ccc": trained("2.12.0", "a" * 64)}
+    )
+    assert differing.to_dict("records") == [
+        {"run_id": "aaa", "trained_by_torch": "2.13.0", "trained_by_code": "aaaaaaaa"},
+        {"run_id": "bbb", "trained_by_torch": "2.13.0", "trained_by_code": "bbbbbbbb"},
+        {"run_id": "ccc", "trained_by_torch": "2.12.0", "trained_by_code": "aaaaaaaa"},
+    ]
+    assert setting_trained_by(settings, differing).to_dict("records") == [
+        {"run_ids": "aaa", "trained_by_torch": "2.13.0", "trained_by_code": "aaaaaaaa"},
+        {"run_ids": "bbb ccc", "trained_by_torch": "2.13.0, 2.12.0", "trained_by_code": "bbbbbbbb, aaaaaaaa"},
+    ]

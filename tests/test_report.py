@@ -22,6 +22,7 @@ def record(commit: str, host: str, dirty: bool = False, version: str = "0.1.0") 
             "python": "3.11.7",
             "packages": {"torch": "2.13.0", "wandb": None},
         },
+        "code": {"task": "text-classification", "folder": None, "files": {}, "sha256": None},
     }
 
 
@@ -50,7 +51,7 @@ def test_the_page_holds_every_run_and_setting_escaped_sortable_and_self_containe
     cost = local_cost(list(table["run_id"]))
     settings = settings.merge(setting_costs(settings, cost.by_run), on="run_ids")
     table = table.merge(run_costs(cost.by_run), on="run_id")
-    write_summary_page(settings, table, chosen, [record("c0ffee", "n1")], cost, page)
+    write_summary_page(settings, table, chosen, {"aaa": record("c0ffee", "n1")}, cost, page, tmp_path)
     text = page.read_text()
     assert "What the grid cost: no Slurm accounting: GPU-hours not known, 0.75 CPU-hours" in text
     assert "<th>cpu_hours</th>" in text and 'data-value="0.5"' in text, "a setting's runs' cost, summed"
@@ -61,6 +62,24 @@ def test_the_page_holds_every_run_and_setting_escaped_sortable_and_self_containe
     assert 'data-value="0.84"' in text, "sorted by full value, whatever is shown"
     assert 'class="sortable"' in text and "addEventListener" in text
     assert "http" not in text, "no outside resources: it previews inside Snakemake's report"
+    assert 'id="trained-by"' not in text, "one run: trained by nothing but its own code and packages"
+
+
+def test_the_page_says_which_runs_other_packages_trained_and_how_to_train_them_again(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the aggregate job runs in the grid's directory
+    (tmp_path / "Makefile").write_text("retrain:\n\techo\n")
+    table, settings, chosen = grid(tmp_path)
+    records = {run_id: record("c0ffee", "n1") for run_id in ("aaa", "bbb", "ccc")}
+    for minute, written in enumerate(records.values()):
+        written["environment"]["finished_at"] = f"2026-11-27T10:0{minute}:00+0000"
+    records["bbb"]["environment"]["packages"]["torch"] = "2.12.0"
+    write_summary_page(settings, table, chosen, records, local_cost(list(records)), tmp_path / "page.html")
+    text = (tmp_path / "page.html").read_text()
+    assert (
+        '<p id="trained-by"><b>The runs were trained by other code or packages:</b><br>torch 2.12.0 trained 1 of 3 '
+        "runs, 2.13.0 the newest: bbb<br>to train it again from zero, and nothing else: make retrain "
+        "RUNS=&quot;bbb&quot;</p>"
+    ) in text
 
 
 def test_provenance_names_what_differs_between_runs_with_counts():
@@ -71,6 +90,9 @@ def test_provenance_names_what_differs_between_runs_with_counts():
     assert facts["torch"] == "2.13.0"
     assert facts["wandb"] == "not installed"
     assert facts["cluster"] == "narval"
+    assert facts["task code"] == "scratchflow's own (its commit above)"
+    lab = {**record("c0ffee", "n1"), "code": {"files": {"ourlab/mlp.py": "9f8e7d6c" * 8}, "sha256": "1" * 64}}
+    assert provenance([lab])["task code"] == "ourlab/mlp.py (sha256 9f8e7d6c)"
 
 
 def test_provenance_tells_runs_of_two_releases_and_a_record_from_before_versions():

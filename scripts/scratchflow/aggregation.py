@@ -14,6 +14,7 @@ from scratchflow.accounting import Cost
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json
 from scratchflow.plan import REPLICATE_KEY
+from scratchflow.record import SHORT, TRAINED_BY, trained_by
 
 # A plot stays readable up to about this many bars; larger grids show their best settings.
 MOST_SETTINGS_PLOTTED = 40
@@ -90,6 +91,40 @@ def setting_costs(settings: pd.DataFrame, by_run: dict[str, Cost]) -> pd.DataFra
         summed = sum((by_run[run_id] for run_id in run_ids.split()), Cost())
         rows.append({"run_ids": run_ids, **summed.as_row()})
     return pd.DataFrame(rows)
+
+
+def trained_by_table(records: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per run (its record's id): what trained it, in a column `trained_by_<what>` for each
+    of scratchflow, python, torch, transformers and code (the sha256 of the task's code, its first
+    characters) in which the runs differ; only `run_id` where they differ in none."""
+    facts = {run_id: trained_by(record) or {} for run_id, record in records.items()}
+    names = {name: f"trained_by_{TRAINED_BY.get(name, name).lower()}" for name in (*TRAINED_BY, "code")}
+    differing = [name for name in names if len({fact.get(name) for fact in facts.values()}) > 1]
+    rows = [
+        {"run_id": run_id, **{names[name]: _shown(name, fact.get(name)) for name in differing}}
+        for run_id, fact in facts.items()
+    ]
+    return pd.DataFrame(rows, columns=["run_id", *(names[name] for name in differing)])
+
+
+def _shown(name: str, value: str | None) -> str | None:
+    is_sha256 = name == "code" and value is not None and len(value) == 64
+    return value[:SHORT] if is_sha256 else value
+
+
+def setting_trained_by(settings: pd.DataFrame, by_run: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting (by its run_ids): each column of `by_run` (trained_by_table) as the
+    distinct values of its runs, joined by ", "."""
+    columns = [column for column in by_run.columns if column != "run_id"]
+    values = by_run.set_index("run_id")
+    rows = [
+        {
+            "run_ids": run_ids,
+            **{column: ", ".join(dict.fromkeys(map(str, values.loc[run_ids.split(), column]))) for column in columns},
+        }
+        for run_ids in settings["run_ids"]
+    ]
+    return pd.DataFrame(rows, columns=["run_ids", *columns])
 
 
 def check_metric(runs: pd.DataFrame, metric: str) -> None:

@@ -27,6 +27,7 @@ from scratchflow.piece import PieceSpec, Shape, Staging
 from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
 from scratchflow.record import (
     PhaseTimer,
+    code_record,
     environment_record,
     keep_piece_log,
     output_to_log,
@@ -158,6 +159,7 @@ def train_job(job: TrainJob) -> None:
     on shared storage is where the next rung, or the run's last job, resumes.
     """
     task = load_task(job.task)
+    code = code_record(job.task, Path(task.__file__), job.identity["training"])  # the code as loaded, hashed once
     signals.use_stop_signal(job.checkpointing["stop_signal"])
     switch_hub_off()
     timer = PhaseTimer()
@@ -242,6 +244,7 @@ def train_job(job: TrainJob) -> None:
             "threads": job.threads,
             "timings_seconds": phases_of_all_pieces(run.pieces()),
             "environment": environment_record(job.workflow_dir),
+            "code": code,
         },
         job.record_out,
     )
@@ -453,10 +456,13 @@ def aggregate_job(
     table = table.sort_values(metric, ascending=ascending)
     records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
     cost = grid_cost_of(runs, records, rung_records, len(decisions) if decisions else None)
+    trained_by = aggregation.trained_by_table(records)  # columns only where the runs differ
     settings_written = settings.merge(aggregation.setting_costs(settings, cost.by_run), on="run_ids")
+    settings_written = settings_written.merge(aggregation.setting_trained_by(settings, trained_by), on="run_ids")
     with written_whole(summary_out) as partial:
         settings_written.to_csv(partial, sep="\t", index=False)
     runs_written = table.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
+    runs_written = runs_written.merge(trained_by, on="run_id", how="left")
     if decisions:
         rungs = halving.rung_table(
             [read_json(path) for path in decisions],
@@ -485,7 +491,7 @@ def aggregate_job(
         + f" by test {metric}; the best run in orange",
         highlight=chosen["run"]["run_id"],
     )
-    report.write_summary_page(settings_written, runs_written, chosen, list(records.values()), cost, page_out)
+    report.write_summary_page(settings_written, runs_written, chosen, records, cost, page_out)
     best_run_id = chosen["run"]["run_id"]
     report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, confusion_out)
     setting = chosen["setting"]

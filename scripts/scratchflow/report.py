@@ -1,6 +1,7 @@
 """What Snakemake's report (`snakemake --report`) shows besides the figures: the grid's tables as one
-self-contained HTML page that sorts by any column in the browser, with the provenance of the runs,
-and the confusion matrix of the best run."""
+self-contained HTML page that sorts by any column in the browser, with the provenance of the runs
+(and, where they were trained by other code or packages, which and how to train them again), and
+the confusion matrix of the best run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pandas as pd
 from scratchflow.accounting import GridCost, described
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import written_whole
+from scratchflow.record import SHORT, difference_lines
+from scratchflow.search import HALVING
 
 # Sorting on a click of a column's head (again: the other way); empty cells last.
 SORT_SCRIPT = """
@@ -48,6 +51,7 @@ th[aria-sort="ascending"]::after { content: " \\25B2"; }
 th[aria-sort="descending"]::after { content: " \\25BC"; }
 td.text { text-align: left; font-family: monospace; }
 tr.best { background: #fff1e0; }
+#trained-by { border-left: 4px solid #d97706; padding-left: 0.8em; }
 """
 
 
@@ -94,6 +98,7 @@ def provenance(records: list[dict[str, Any]]) -> dict[str, str]:
         ),
         "data sha256": counted([record["data"]["sha256"] for record in records]),
         "task": counted([record["task"] for record in records]),
+        "task code": counted([task_code(record) for record in records]),
         "cluster": counted([record["config"].get("cluster", {}).get("name", "local") for record in records]),
         "hosts": counted([env["host"] for env in environments]),
         "python": counted([env["python"] for env in environments]),
@@ -103,22 +108,45 @@ def provenance(records: list[dict[str, Any]]) -> dict[str, str]:
     return facts
 
 
+def task_code(record: dict[str, Any]) -> str:
+    """The code of the run's task as its record names it: each file of the lab's own, with its sha256."""
+    code = record.get("code")
+    if code is None:
+        return "not recorded"
+    if not code["files"]:
+        return "scratchflow's own (its commit above)"
+    return ", ".join(f"{name} (sha256 {sha256[:SHORT]})" for name, sha256 in code["files"].items())
+
+
+def trained_by_paragraph(records: dict[str, dict[str, Any]], workdir: Path) -> str:
+    """Where the runs differ in what trained them, and the line that trains the odd ones again
+    (scratchflow.record.difference_lines), as a paragraph of the page; empty where they do not."""
+    halving = any(record.get("config", {}).get("search", {}).get("kind") == HALVING for record in records.values())
+    lines = difference_lines(records, workdir, halving)
+    if not lines:
+        return ""
+    title, *told = (html.escape(line.strip()) for line in lines)
+    return f'<p id="trained-by"><b>The runs were {title}</b><br>' + "<br>".join(told) + "</p>"
+
+
 def write_summary_page(
     settings: pd.DataFrame,
     runs: pd.DataFrame,
     chosen: dict[str, Any],
-    records: list[dict[str, Any]],
+    records: dict[str, dict[str, Any]],
     cost: GridCost,
     path: Path,
+    workdir: Path = Path(),
 ) -> None:
     """The settings and runs tables (best first, sortable by any column, with what each cost), the
-    best setting and run, what the grid cost, and the runs' provenance, in one HTML file with no
-    outside resources."""
+    best setting and run, what the grid cost, and the runs' provenance (`records`, by run id), with
+    where they differ in what trained them (their task's code against it as it is now in
+    `workdir`, the grid's directory), in one HTML file with no outside resources."""
     metric, goal = chosen["metric"], chosen["goal"]
     setting, run = chosen["setting"], chosen["run"]
     facts = "".join(
         f'<tr><th scope="row">{html.escape(name)}</th><td class="text">{html.escape(value)}</td></tr>'
-        for name, value in provenance(records).items()
+        for name, value in provenance(list(records.values())).items()
     )
     parameters = ", ".join(f"{name}={value}" for name, value in setting["parameters"].items())
     rungs_cost = "".join(
@@ -140,6 +168,7 @@ An empty cost cell: a figure this site does not record.</p>
 <h2>Runs</h2>
 {_table(runs, "runs", {run["run_id"]}, "run_id")}
 <h2>Provenance</h2>
+{trained_by_paragraph(records, workdir)}
 <table id="provenance">{facts}</table>
 <script>{SORT_SCRIPT}</script>
 </body></html>

@@ -6,7 +6,9 @@ paused between pieces (a stop signal saved its progress; the next job resumes), 
 (its job was killed; the next resumes from its newest checkpoint), failed (with the log to read),
 is trained and waits for or runs its prediction, or is finished (its test metric). In a halving
 search, a run trains to its rung's epochs, waits for the rung's decision, and goes on, or is stopped
-there (its validation metric); a line says which rung the search is in."""
+there (its validation metric); a line says which rung the search is in. Where the runs were trained
+by different code or packages (scratchflow.record.differences), lines say which runs and how, and
+the line that trains them again."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from scratchflow.checkpoints import (
     step_of,
 )
 from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
+from scratchflow.record import difference_lines
 from scratchflow.slurm_job import requeue_cause
 from scratchflow.tracking import duration
 
@@ -326,16 +329,23 @@ def _statuses(
     return [run_status(workdir, run_id, plan, jobs, active, now, decisions) for run_id in plan.runs]
 
 
-def spend_line(workdir: Path, statuses: list[RunStatus]) -> str | None:
+def run_records(workdir: Path) -> dict[str, dict[str, Any]]:
+    """The record.json of every trained run, by run id in grid order (read once, for the spend and
+    for what trained the runs)."""
+    plan = Plan.read(workdir)
+    return {run_id: record for run_id in plan.runs if (record := _read(workdir / plan.paths(run_id).record))}
+
+
+def spend_line(workdir: Path, statuses: list[RunStatus], records: dict[str, dict[str, Any]]) -> str | None:
     """What the grid has cost so far (scratchflow.accounting; one sacct where its jobs ran on Slurm),
     and about what the runs not finished will cost, at the finished runs' mean; None before any
-    run started."""
+    run started. `records`: run_records'."""
     plan = Plan.read(workdir)
     pieces, predictions = {}, {}
     for run_id in plan.runs:
         paths = plan.paths(run_id)
-        record = _read(workdir / paths.record)
-        listed = record["pieces"] if record else _read(workdir / paths.checkpoints / PIECES_FILE)
+        record = records.get(run_id)
+        listed = record.get("pieces") if record else _read(workdir / paths.checkpoints / PIECES_FILE)
         for rung in range(plan.last_rung or 0) if not listed else ():  # a run a halving search stopped
             rung_record = _read(workdir / RUNG_RECORD.format(run_id=run_id, rung=rung))
             listed = rung_record.get("pieces") if rung_record else listed
@@ -367,9 +377,19 @@ def summary_line(statuses: list[RunStatus]) -> str:
     )
 
 
-def render(statuses: list[RunStatus], rung: str | None = None, spend: str | None = None) -> str:
+def trained_by_lines(workdir: Path, records: dict[str, dict[str, Any]]) -> list[str]:
+    """Where the trained runs differ in what trained them, with the line that trains the odd ones
+    again (scratchflow.record.difference_lines)."""
+    return difference_lines(records, workdir, Plan.read(workdir).halving)
+
+
+def render(
+    statuses: list[RunStatus], rung: str | None = None, spend: str | None = None, trained_by: list[str] = ()
+) -> str:
     lines = []
     for status in statuses:
         line = f"{status.run_id}  {status.state:<11}  {status.detail}"
         lines.append(line + (f"\n{'':12}  {'':<11}  log: {status.log}" if status.log else ""))
-    return "\n".join([*lines, *([rung] if rung else []), summary_line(statuses), *([spend] if spend else [])])
+    return "\n".join(
+        [*lines, *([rung] if rung else []), summary_line(statuses), *([spend] if spend else []), *trained_by]
+    )

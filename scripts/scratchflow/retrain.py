@@ -1,0 +1,107 @@
+"""Training chosen runs of a grid again from zero, and nothing else (`scripts/retrain.py`, which
+`make retrain RUNS=…` runs; `make status` prints the line for the runs trained by other code or
+packages).
+
+A run's id is its identity (settings, data settings, model, task), not the code that trained it, so
+the workflow never retrains a run by itself. Releasing a run removes its checkpoints (else it would
+resume from its final one and train nothing) and then its results folder (record, model,
+predictions, metrics, curves): the workflow's own command then trains it from zero, and its
+prediction and the comparison after it, as for a run never trained; every other run stays as it
+is. Each folder is removed whole (renamed, then deleted), checkpoints first: stopped at any point,
+a run is either as it was, or finished as after the workflow's success (its checkpoints released),
+or not trained at all; never a record beside a final checkpoint that a rerun would take for its
+training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from scratchflow import SCRATCHFLOW_DIR
+from scratchflow.checkpoints import ACTIVE_SLURM_STATES, HOLDER_FILE, RunCheckpoints, _remove_whole, holder_is_alive
+from scratchflow.files import read_json
+from scratchflow.plan import Plan
+from scratchflow.status import slurm_jobs
+
+LOCAL_RUNNER = SCRATCHFLOW_DIR / "scripts" / "run_local.sh"
+# The lock scripts/run_local.sh holds while a run of it is active in a directory.
+LOCAL_RUN_LOCK = Path(".snakemake/run_local.flock")
+
+
+class RetrainRefused(RuntimeError):
+    """The runs cannot be retrained as asked: said in one line, nothing released."""
+
+
+def rerun_command(plan: Plan, submit: list[str]) -> list[str] | None:
+    """What trains the released runs: scratchflow's local runner for a grid that ran here, or `submit`
+    (the command that submits the grid to its cluster) for one whose jobs went to Slurm; None for
+    that without `submit` (the user submits the grid as before)."""
+    command = submit if plan.executor == "slurm" else [str(LOCAL_RUNNER)]
+    if not command:
+        return None
+    program = shutil.which(command[0])
+    if program is None:
+        raise RetrainRefused(f"{command[0]} is not found: nothing was released")
+    return [str(Path(program).absolute()), *command[1:]]  # run in the grid's directory, not here
+
+
+def check(workdir: Path, plan: Plan, run_ids: list[str]) -> None:
+    """Refuse, naming why, unless every run is one of the grid's and none is being trained or
+    predicted now (a run's holder alive, or on Slurm a job of it queued or running)."""
+    if not run_ids:
+        raise RetrainRefused('give the runs to train again: make retrain RUNS="<run id> …" (make status names them)')
+    unknown = [run_id for run_id in run_ids if run_id not in plan.runs]
+    if unknown:
+        raise RetrainRefused(
+            f"no run {', '.join(unknown)} in the grid in {workdir.resolve()} (make status lists its runs); "
+            "nothing was released"
+        )
+    if plan.halving:
+        raise RetrainRefused(
+            "this directory holds a halving search, whose rungs decide among its runs together: its runs are not "
+            "trained again one by one; run the search again in a new directory. Nothing was released"
+        )
+    jobs = slurm_jobs(workdir) if plan.executor == "slurm" else {}
+    active = None if jobs is None else {job.job_id for job in jobs.values() if job.state in ACTIVE_SLURM_STATES}
+    for run_id in run_ids:
+        queued = [job.describe() for rule in ("train", "predict") if (job := (jobs or {}).get((rule, run_id)))]
+        holder_file = workdir / plan.paths(run_id).checkpoints / HOLDER_FILE
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            holder = read_json(holder_file)
+            if holder_is_alive(holder, active):
+                queued.append(f"a job holds it: {holder}")
+        if queued:
+            raise RetrainRefused(
+                f"run {run_id} is being trained or predicted now ({'; '.join(queued)}): wait for it to end, or cancel "
+                "it, then retrain. Nothing was released"
+            )
+
+
+@contextlib.contextmanager
+def no_local_run(workdir: Path) -> Iterator[None]:
+    """Hold the lock of scripts/run_local.sh in `workdir` while the block runs, or refuse where a
+    run of it is active there: its Snakemake would not see the runs released under it."""
+    lock_path = workdir / LOCAL_RUN_LOCK
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RetrainRefused(
+                f"a run of the grid is active in {workdir.resolve()}: wait for it to end (or stop it), then retrain. "
+                "Nothing was released"
+            ) from None
+        yield  # released when the file closes, or when this process becomes the runner (it is not inherited)
+
+
+def release(workdir: Path, plan: Plan, run_id: str) -> None:
+    """Remove the run's checkpoints, then its results folder, each whole (the module's docstring)."""
+    paths = plan.paths(run_id)
+    RunCheckpoints(workdir / paths.checkpoints, plan.checkpoint_marker).release()
+    results = (workdir / paths.record).parent
+    if results.is_dir():
+        _remove_whole(results)
