@@ -2,11 +2,12 @@
 """Train chosen runs of a grid again from zero, and nothing else:
 python scripts/retrain.py RUN [RUN ...] [--dir DIR] [-- COMMAND THAT SUBMITS THE GRID]
 
-Releases the runs' checkpoints and results (scratchflow.retrain), then runs the grid again: with
-scratchflow's local runner where it ran here, or with the command after `--` where its jobs went
-to Slurm (without one, says to submit the grid as before). Only the released runs train, then
-their predictions and the comparison. Refuses, releasing nothing, a run not in the grid or one that
-is being trained now. Exits 2 on a refusal; else with the runner's exit status."""
+Releases the runs' checkpoints and results, and the grid's comparison (scratchflow.retrain), then
+runs the grid again: with scratchflow's local runner where it ran here, or with the command after
+`--` where its jobs went to Slurm (without one, says to submit the grid as before: whatever runs
+the grid next trains the released runs). Only the released runs train, then their predictions and
+the comparison. Refuses, releasing nothing, a run not in the grid or one that is being trained now.
+Exits 2 on a refusal; else with the runner's exit status."""
 
 import argparse
 import os
@@ -32,8 +33,7 @@ def main() -> int:
         command = retrain.rerun_command(plan, submit)
         with retrain.no_local_run(workdir):
             retrain.check(workdir, plan, runs)
-            for run_id in runs:
-                retrain.release(workdir, plan, run_id)
+            retrain.release(workdir, plan, runs)
             released = f"scratchflow retrain: {', '.join(runs)} released (checkpoints and results)"
             if command is None:
                 print(

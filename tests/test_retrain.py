@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, jobs_run, lab_pipeline, workflow_config, workflow_env
-from scratchflow.plan import Plan
+from scratchflow.plan import COMPARISON_OUTPUTS, Plan
 from scratchflow.record import code_record, difference_lines, retrain_line
 
 STATUS = REPO / "scripts" / "status.py"
@@ -58,10 +58,14 @@ def record(run_id: str, minute: int, code: dict | None, torch: str = "2.13.0", t
 
 def grid(workdir: Path, records: dict[str, dict], executor: str = "local", **plan) -> None:
     """A grid the workflow has planned in `workdir`, its runs trained: a record, a model and metrics
-    each, and a final checkpoint kept (checkpointing.keep_after_training)."""
-    Plan(
+    each, and a final checkpoint kept (checkpointing.keep_after_training); and compared, with each
+    pack's files where runs are packed."""
+    planned = Plan(
         {run_id: {"seed": 0} for run_id in records}, {}, None, "ourlab.mlp", "accuracy", "max", MARKER, **plan
-    ).started(executor).write(workdir)
+    )
+    planned.started(executor).write(workdir)
+    for output in planned.final_outputs():
+        write(workdir / output, "")
     for run_id, written in records.items():
         write(workdir / "results" / "runs" / run_id / "record.json", written)
         write(workdir / "results" / "runs" / run_id / "metrics.json", {"accuracy": 0.9})
@@ -172,20 +176,25 @@ def test_runs_trained_alike_are_not_told_and_records_from_before_the_code_was_re
     ]
 
 
-def test_retrain_releases_the_named_runs_checkpoints_and_results_and_touches_no_other(tmp_path):
-    """A grid whose jobs went to Slurm: the runs are released, then the command that submits the grid
-    (after --) runs in the grid's directory; with none given, it says to submit the grid as before."""
-    grid(tmp_path, {run_id: record(run_id, 1, None) for run_id in ("aaaa", "bbbb", "cccc")}, executor="slurm")
-    kept = {name for name in folders(tmp_path) if "aaaa" not in name and "cccc" not in name}
+def test_retrain_releases_the_named_runs_and_the_comparison_and_touches_no_other_run(tmp_path):
+    """A grid whose jobs went to Slurm, two runs to a job: the runs are released with the comparison
+    and their pack's files (else Snakemake would take the missing runs for intermediate files it need
+    not make), then the command that submits the grid (after --) runs in the grid's directory; with
+    none given, it says to submit the grid as before."""
+    runs = ("aaaa", "bbbb", "cccc", "dddd")
+    grid(tmp_path, {run_id: record(run_id, 1, None) for run_id in runs}, executor="slurm", pack_runs=2)
+    compared = {*COMPARISON_OUTPUTS.values(), "results/packs/train-0.json", "results/packs/predict-0.json"}
+    kept = {name for name in folders(tmp_path) if "aaaa" not in name and "bbbb" not in name and name not in compared}
+    assert {"results/packs/train-1.json", "results/best_run.json", "checkpoints/cccc/checkpoint-40"} < folders(tmp_path)
     submit = write(tmp_path.parent / "submit.sh", '#!/bin/sh\necho "submitted in $(pwd): $*"\n')
     submit.chmod(0o755)
     env = {**workflow_env(), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}  # no squeue: none answers
     done = retrain(
-        tmp_path.parent, "aaaa", "cccc", "--dir", str(tmp_path), "--", str(submit), "--profile", "p", env=env
+        tmp_path.parent, "aaaa", "bbbb", "--dir", str(tmp_path), "--", str(submit), "--profile", "p", env=env
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        f"scratchflow retrain: aaaa, cccc released (checkpoints and results); training them from zero: {submit} "
+        f"scratchflow retrain: aaaa, bbbb released (checkpoints and results); training them from zero: {submit} "
         "--profile p",
         f"submitted in {tmp_path}: --profile p",
     ]

@@ -3,14 +3,17 @@
 packages).
 
 A run's id is its identity (settings, data settings, model, task), not the code that trained it, so
-the workflow never retrains a run by itself. Releasing a run removes its checkpoints (else it would
-resume from its final one and train nothing) and then its results folder (record, model,
-predictions, metrics, curves): the workflow's own command then trains it from zero, and its
-prediction and the comparison after it, as for a run never trained; every other run stays as it
-is. Each folder is removed whole (renamed, then deleted), checkpoints first: stopped at any point,
-a run is either as it was, or finished as after the workflow's success (its checkpoints released),
-or not trained at all; never a record beside a final checkpoint that a rerun would take for its
-training.
+the workflow never retrains a run by itself. Releasing runs removes, in this order: the grid's
+comparison (and, with packed runs, their packs' files), which the workflow makes again from the
+runs (while it is there, Snakemake takes a missing run result for an intermediate file it need not
+make); each run's checkpoints (else it would resume from its final one and train nothing); then
+each run's results folder (record, model, predictions, metrics, curves). The workflow's own command
+then trains those runs from zero, predicts them and compares the grid again, as for runs never
+trained; every other run stays as it is. Each folder goes whole (renamed, then deleted). Stopped at
+any point, a run is as it was, or finished as after the workflow's success (its checkpoints
+released), or not trained at all, and the next run of the grid's command, whichever, goes on from
+there: never a record beside a final checkpoint that a rerun would take for its training, nor a
+comparison that hides a run still to train.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 from scratchflow import SCRATCHFLOW_DIR
 from scratchflow.checkpoints import ACTIVE_SLURM_STATES, HOLDER_FILE, RunCheckpoints, _remove_whole, holder_is_alive
 from scratchflow.files import read_json
-from scratchflow.plan import Plan
+from scratchflow.plan import COMPARISON_OUTPUTS, PACK_OUTPUT, PACK_STAGES, Plan
 from scratchflow.status import slurm_jobs
 
 LOCAL_RUNNER = SCRATCHFLOW_DIR / "scripts" / "run_local.sh"
@@ -98,10 +101,16 @@ def no_local_run(workdir: Path) -> Iterator[None]:
         yield  # released when the file closes, or when this process becomes the runner (it is not inherited)
 
 
-def release(workdir: Path, plan: Plan, run_id: str) -> None:
-    """Remove the run's checkpoints, then its results folder, each whole (the module's docstring)."""
-    paths = plan.paths(run_id)
-    RunCheckpoints(workdir / paths.checkpoints, plan.checkpoint_marker).release()
-    results = (workdir / paths.record).parent
-    if results.is_dir():
-        _remove_whole(results)
+def release(workdir: Path, plan: Plan, run_ids: list[str]) -> None:
+    """Remove the grid's comparison and the runs' packs' files, then each run's checkpoints, then its
+    results folder (the module's docstring says why in this order)."""
+    packs = [index for index, pack in enumerate(plan.packs) if plan.packed and set(pack) & set(run_ids)]
+    packs_files = [PACK_OUTPUT.format(stage=stage, pack=index) for index in packs for stage in PACK_STAGES]
+    for derived in [*COMPARISON_OUTPUTS.values(), *packs_files]:
+        (workdir / derived).unlink(missing_ok=True)
+    for run_id in run_ids:
+        paths = plan.paths(run_id)
+        RunCheckpoints(workdir / paths.checkpoints, plan.checkpoint_marker).release()
+        results = (workdir / paths.record).parent
+        if results.is_dir():
+            _remove_whole(results)
