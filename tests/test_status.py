@@ -298,6 +298,18 @@ def test_a_stopped_or_killed_piece_points_at_its_own_log(tmp_path):
     assert (statuses["killed0000"].state, statuses["killed0000"].log) == ("interrupted", "L1")
 
 
+def test_a_piece_that_ctrl_c_ended_is_interrupted_and_the_next_resumes_from_its_newest_checkpoint(tmp_path):
+    """Ctrl-C on this machine reaches the training job too (one process group): its piece ends as
+    KeyboardInterrupt, its checkpoints on shared storage stay, and the same command resumes."""
+    write_grid(tmp_path, {"ctrlc00000": {}}, "accuracy", "max", "local")
+    folder = tmp_path / "checkpoints" / "ctrlc00000"
+    write(folder / "pieces.json", [{**piece(1, "KeyboardInterrupt: ", time.time() - 60), "log": "L1"}])
+    checkpoint(folder / "checkpoint-80")
+    (status,) = statuses_in(tmp_path)
+    assert (status.state, status.log) == ("interrupted", "L1")
+    assert status.detail == "piece 1 was interrupted by Ctrl-C; the next piece resumes from checkpoint-80"
+
+
 def test_a_piece_whose_job_slurm_requeued_is_told_preempted_or_its_node_lost(tmp_path, monkeypatch):
     """A preempted job waits in the queue under its own id (sacct says why) until its next piece
     starts, whether its piece saved or was killed before it could (its record still says running,

@@ -43,6 +43,8 @@ STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", 
 # (cluster.pack_runs: the runs of a pack are found through the job id their checkpoints name).
 COMMENT_PREFIX = "rule_"
 FAILED_MARK = "ERROR scratchflow: job failed: "
+# The outcome of a piece that Ctrl-C ended: on this machine its SIGINT reaches the jobs too.
+INTERRUPTED_BY_CTRL_C = "KeyboardInterrupt"
 
 
 @dataclass(frozen=True)
@@ -229,8 +231,11 @@ def _training_status(
         return RunStatus(
             run_id, "paused", f"piece {last['piece']} {stopped}{requeued}; the next piece {resumes}{queued}", piece_log
         )
-    if last["outcome"] == "running" or last["outcome"].startswith("killed"):
-        how = "killed" if last["outcome"] == "running" else last["outcome"]  # "killed by SIGTERM" too
+    if last["outcome"] == "running" or last["outcome"].startswith(("killed", INTERRUPTED_BY_CTRL_C)):
+        how = {"running": "killed", INTERRUPTED_BY_CTRL_C: "interrupted by Ctrl-C"}.get(
+            last["outcome"].split(":")[0],
+            last["outcome"],  # "killed by SIGTERM" too
+        )
         return RunStatus(
             run_id,
             "interrupted",
