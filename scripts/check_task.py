@@ -16,7 +16,7 @@ from pathlib import Path
 SCRATCHFLOW_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(SCRATCHFLOW_DIR / "scripts"))
 from scratchflow import contract  # noqa: E402
-from scratchflow.config import ConfigError  # noqa: E402
+from scratchflow.config import ConfigError, LabTaskFailed  # noqa: E402
 from scratchflow.tasks import find_lab_tasks_in  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -26,13 +26,13 @@ broken = 0
 for path in parser.parse_args().configs:
     try:
         config = contract.contract_config(path)
+    except LabTaskFailed as failure:
+        broken += 1
+        print(f"{path}: {failure.task}: loaded, its settings checked: FAILED: {failure.failure}", flush=True)
+        continue
     except ConfigError as error:
         broken += 1
         print(f"{path}: not a config scratchflow runs: {error}", flush=True)
-        continue
-    except contract.TaskDidNotLoad as failure:
-        broken += 1
-        print(f"{path}: {failure.task}: loaded, its settings checked: FAILED: {failure}", flush=True)
         continue
     for check, failure in contract.check_all(config):
         broken += failure is not None

@@ -215,6 +215,20 @@ def test_a_lab_task_that_is_not_there_is_named_with_where_it_belongs(lab):
     assert "no module 'ourlab.segmentation'" in refused.stdout and "ourlab/segmentation.py" in refused.stdout
 
 
+def test_a_bug_in_a_labs_task_is_named_at_start_up_in_one_line_with_its_line(lab):
+    """A lab's check_data that raises what the protocol does not name (its bug, not the config's):
+    the task, the exception and the task's line, before anything runs; no traceback of it."""
+    task = lab / "ourlab" / "texts.py"
+    task.write_text(task.read_text() + "\n\ndef check_data(dataset, sources):\n    return dataset['no_such_key']\n")
+    refused = snakemake(lab, "--dry-run")
+    assert refused.returncode != 0
+    assert (
+        f"task ourlab.texts: its check_data raised KeyError: 'no_such_key' (raised at {task}:6 (in check_data))"
+        in refused.stdout
+    ), refused.stdout[-3000:]
+    assert "Traceback" not in refused.stdout and not (lab / "results").exists()
+
+
 @pytest.mark.slow
 def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothing(lab, releases):
     run_local = lab / "scratchflow" / "scripts" / "run_local.sh"

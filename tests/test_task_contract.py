@@ -21,7 +21,7 @@ import yaml
 from conftest import REPO, command_config, image_config, validated, workflow_config, workflow_env
 from scratchflow import contract
 from scratchflow.config import ConfigError, configured_task
-from scratchflow.tasks import UnknownTask, available_tasks, load_task, training_schema
+from scratchflow.tasks import UnknownTask, available_tasks, load_task, raised_at, training_schema
 
 TASKS = available_tasks()
 
@@ -293,7 +293,7 @@ def test_an_error_raised_outside_the_tasks_module_is_placed_where_it_was_raised(
     """Where the traceback never passes through the task's module: its innermost place."""
     with pytest.raises(ValueError) as raised:
         json.loads("{")
-    where = contract.raised_at(raised.value, PLAIN_PYTORCH_LAB / "ourlab" / "mlp.py")
+    where = raised_at(raised.value, PLAIN_PYTORCH_LAB / "ourlab" / "mlp.py")
     assert where.startswith(f"{json.decoder.__file__}:") and where.endswith("(in raw_decode)"), where
 
 
@@ -364,7 +364,8 @@ def test_a_contract_config_whose_data_or_task_is_missing_is_one_line_naming_it(t
     assert checked.stdout.splitlines() == [
         f"contract/no-data.yaml: {not_run} dataset.path: {lab}/data/gone.csv is not there",
         f"contract/no-split.yaml: {not_run} dataset.splits.test: {lab}/data/t.csv is not there",
-        "contract/import-fails.yaml: ourlab.broken: loaded, its settings checked: FAILED: ModuleNotFoundError: "
+        "contract/import-fails.yaml: ourlab.broken: loaded, its settings checked: FAILED: its module, as it was "
+        "imported, raised ModuleNotFoundError: "
         f"No module named 'numbers_we_never_installed' (raised at {lab}/ourlab/broken.py:1 (in <module>))",
         "contract/empty.yaml: not a config scratchflow runs: it holds no mapping of config keys (task:, dataset:, "
         "grid:, ...)",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,16 @@ from scratchflow.models import is_local_source
 from scratchflow.plan import TRAINING_RULES
 from scratchflow.search import BUDGET_KEY, HALVING, SearchError, check_halving, check_space, search_size, swept_values
 from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
-from scratchflow.tasks import Task, UnknownTask, grid_schema, load_task, training_schema
+from scratchflow.tasks import (
+    Task,
+    UnknownTask,
+    described,
+    grid_schema,
+    is_lab_task,
+    load_task,
+    task_file,
+    training_schema,
+)
 from scratchflow.tracking import MissingPackage, require_wandb
 
 # Resources Snakemake defines, and those snakemake-executor-plugin-slurm 2.x turns into sbatch flags;
@@ -123,13 +133,37 @@ def check_dataset_layout(config: dict[str, Any]) -> None:
 def configured_task(config: dict[str, Any]) -> Task:
     """The config's task module, its defaults filled into the config, and the config checked against
     what the task takes and needs."""
-    try:
-        task = load_task(config["task"])
-    except UnknownTask as error:
-        raise ConfigError(str(error)) from None
+    with lab_task_bugs_in_one_line(config["task"], "its module, as it was imported,"):
+        try:
+            task = load_task(config["task"])
+        except UnknownTask as error:
+            raise ConfigError(str(error)) from None
     fill_task_defaults(config, task)
     check_task_settings(config, task)
     return task
+
+
+class LabTaskFailed(ConfigError):
+    """A lab's own task raised, at start-up, what the task protocol does not name: its code's fault."""
+
+    def __init__(self, task: str, failure: str) -> None:
+        super().__init__(f"task {task}: {failure}")
+        self.task, self.failure = task, failure
+
+
+@contextlib.contextmanager
+def lab_task_bugs_in_one_line(task: str, where: str) -> Iterator[None]:
+    """What a lab's own task raises beyond the protocol's errors (a bug in its code, not in the
+    config) as a ConfigError of one line: its type, message and the task's line, never a traceback.
+    scratchflow's own tasks are left to raise: a bug there is scratchflow's, and its traceback helps."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as error:
+        if not is_lab_task(task):
+            raise
+        raise LabTaskFailed(task, f"{where} raised {described(error, task_file(task))}") from None
 
 
 def fill_task_defaults(config: dict[str, Any], task: Task) -> None:
@@ -181,10 +215,11 @@ def check_task_settings(config: dict[str, Any], task: Task) -> None:
             f"config key aggregate.metric: {config['aggregate']['metric']!r} is not a metric task "
             f"{config['task']!r} reports; it reports: {', '.join(task.METRICS)}"
         )
-    try:
-        task.check_settings(config)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
+    with lab_task_bugs_in_one_line(config["task"], "its check_settings"):
+        try:
+            task.check_settings(config)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
 
 
 def check_halving_setup(config: dict[str, Any]) -> None:
@@ -314,12 +349,13 @@ def check_dataset(config: dict[str, Any], task: Any, data_fingerprint: str, chec
     marker = checked_dir / f"{dataset['name']}-{key}"
     if marker.exists():
         return
-    try:
-        task.check_data(dataset, data_sources(dataset))
-    except DatasetError as error:
-        raise ConfigError(f"dataset: {error}") from None
-    except ValueError as error:  # the table reader's own complaint about the file
-        raise ConfigError(f"dataset: cannot read the data as {dataset['format']}: {error}") from None
+    with lab_task_bugs_in_one_line(config["task"], "its check_data"):
+        try:
+            task.check_data(dataset, data_sources(dataset))
+        except DatasetError as error:
+            raise ConfigError(f"dataset: {error}") from None
+        except ValueError as error:  # the table reader's own complaint about the file
+            raise ConfigError(f"dataset: cannot read the data as {dataset['format']}: {error}") from None
     checked_dir.mkdir(parents=True, exist_ok=True)
     marker.touch()
 

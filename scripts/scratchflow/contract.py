@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import os
 import re
 import signal
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,50 +35,25 @@ from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints
 from scratchflow.config import ConfigError, configured_task, validate_config
 from scratchflow.dataset import WHOLE, DatasetError, data_sources, resolve_location
 from scratchflow.piece import Piece, PieceSpec
-from scratchflow.tasks import PROGRESS_KEYS, TASK_NAMES, TrainingStopped, load_task, module_name, training_schema
+from scratchflow.tasks import (
+    PROGRESS_KEYS,
+    TASK_NAMES,
+    TrainingStopped,
+    described,
+    load_task,
+    task_file,
+    training_schema,
+)
 
 
 class ContractBroken(AssertionError):
     """A task does not keep the task protocol."""
 
 
-class TaskDidNotLoad(ContractBroken):
-    """The task's own code failed while it was imported or checked its config's settings."""
-
-    def __init__(self, task: str, message: str) -> None:
-        super().__init__(message)
-        self.task = task
-
-
-def task_file(task: str) -> Path | None:
-    """The file of the task's module, found without running it (None: not found)."""
-    try:
-        spec = importlib.util.find_spec(module_name(task))
-    except Exception:  # its package's own __init__ failed, say: the error itself is named elsewhere
-        return None
-    return Path(spec.origin) if spec and spec.origin else None
-
-
-def raised_at(error: BaseException, module_file: Path | None) -> str:
-    """Where `error` was raised: the innermost place in the task's module (`module_file`), or else
-    the innermost place of all, as file:line (in function)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return "where, Python does not say"
-    inside = [frame for frame in frames if module_file and Path(frame.filename).resolve() == module_file.resolve()]
-    frame = (inside or frames)[-1]
-    return f"{frame.filename}:{frame.lineno} (in {frame.name})"
-
-
-def described(error: BaseException, module_file: Path | None) -> str:
-    """An exception the task raised, in one line: its type, its message and where it was raised."""
-    return f"{type(error).__name__}: {error} (raised at {raised_at(error, module_file)})"
-
-
 def contract_config(path: Path) -> dict[str, Any]:
     """The contract config at `path` as the workflow would run it: validated, the task's defaults
-    filled in, its data there. ConfigError: one line naming what to fix in the config; TaskDidNotLoad:
-    the task's own code failed while it was imported or checked the config's settings."""
+    filled in, its data there. ConfigError: one line naming what to fix in the config; its kind
+    LabTaskFailed: the task's own code failed as it was imported or checked the config's settings."""
     try:
         config = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
@@ -88,12 +61,7 @@ def contract_config(path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ConfigError("it holds no mapping of config keys (task:, dataset:, grid:, ...)")
     validate_config(config)
-    try:
-        configured_task(config)
-    except ConfigError:
-        raise
-    except Exception as error:  # the lab's module, as it is imported or checks its settings
-        raise TaskDidNotLoad(config["task"], described(error, task_file(config["task"]))) from error
+    configured_task(config)
     check_data_is_there(config["dataset"])
     return config
 

@@ -17,9 +17,11 @@ scratchflow's).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pkgutil
 import sys
+import traceback
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -246,6 +248,32 @@ def load_task(task: str) -> ModuleType:
             f"{', '.join(missing)} (what a task defines: the Task protocol in scratchflow/tasks/__init__.py)"
         )
     return module
+
+
+def task_file(task: str) -> Path | None:
+    """The file of the task's module, found without running it (None: not found)."""
+    try:
+        spec = importlib.util.find_spec(module_name(task))
+    except Exception:  # its package's own __init__ failed, say: the error itself is named elsewhere
+        return None
+    return Path(spec.origin) if spec and spec.origin else None
+
+
+def raised_at(error: BaseException, module_file: Path | None) -> str:
+    """Where `error` was raised: the innermost place in the task's module (`module_file`), or else
+    the innermost place of all, as file:line (in function)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "where, Python does not say"
+    inside = [frame for frame in frames if module_file and Path(frame.filename).resolve() == module_file.resolve()]
+    frame = (inside or frames)[-1]
+    return f"{frame.filename}:{frame.lineno} (in {frame.name})"
+
+
+def described(error: BaseException, module_file: Path | None) -> str:
+    """An exception a task raised, in one line: its type, its message and where it was raised (what
+    check_task.py and the workflow's start say of a bug in a lab's task, never a traceback)."""
+    return f"{type(error).__name__}: {error} (raised at {raised_at(error, module_file)})"
 
 
 @cache
