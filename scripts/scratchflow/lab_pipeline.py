@@ -57,7 +57,7 @@ PYTHON := $(SCRATCHFLOW)/.venv/bin/python
 SNAKEMAKE := $(SCRATCHFLOW)/.venv/bin/snakemake
 PROFILE := {profile_arguments}
 
-.PHONY: setup run submit cluster status test
+.PHONY: setup run submit cluster status retrain test
 
 setup:  ## scratchflow's venv (its requirements and the demo's data and model) in $(SCRATCHFLOW)/.venv
 \t$(MAKE) -C $(SCRATCHFLOW) setup
@@ -73,6 +73,9 @@ cluster: setup  ## what {cluster} offers our jobs: idle GPUs and pending jobs pe
 
 status: setup  ## where every run stands
 \t$(PYTHON) $(SCRATCHFLOW)/scripts/status.py .
+
+retrain: setup  ## train the runs in RUNS again from zero, and nothing else (make status prints the line)
+\t$(PYTHON) $(SCRATCHFLOW)/scripts/retrain.py $(RUNS) -- $(SNAKEMAKE) $(PROFILE)
 
 test: setup  ## the grid plans, here and on {cluster}; our tasks keep scratchflow's task protocol
 \t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/local --dry-run --quiet
@@ -103,7 +106,8 @@ git submodule update --init   # after cloning this repository
 make run                      # the grid in config/config.yaml on this machine
 make cluster                  # what {cluster} offers our jobs (on its login node; changes nothing)
 make submit                   # the grid on {cluster}, from its login node
-make status                   # where every run stands
+make status                   # where every run stands (and which runs other code trained)
+make retrain RUNS="…"         # train those runs again from zero, and nothing else
 make test                     # the grid plans, here and on {cluster}
 ```
 
