@@ -150,7 +150,7 @@ def _sha256_of(path: Path) -> str:
         return hashlib.file_digest(source, "sha256").hexdigest()
 
 
-def _remove_whole(path: Path) -> None:
+def remove_whole(path: Path) -> None:
     """Delete a directory so that no half-deleted copy keeps its name: rename first, then delete."""
     doomed = path.with_name(f".{path.name}.deleting{OWNER_TAG}")
     os.rename(path, doomed)
@@ -181,7 +181,7 @@ class RunCheckpoints:
                 return checkpoint
             aside = checkpoint.with_name(checkpoint.name + DAMAGED_SUFFIX)
             if aside.exists():
-                _remove_whole(aside)
+                remove_whole(aside)
             os.rename(checkpoint, aside)
             (aside / DAMAGE_FILE).write_text(damage + "\n")
             log.warning(
@@ -278,7 +278,7 @@ class RunCheckpoints:
         copy_whole(local_checkpoint, destination)
         self._note_published(destination)
         for _step, old in self.complete()[: -self.keep]:
-            _remove_whole(old)
+            remove_whole(old)
         return destination
 
     def _note_published(self, checkpoint: Path) -> None:
@@ -309,17 +309,17 @@ class RunCheckpoints:
         write_contents(assembly)
         destination = self.folder / assembly.name[1:].split(".assembling")[0]
         if destination.exists():
-            _remove_whole(destination)
+            remove_whole(destination)
         os.rename(assembly, destination)
         self._note_published(destination)
         for _step, old in self.complete()[: -self.keep]:
-            _remove_whole(old)
+            remove_whole(old)
         return destination
 
     def release(self) -> None:
         """Remove a finished run's checkpoints: its results are on shared storage now."""
         if self.folder.is_dir():
-            _remove_whole(self.folder)
+            remove_whole(self.folder)
 
     @contextlib.contextmanager
     def held(self, poll_seconds: float = 20) -> Iterator[None]:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from scratchflow import SCRATCHFLOW_DIR
-from scratchflow.checkpoints import ACTIVE_SLURM_STATES, HOLDER_FILE, RunCheckpoints, _remove_whole, holder_is_alive
+from scratchflow.checkpoints import ACTIVE_SLURM_STATES, HOLDER_FILE, RunCheckpoints, holder_is_alive, remove_whole
 from scratchflow.files import read_json
 from scratchflow.plan import COMPARISON_OUTPUTS, PACK_OUTPUT, PACK_STAGES, Plan
 from scratchflow.status import slurm_jobs
@@ -113,4 +113,4 @@ def release(workdir: Path, plan: Plan, run_ids: list[str]) -> None:
         RunCheckpoints(workdir / paths.checkpoints, plan.checkpoint_marker).release()
         results = (workdir / paths.record).parent
         if results.is_dir():
-            _remove_whole(results)
+            remove_whole(results)
