@@ -247,7 +247,7 @@ def test_retrain_refuses_while_a_local_run_of_the_grid_is_active_and_in_a_halvin
 
 def test_make_retrain_runs_the_script_with_the_grids_directory_and_a_clusters_profile():
     planned = subprocess.run(
-        ["make", "-n", "retrain", "RUNS=aaaa bbbb", "DIR=runs/here", "PROFILE=profiles/narval"],
+        ["make", "-n", "--no-print-directory", "retrain", "RUNS=aaaa bbbb", "DIR=runs/here", "PROFILE=profiles/narval"],
         cwd=REPO,
         capture_output=True,
         text=True,
