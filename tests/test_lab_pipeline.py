@@ -229,6 +229,23 @@ def test_a_bug_in_a_labs_task_is_named_at_start_up_in_one_line_with_its_line(lab
     assert "Traceback" not in refused.stdout and not (lab / "results").exists()
 
 
+def test_submitting_where_slurm_does_not_answer_says_so_in_one_line_and_submits_nothing(lab):
+    """`make submit` off the cluster (here: a Slurm client whose controller is not configured)."""
+    submitted = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "scratchflow/profiles/narval"],
+        cwd=lab,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**workflow_env(), "SLURM_CONF": "/dev/null"},
+        timeout=300,
+    )
+    assert submitted.returncode != 0 and "Traceback" not in submitted.stdout, submitted.stdout[-3000:]
+    assert "scratchflow preflight: Slurm did not answer (" in submitted.stdout, submitted.stdout[-3000:]
+    assert "run from the cluster's login node (or skip the check: --config preflight=False)" in submitted.stdout
+    assert not (lab / ".snakemake" / "slurm_logs").exists() and not (lab / "archives").exists()
+
+
 @pytest.mark.slow
 def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothing(lab, releases):
     run_local = lab / "scratchflow" / "scripts" / "run_local.sh"

@@ -170,11 +170,11 @@ def read_cluster(user: str | None, run: Run = slurm_query) -> Cluster:
         accounts: set[str] | None = {line.strip() for line in listed.splitlines() if line.strip()}
     except (OSError, subprocess.SubprocessError) as error:
         accounts = None
-        warnings.append(f"your Slurm accounts could not be listed ({_reason(error)}); the account is not checked")
+        warnings.append(f"your Slurm accounts could not be listed ({reason(error)}); the account is not checked")
     return Cluster(partitions, nodes, accounts, warnings)
 
 
-def _reason(error: BaseException) -> str:
+def reason(error: BaseException) -> str:
     said = getattr(error, "stderr", None) or ""
     return said.strip().splitlines()[-1] if said.strip() else str(error)
 

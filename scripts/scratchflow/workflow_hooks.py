@@ -9,6 +9,7 @@ import functools
 import getpass
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -150,7 +151,13 @@ def check_against_cluster(workflow: Any, plan: Plan, runtimes: dict[str, list[in
         )
         for rule in sorted(snakemake_adapter.rules_to_submit(workflow))
     ]
-    cluster = preflight.read_cluster(os.environ.get("USER") or getpass.getuser())
+    try:
+        cluster = preflight.read_cluster(os.environ.get("USER") or getpass.getuser())
+    except (OSError, subprocess.SubprocessError) as error:
+        raise preflight.PreflightError(
+            f"scratchflow preflight: Slurm did not answer ({preflight.reason(error)}), so nothing was checked or "
+            "submitted: run from the cluster's login node (or skip the check: --config preflight=False)"
+        ) from None
     for warning in cluster.warnings:
         print(f"scratchflow preflight: {warning}", file=sys.stderr, flush=True)
     preflight.check(requests, cluster)
