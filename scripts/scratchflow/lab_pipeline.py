@@ -108,7 +108,7 @@ make cluster                  # what {cluster} offers our jobs (on its login nod
 make submit                   # the grid on {cluster}, from its login node
 make status                   # where every run stands (and which runs other code trained)
 make retrain RUNS="…"         # train those runs again from zero, and nothing else
-make test                     # the grid plans, here and on {cluster}
+make test                     # the grid plans, here and on {cluster}; our tasks pass check_task.py
 ```
 
 Our tasks live beside the Snakefile as Python modules (`task: ourlab.segmentation` is
