@@ -1,8 +1,9 @@
 """Every task in scripts/scratchflow/tasks/ through the checks of the `Task` protocol
 (scratchflow.contract, which a lab runs on its own tasks with scripts/check_task.py): the names it
 must define, its schema fragment (valid, defaults filled in), an empty dataset refused at start-up,
-train -> stop -> resume on tiny data under its piece with a real stop signal, a rung, and nothing
-of its piece's duties in its code (read as code: imports and calls, not words). A task module that
+train -> stop -> resume on tiny data under its piece with a real stop signal, predict on what it
+trained, a rung, and nothing of its piece's duties in its code (read as code: imports and calls,
+not words). A task module that
 lacks a name of the protocol is refused naming it. A lab's own plain-PyTorch task that reports no
 step counts passes check_task.py; what a lab's task raises in a check is that check's FAILED line,
 with where it raised it, and the other checks run; a contract config that cannot run is one line."""
@@ -21,7 +22,7 @@ import yaml
 from conftest import REPO, command_config, image_config, validated, workflow_config, workflow_env
 from scratchflow import contract
 from scratchflow.config import ConfigError, configured_task
-from scratchflow.tasks import UnknownTask, available_tasks, load_task, raised_at, training_schema
+from scratchflow.tasks import UnknownTask, WrongPredicted, available_tasks, load_task, raised_at, training_schema
 
 TASKS = available_tasks()
 
@@ -76,6 +77,11 @@ def test_a_task_refuses_an_empty_dataset_at_start_up(tiny_config, tmp_path):
 @pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
 def test_a_task_stops_on_the_stop_signal_and_the_next_piece_resumes_from_its_checkpoint(tiny_config, tmp_path):
     contract.check_stops_and_resumes(tiny_config, tmp_path)
+
+
+@pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
+def test_a_task_predicts_what_it_trained_as_the_workflow_writes_it(tiny_config, tmp_path):
+    contract.check_predicts(tiny_config, tmp_path)
 
 
 @pytest.mark.parametrize("tiny_config", TASKS, indirect=True)
@@ -217,6 +223,7 @@ CHECKS = (
     "declarations",
     "an empty dataset refused",
     "stopped by the stop signal, then resumed",
+    "predicted what it trained",
     "a halving search's rung",
     "its piece's duties left to it",
 )
@@ -266,16 +273,16 @@ def line_of(module: Path, text: str) -> int:
 def test_what_a_task_raises_in_a_check_is_that_checks_failure_where_it_raised_it_and_the_next_check_runs(
     tmp_path, monkeypatch
 ):
-    """A lab's bug is reported, never a crash of the checks: the train that raises fails the two
+    """A lab's bug is reported, never a crash of the checks: the train that raises fails the three
     checks that train, naming the exception, its message and the task's line; the others pass."""
     raising = "params['global_steps']"
     config, module = lab_task(tmp_path, monkeypatch, ("    step = 0\n", f"    step = {raising}\n"))
     results = dict(contract.check_all(config))
     assert list(results) == list(CHECKS)
     where = f"(raised at {module}:{line_of(module, raising)} (in train))"
-    for check in ("stopped by the stop signal, then resumed", "a halving search's rung"):
+    for check in ("stopped by the stop signal, then resumed", "predicted what it trained", "a halving search's rung"):
         assert str(results[check]) == f"KeyError: 'global_steps' {where}"
-    assert [check for check, failure in results.items() if failure is None] == [CHECKS[0], CHECKS[1], CHECKS[4]]
+    assert [check for check, failure in results.items() if failure is None] == [CHECKS[0], CHECKS[1], CHECKS[5]]
 
 
 def test_an_error_raised_inside_a_library_is_placed_at_the_tasks_line_that_called_it(tmp_path, monkeypatch):
@@ -339,6 +346,103 @@ def test_a_rung_without_validation_metrics_fails_the_rung_check_not_the_checks(t
     )
     with pytest.raises(contract.ContractBroken, match=r"a rung returns Trained\(metrics=\{'validation': \{...\}\}\)"):
         contract.check_rung(config, tmp_path / "work")
+
+
+PREDICTING = "    return Predicted(metrics=metrics, predictions=predictions)\n"
+
+
+def test_predictions_that_are_not_a_dataframe_fail_the_predict_check_naming_it(tmp_path, monkeypatch):
+    """The lab's report: predictions as a list of dicts passed every check, then crashed the workflow's
+    predict jobs inside scratchflow (AttributeError: 'list' object has no attribute 'to_csv')."""
+    config, _ = lab_task(
+        tmp_path,
+        monkeypatch,
+        (PREDICTING, PREDICTING.replace("predictions=predictions", "predictions=predictions.to_dict('records')")),
+    )
+    results = dict(contract.check_all(config))
+    assert str(results["predicted what it trained"]) == (
+        f"task {config['task']}: predict returned predictions that are a list, not a pandas DataFrame "
+        "(WRITES_PREDICTIONS is True: they are written to predictions.csv)"
+    )
+    assert [check for check, failure in results.items() if failure is not None] == ["predicted what it trained"]
+
+
+def test_a_predict_that_raises_fails_the_predict_check_with_its_line(tmp_path, monkeypatch):
+    config, module = lab_task(tmp_path, monkeypatch, (PREDICTING, "    1 / 0\n" + PREDICTING))
+    results = dict(contract.check_all(config))
+    where = f"{module}:{line_of(module, '1 / 0')} (in predict)"
+    assert str(results["predicted what it trained"]) == f"ZeroDivisionError: division by zero (raised at {where})"
+
+
+@pytest.mark.parametrize(
+    "returned, problem",
+    [
+        ("metrics", "a dict, not a Predicted(metrics, predictions) (from scratchflow.tasks import Predicted)"),
+        (
+            "Predicted(metrics={'accuracy': 1.0}, predictions=predictions)",
+            "metrics without loss as a number (METRICS names accuracy, loss): it reported accuracy",
+        ),
+        (
+            "Predicted(metrics={**metrics, 'loss': torch.tensor(0.5)}, predictions=predictions)",
+            "metrics that are not name -> number (or nested detail, a dict or list): {'loss': tensor(0.5000)}",
+        ),
+        ("Predicted(metrics=metrics, predictions=predictions[:0])", "an empty predictions DataFrame (no rows"),
+        ("Predicted(metrics=metrics)", "predictions that are None, not a pandas DataFrame"),
+    ],
+)
+def test_what_predict_returns_is_checked_as_the_workflow_writes_it(returned, problem, tmp_path, monkeypatch):
+    config, _ = lab_task(tmp_path, monkeypatch, (PREDICTING, f"    return {returned}\n"))
+    with pytest.raises(contract.ContractBroken) as broken:
+        contract.check_predicts(config, tmp_path / "work")
+    assert str(broken.value).startswith(f"task {config['task']}: predict returned {problem}"), broken.value
+
+
+def test_predictions_from_a_task_that_writes_none_are_refused(tmp_path, monkeypatch):
+    config, _ = lab_task(tmp_path, monkeypatch, ("WRITES_PREDICTIONS = True", "WRITES_PREDICTIONS = False"))
+    with pytest.raises(
+        contract.ContractBroken, match=r"predictions \(a pandas\.DataFrame\) though WRITES_PREDICTIONS is False"
+    ):
+        contract.check_predicts(config, tmp_path / "work")
+
+
+def test_a_predict_job_refuses_what_a_task_returned_wrongly_naming_the_task_and_what_it_returned(tmp_path, monkeypatch):
+    """The workflow's predict job, on the lab's report's task (predictions a list): one line naming
+    the task, not an AttributeError inside scratchflow; nothing written."""
+    from scratchflow.checkpoints import RunCheckpoints
+    from scratchflow.jobs import PredictJob, predict_job
+    from scratchflow.piece import Piece
+    from scratchflow.staging import archive_dataset
+
+    config, _ = lab_task(
+        tmp_path, monkeypatch, (PREDICTING, PREDICTING.replace("predictions=predictions", "predictions=[{}]"))
+    )
+    run = RunCheckpoints(tmp_path / "shared", "COMPLETE")
+    trained = Piece(contract.piece_spec(config, tmp_path / "train", 1, run)).train()
+    archive_dataset(config["dataset"], tmp_path / "data.tar", tmp_path / "data.manifest.json")
+    results = tmp_path / "results"
+    job = PredictJob(
+        run_id="run0",
+        task=config["task"],
+        identity={"dataset": config["dataset"], "training": config["training"]},
+        archive=tmp_path / "data.tar",
+        manifest=tmp_path / "data.manifest.json",
+        trained=trained.output,
+        scratch_root=str(tmp_path / "scratch"),
+        threads=1,
+        workflow_dir=REPO,
+        metrics_out=results / "metrics.json",
+        record_out=results / "predict_record.json",
+        curves_out=results / "curves.png",
+        predictions_out=results / "predictions.csv",
+        tracking="tensorboard",
+    )
+    with pytest.raises(WrongPredicted) as refused:
+        predict_job(job)
+    assert str(refused.value) == (
+        f"task {config['task']}: predict returned predictions that are a list, not a pandas DataFrame "
+        "(WRITES_PREDICTIONS is True: they are written to predictions.csv)"
+    )
+    assert not results.exists()
 
 
 def test_a_contract_config_whose_data_or_task_is_missing_is_one_line_naming_it(tmp_path):

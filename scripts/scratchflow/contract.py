@@ -8,6 +8,7 @@ Each check raises `ContractBroken` saying what the task did instead:
 - `check_stops_and_resumes`: under its piece, a real stop signal makes it save, hand the checkpoint on
   and return; the next piece resumes from that checkpoint and trains to the end;
 - `check_rung`: a halving search's rung (1 of 2 epochs) and a retry after it that only evaluates;
+- `check_predicts`: `predict` on what a run trained to its end returns what the workflow writes;
 - `check_leaves_duties_to_its_piece`: nothing in its code (its imports and calls) does what its
   piece does.
 `check_all` runs them all, each on its own: whatever a task raises in one is that check's failure,
@@ -20,6 +21,7 @@ import ast
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -38,7 +40,11 @@ from scratchflow.piece import Piece, PieceSpec
 from scratchflow.tasks import (
     PROGRESS_KEYS,
     TASK_NAMES,
+    PredictContext,
+    Trained,
     TrainingStopped,
+    WrongPredicted,
+    check_predicted,
     described,
     load_task,
     task_file,
@@ -183,8 +189,9 @@ def piece_spec(config: dict[str, Any], work: Path, piece: int, run: RunCheckpoin
     )
 
 
-def check_stops_and_resumes(config: dict[str, Any], work: Path) -> None:
-    """With USR2 as the stop signal (not the default: the piece listens for the one configured)."""
+def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
+    """With USR2 as the stop signal (not the default: the piece listens for the one configured).
+    Returns what the run trained to its end (in `work`)."""
     task, marker = config["task"], load_task(config["task"]).CHECKPOINT_MARKER
     signals.use_stop_signal("USR2")
     try:
@@ -218,6 +225,7 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> None:
         )
     if not (trained.output.is_dir() and any(trained.output.iterdir())):
         raise ContractBroken(f"{task}: what it trained ({trained.output}) is not a folder with something in it")
+    return trained
 
 
 def check_rung(config: dict[str, Any], work: Path) -> None:
@@ -248,6 +256,31 @@ def check_rung(config: dict[str, Any], work: Path) -> None:
             f"end of epoch 2 (step {2 * rung_end}), with a checkpoint there: its newest is "
             f"{last.metrics['global_steps']}"
         )
+
+
+def check_predicts(config: dict[str, Any], work: Path, trained: Trained | None = None) -> None:
+    """`predict` on `trained` (what a run trained to its end; None: a run trained here, in one
+    piece), in a context as the predict job makes it: the trained output copied into its work folder.
+    What it returns is what the workflow writes (scratchflow.tasks.check_predicted)."""
+    task = config["task"]
+    if trained is None:
+        run = RunCheckpoints(work / "shared", load_task(task).CHECKPOINT_MARKER)
+        trained = Piece(piece_spec(config, work, 1, run)).train()
+    scratch = work / "predict"
+    shutil.copytree(trained.output, scratch / "model")
+    context = PredictContext(
+        run_id="contract00",
+        data=data_sources(config["dataset"]),
+        dataset=config["dataset"],
+        params=config["training"],
+        trained=scratch / "model",
+        work_dir=scratch,
+        threads=1,
+    )
+    try:
+        check_predicted(task, load_task(task).predict(context))
+    except WrongPredicted as wrong:
+        raise ContractBroken(str(wrong)) from None
 
 
 # What a task leaves to its piece (scratchflow.piece), found in its code: each duty's test of one
@@ -359,20 +392,25 @@ def check_leaves_duties_to_its_piece(module_file: Path) -> None:
 def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | None]]:
     """Every check of `config`'s task on `config` (validated, its defaults filled in), each in a
     folder of its own: (what was checked, how it broke or None). Whatever the task raises in a check
-    is that check's failure, and the next check runs."""
+    is that check's failure, and the next check runs. The predict check predicts what the stop and
+    resume check trained, where that check passed (one training fewer)."""
     task = config["task"]
     module_file = task_file(task)
-    checks: dict[str, Callable[[Path], None]] = {
+    resumed: list[Trained] = []
+    checks: dict[str, Callable[[Path], Any]] = {
         "declarations": lambda work: check_declarations(task),
         "an empty dataset refused": lambda work: check_refuses_empty_data(config, work),
-        "stopped by the stop signal, then resumed": lambda work: check_stops_and_resumes(config, work),
+        "stopped by the stop signal, then resumed": lambda work: resumed.append(check_stops_and_resumes(config, work)),
+        "predicted what it trained": lambda work: check_predicts(config, work, resumed[0] if resumed else None),
         "a halving search's rung": lambda work: check_rung(config, work),
         "its piece's duties left to it": lambda work: check_leaves_duties_to_its_piece(Path(load_task(task).__file__)),
     }
-    for name, check in checks.items():
-        with tempfile.TemporaryDirectory(prefix="check-task-") as work:
+    with tempfile.TemporaryDirectory(prefix="check-task-") as folder:
+        for number, (name, check) in enumerate(checks.items()):
+            work = Path(folder) / f"check-{number}"
+            work.mkdir()
             try:
-                check(Path(work))
+                check(work)
             except ContractBroken as broken:
                 yield name, broken
             except (Exception, SystemExit) as error:  # the task's own code failed: said, not raised

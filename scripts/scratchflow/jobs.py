@@ -35,7 +35,7 @@ from scratchflow.record import (
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import StagingError, archive_dataset, copy_whole, scratch_directory, stage_in
-from scratchflow.tasks import PredictContext, TrainingStopped, load_task
+from scratchflow.tasks import PredictContext, TrainingStopped, check_predicted, load_task
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -380,17 +380,16 @@ def predict_job(job: PredictJob) -> None:
             local_model = scratch / "model"
             copy_whole(job.trained, local_model)
         with timer.phase("predict"):
-            predicted = task.predict(
-                PredictContext(
-                    run_id=job.run_id,
-                    data=data,
-                    dataset=job.identity["dataset"],
-                    params=job.identity["training"],
-                    trained=local_model,
-                    work_dir=scratch,
-                    threads=job.threads,
-                )
+            context = PredictContext(
+                run_id=job.run_id,
+                data=data,
+                dataset=job.identity["dataset"],
+                params=job.identity["training"],
+                trained=local_model,
+                work_dir=scratch,
+                threads=job.threads,
             )
+            predicted = check_predicted(job.task, task.predict(context))
             if job.predictions_out is not None:
                 predicted.predictions.to_csv(scratch / job.predictions_out.name, index=False)
         with timer.phase("sync"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import pkgutil
 import sys
@@ -134,8 +135,85 @@ class PredictContext:
 
 @dataclass(frozen=True)
 class Predicted:
-    metrics: dict[str, Any]  # flat name -> number, plus any nested detail (per class, confusion)
-    predictions: Any = None  # a pandas DataFrame when WRITES_PREDICTIONS
+    # name -> number (the test metrics: metrics.json, compared across runs), plus any nested detail
+    # as dicts and lists (per class; "confusion_matrix": {"labels": [...],
+    # "rows_true_columns_predicted": [[count, ...], ...]} draws the best run's); JSON-serializable.
+    metrics: dict[str, Any]
+    # With WRITES_PREDICTIONS, a pandas DataFrame of at least one row, written as predictions.csv
+    # (its columns are the task's own); otherwise None.
+    predictions: Any = None
+
+
+class WrongPredicted(TypeError):
+    """A task's `predict` returned what the protocol does not take (`check_predicted`)."""
+
+
+def check_predicted(task: str, predicted: Any) -> Predicted:
+    """What the task's `predict` returned, if it is what the workflow writes: a `Predicted` whose
+    metrics are a JSON-serializable dict of name -> number or nested detail, holding each name of the
+    task's METRICS as a number, and whose predictions are a DataFrame of at least one row with
+    WRITES_PREDICTIONS, None without. WrongPredicted: one line naming the task and what it returned."""
+    module = load_task(task)
+    problem = predicted_problem(predicted, module.METRICS, module.WRITES_PREDICTIONS)
+    if problem:
+        raise WrongPredicted(f"task {task}: predict returned {problem}")
+    return predicted
+
+
+def predicted_problem(predicted: Any, metric_names: tuple[str, ...] | None, writes_predictions: bool) -> str | None:
+    """What is wrong with `predicted`, completing "predict returned ..." (None: nothing), for a task
+    whose METRICS are `metric_names` and WRITES_PREDICTIONS `writes_predictions`."""
+    import pandas as pd  # here: the workflow loads this module when it plans
+
+    if not isinstance(predicted, Predicted):
+        return f"{kind_of(predicted)}, not a Predicted(metrics, predictions) (from scratchflow.tasks import Predicted)"
+    metrics = predicted.metrics
+    if not isinstance(metrics, dict):
+        return f"metrics that are {kind_of(metrics)}, not a dict of name -> number"
+    odd = {
+        name: value
+        for name, value in metrics.items()
+        if not isinstance(name, str) or not (is_number(value) or isinstance(value, dict | list))
+    }
+    if odd:
+        return f"metrics that are not name -> number (or nested detail, a dict or list): {odd!r:.300}"
+    try:
+        json.dumps(metrics)
+    except (TypeError, ValueError) as error:
+        return f"metrics that JSON cannot hold (metrics.json): {error}"
+    missing = [name for name in metric_names or () if not is_number(metrics.get(name))]
+    if missing:
+        return (
+            f"metrics without {', '.join(missing)} as a number (METRICS names {', '.join(metric_names)}): "
+            f"it reported {', '.join(map(str, metrics)) or 'none'}"
+        )
+    predictions = predicted.predictions
+    if writes_predictions and not isinstance(predictions, pd.DataFrame):
+        return (
+            f"predictions that are {kind_of(predictions)}, not a pandas DataFrame (WRITES_PREDICTIONS is True: "
+            "they are written to predictions.csv)"
+        )
+    if writes_predictions and len(predictions) == 0:
+        return "an empty predictions DataFrame (no rows; WRITES_PREDICTIONS is True)"
+    if not writes_predictions and predictions is not None:
+        return (
+            f"predictions ({kind_of(predictions)}) though WRITES_PREDICTIONS is False: set it True to have them "
+            "written to predictions.csv, or return Predicted(metrics)"
+        )
+    return None
+
+
+def kind_of(value: Any) -> str:
+    """`value`'s type, as a message names it: "a list", "an int", "a torch.Tensor", "None"."""
+    if value is None:
+        return "None"
+    kind = type(value)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class Task(Protocol):

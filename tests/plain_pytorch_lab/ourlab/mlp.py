@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from scratchflow.dataset import DatasetError
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
@@ -23,7 +24,7 @@ from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 CHECKPOINT_MARKER = "COMPLETE"
 NEEDS_MODEL = False
 METRICS = ("accuracy", "loss")
-WRITES_PREDICTIONS = False
+WRITES_PREDICTIONS = True
 LAUNCHES_OWN_PROCESSES = False
 REPORT_EVERY_SECONDS = 5.0
 
@@ -162,7 +163,25 @@ def train(context: TrainContext) -> Trained | None:
 
 
 def predict(context: PredictContext) -> Predicted:
+    """The test split's metrics with its confusion matrix (the report draws the best run's), and one
+    row per test example: its label, the predicted class and the model's confidence in it
+    (predictions.csv)."""
     shape = json.loads((context.trained / "shape.json").read_text())
-    model = mlp(shape["inputs"], context.params["hidden"], shape["classes"])
+    classes = shape["classes"]
+    model = mlp(shape["inputs"], context.params["hidden"], classes)
     model.load_state_dict(torch.load(context.trained / "model.pt"))
-    return Predicted(metrics=evaluate(model, *splits(context.data, context.dataset)["test"]))
+    features, labels = splits(context.data, context.dataset)["test"]
+    with torch.no_grad():
+        best = model(features).softmax(dim=1).max(dim=1)
+    confusion = torch.bincount(labels * classes + best.indices, minlength=classes * classes).reshape(classes, -1)
+    metrics = {
+        **evaluate(model, features, labels),
+        "confusion_matrix": {
+            "labels": [str(label) for label in range(classes)],
+            "rows_true_columns_predicted": confusion.tolist(),
+        },
+    }
+    predictions = pd.DataFrame(
+        {"label": labels.tolist(), "predicted": best.indices.tolist(), "confidence": best.values.tolist()}
+    )
+    return Predicted(metrics=metrics, predictions=predictions)
