@@ -127,8 +127,9 @@ def test_a_clone_with_its_releases_tagged_pins_the_newest_which_holds_every_file
     ), "a local path is allowed, and said"
     old = new_pipeline(tmp_path / "old", releases, "--cluster", "narval", "--tag", "v0.1.0")
     assert old.stderr.startswith(
-        "new_pipeline.py: v0.1.0 lacks scripts/check_task.py, docs/lab-pipeline.md, which a pipeline's Makefile, "
-        "Snakefile or README names (it predates lab pipelines): give --tag a newer release (its releases: v99.0.0, "
+        "new_pipeline.py: v0.1.0 lacks scripts/retrain.py, scripts/check_task.py, docs/lab-pipeline.md, which a "
+        "pipeline's Makefile, Snakefile or README names (it predates lab pipelines): give --tag a newer release "
+        "(its releases: v99.0.0, "
     )
     assert not (tmp_path / "old").exists()
 
