@@ -1,4 +1,8 @@
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from scratchflow.dataset import (
@@ -85,3 +89,44 @@ def test_the_fingerprint_changes_when_a_file_changes(tmp_path):
     assert fingerprint(tmp_path) == before
     article.write_text("one, edited")
     assert fingerprint(tmp_path) != before
+
+
+def test_a_package_location_resolved_where_the_workflow_starts_needs_no_package_in_its_jobs(tmp_path):
+    """A job's own Snakemake reads the config again where its environment may hold requirements.txt
+    alone (Narval's wheelhouse): the `package:` locations resolved at the start reach it, inherited."""
+    site = tmp_path / "login-node-site-packages"
+    (site / "ourdata" / "articles").mkdir(parents=True)
+    (site / "ourdata" / "__init__.py").write_text("")
+    resolve = (
+        "import json, os, sys; sys.path.insert(0, sys.argv[1]); "
+        "from scratchflow.dataset import resolve_location, share_package_locations; "
+        "share_package_locations(['package:ourdata/articles', 'data/elsewhere.csv']); "
+        "print(os.environ.get('SCRATCHFLOW_PACKAGE_LOCATIONS', ''))"
+    )
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    start = subprocess.run(
+        [sys.executable, "-c", resolve, scripts],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+    )
+    assert start.returncode == 0, start.stderr
+    shared = start.stdout.strip()
+    assert json.loads(shared) == {"package:ourdata/articles": str((site / "ourdata" / "articles").resolve())}
+
+    in_a_job = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from scratchflow.dataset import resolve_location; "
+        "print(resolve_location('package:ourdata/articles'))"
+    )
+    job_env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    job = subprocess.run(
+        [sys.executable, "-c", in_a_job, scripts],
+        env={**job_env, "SCRATCHFLOW_PACKAGE_LOCATIONS": shared},
+        capture_output=True,
+        text=True,
+    )
+    assert job.returncode == 0 and job.stdout.strip() == str((site / "ourdata" / "articles").resolve()), job.stderr
+    unshared = subprocess.run([sys.executable, "-c", in_a_job, scripts], env=job_env, capture_output=True, text=True)
+    assert "no installed Python package named 'ourdata'" in unshared.stderr, (
+        "without it, the job would need the package"
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 PACKAGE_PREFIX = "package:"
+# Where the workflow's start resolved each `package:` location (JSON), inherited by its jobs.
+PACKAGE_LOCATIONS_VARIABLE = "SCRATCHFLOW_PACKAGE_LOCATIONS"
 TABLE_SEPARATORS = {"csv": ",", "tsv": "\t"}
 FORMATS = ("folder", "csv", "tsv", "jsonl", "parquet")
 SPLITS = ("train", "validation", "test")
@@ -65,17 +68,33 @@ def staged_sources(root: Path, dataset: dict[str, Any]) -> dict[str, Path]:
 
 
 def resolve_location(location: str) -> Path:
-    """A filesystem path, or 'package:NAME/sub/path' for data shipped inside an installed package.
+    """A filesystem path, or 'package:NAME/sub/path' for data shipped inside an installed package:
+    where the workflow started resolved it (`share_package_locations`), else the package here.
 
     The package is located without importing it: some data packages print or do work on import.
     """
     if not location.startswith(PACKAGE_PREFIX):
         return Path(location).expanduser()
+    shared = json.loads(os.environ.get(PACKAGE_LOCATIONS_VARIABLE) or "{}")
+    if location in shared:
+        return Path(shared[location])
     package, _, inner = location[len(PACKAGE_PREFIX) :].partition("/")
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise DatasetError(f"{location!r}: no installed Python package named {package!r}")
     return Path(next(iter(spec.submodule_search_locations))) / inner
+
+
+def share_package_locations(locations: list[str]) -> None:
+    """Resolve the `package:` locations among `locations` here, once, for every process started from
+    now on (a job's own Snakemake reads the config again, on a compute node whose environment may
+    hold `requirements.txt` alone, without the package): they inherit the environment variable."""
+    shared = json.loads(os.environ.get(PACKAGE_LOCATIONS_VARIABLE) or "{}")
+    for location in locations:
+        if location.startswith(PACKAGE_PREFIX):
+            shared[location] = str(resolve_location(location).resolve())
+    if shared:
+        os.environ[PACKAGE_LOCATIONS_VARIABLE] = json.dumps(shared)
 
 
 def list_files(path: Path) -> list[Path]:

@@ -31,7 +31,7 @@ from scratchflow.config import (
     cpu_flags,
 )
 from scratchflow.containers import check_rule_image_rules, set_job_step_image, start_job_steps_in_image
-from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location
+from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location, share_package_locations
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
 from scratchflow.tasks import Task, find_lab_tasks_in
@@ -56,6 +56,8 @@ def read_config(
     planning_note = check_run_count(config)
     if planning_note and main_process:
         print(planning_note, file=sys.stderr, flush=True)
+    if main_process:
+        share_package_locations(config_locations(config))
     check_paths(config, workflow_dir)
     check_split_fractions(config)
     check_tracking(config)
@@ -67,6 +69,13 @@ def read_config(
     else:
         start_job_steps_in_image(os.environ, job_rules)
     return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
+
+
+def config_locations(config: dict[str, Any]) -> list[str]:
+    """The data and model locations the config names, as written (`package:` ones among them)."""
+    dataset = config["dataset"]
+    locations = list((dataset.get("splits") or {}).values()) or [dataset["path"]]
+    return locations + ([config["model"]["source"]] if config.get("model") else [])
 
 
 def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests | None:
