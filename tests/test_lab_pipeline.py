@@ -247,6 +247,57 @@ def test_submitting_where_slurm_does_not_answer_says_so_in_one_line_and_submits_
     assert not (lab / ".snakemake" / "slurm_logs").exists() and not (lab / "archives").exists()
 
 
+def test_make_test_off_the_cluster_plans_and_says_in_one_line_that_it_could_not_ask_the_cluster(lab):
+    """The lab's `make test` on a laptop (here: a Slurm client whose controller is not configured):
+    its dry run with the cluster's profile asks Slurm, which does not answer, and plans on."""
+    tested = subprocess.run(
+        ["make", "--old-file=setup", "test", f"SNAKEMAKE={Path(sys.executable).parent / 'snakemake'}"],
+        cwd=lab,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**workflow_env(), "SLURM_CONF": "/dev/null"},
+        timeout=300,
+    )
+    assert tested.returncode == 0 and "Traceback" not in tested.stdout, tested.stdout[-3000:]
+    said = [line for line in tested.stdout.splitlines() if "preflight" in line]
+    assert len(said) == 1 and said[0].startswith("scratchflow preflight: Slurm did not answer ("), said
+    assert said[0].endswith(
+        "so this dry run could not ask the cluster whether it would run these jobs (on its login node, the dry "
+        "run asks it)"
+    )
+    assert not any((lab / folder).exists() for folder in ("archives", "models", "results"))
+
+
+def test_no_hooks_skips_no_check_and_is_refused_where_jobs_need_the_start_up_to_run_in_their_image(lab):
+    """--no-hooks skips scratchflow's onstart, not its checks: the preflight still asks Slurm (which,
+    not answering here, refuses the run); on a container cluster, whose job steps onstart puts in
+    their image, it is refused in one line first. Nothing submitted or written either way."""
+
+    def submit(profile: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "snakemake", "--profile", f"scratchflow/profiles/{profile}", "--no-hooks"],
+            cwd=lab,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**workflow_env(), "SLURM_CONF": "/dev/null"},
+            timeout=300,
+        )
+
+    checked = submit("narval")
+    assert checked.returncode != 0 and "scratchflow preflight: Slurm did not answer (" in checked.stdout, checked.stdout
+    refused = submit("dfki")
+    assert refused.returncode != 0 and "Traceback" not in refused.stdout, refused.stdout[-3000:]
+    assert (
+        "scratchflow: --no-hooks skips the start-up that puts the job steps of cluster 'dfki' in their container "
+        "image ($SCRATCHFLOW_IMAGE), so its jobs would run outside it: run without --no-hooks (to skip only the "
+        "preflight: --config preflight=False)\n"
+    ) in refused.stdout
+    assert "preflight: Slurm did not answer" not in refused.stdout
+    assert not (lab / ".snakemake" / "slurm_logs").exists() and not (lab / "archives").exists()
+
+
 @pytest.mark.slow
 def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothing(lab, releases):
     run_local = lab / "scratchflow" / "scripts" / "run_local.sh"
@@ -289,7 +340,7 @@ def test_a_labs_own_task_is_checked_against_the_task_protocol_with_one_command(l
         env=workflow_env(),
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
-    assert checked.stdout.count(f"contract/texts.yaml: {LAB_TASK}: ") == checked.stdout.count(": ok\n") == 5
+    assert checked.stdout.count(f"contract/texts.yaml: {LAB_TASK}: ") == checked.stdout.count(": ok\n") == 6
 
 
 def test_a_contract_config_scratchflow_would_not_run_is_named_in_one_line_with_its_key(tmp_path):
