@@ -39,3 +39,5 @@ onsuccess:
 
 # Used as a module, Snakemake runs neither hook above: scratchflow runs them itself.
 workflow_hooks.run_hooks_as_a_module(workflow, config, PLAN)
+# Before any job, in every run: a dry run (-n) and --no-hooks run no onstart.
+workflow_hooks.check_every_run(workflow, config, PLAN)

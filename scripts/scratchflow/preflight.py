@@ -1,5 +1,6 @@
 """Preflight: every rule's Slurm request, as the profile and config resolve it, checked against the
-live cluster once at start-up, before any job is submitted; one message lists every problem.
+live cluster once its jobs are known, before any job is submitted, by a dry run (-n) too; one
+message lists every problem.
 
 Read from the cluster (a few Slurm queries, whatever the grid's size): its partitions (`scontrol show
 partition`), its nodes (`scontrol show node`) and the user's associations (`sacctmgr show assoc`).

@@ -146,9 +146,9 @@ def job_rules(workflow: Any) -> set[str]:
 
 
 def rules_to_submit(workflow: Any) -> set[str]:
-    """The rules of the jobs this run will submit: those of the DAG's jobs still to run that go to
-    the executor. Known once the workflow starts (`onstart`)."""
-    return {job.rule.name for job in workflow.dag.needrun_jobs() if not workflow.is_local(job.rule)}
+    """The rules of the jobs this run will submit (a dry run: would submit): those of the DAG's jobs
+    still to run that go to a cluster's executor (`job_rules`). Known once the DAG is built."""
+    return {job.rule.name for job in workflow.dag.needrun_jobs()} & job_rules(workflow)
 
 
 def target_rules(argv: list[str] = sys.argv) -> set[str]:
@@ -165,8 +165,56 @@ def target_rules(argv: list[str] = sys.argv) -> set[str]:
 
 
 def executor_name(workflow: Any) -> str:
-    """Snakemake's executor ("local", "slurm", "dryrun"); known once the workflow starts."""
-    return workflow.executor_plugin.name
+    """The executor this run submits its jobs with ("local", "slurm"), known once the workflow runs;
+    in a dry run (-n), the one it plans for. There Snakemake's own is "dryrun", and the one the
+    command line or profile named is known only to the call that runs the workflow (Snakemake's
+    API, `DAGApi.execute_workflow`, given both)."""
+    if not workflow.dryrun:
+        return workflow.executor_plugin.name
+    from snakemake.api import DAGApi
+
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not DAGApi.execute_workflow.__code__:
+        frame = frame.f_back
+    if frame is None or not isinstance(frame.f_locals.get("executor"), str):
+        raise RuntimeError(
+            "scratchflow cannot tell which executor this dry run plans for: this Snakemake's "
+            "DAGApi.execute_workflow was not found with its `executor` (scratchflow/snakemake_adapter.py "
+            "knows Snakemake 9)"
+        )
+    return frame.f_locals["executor"]
+
+
+def is_dry_run(workflow: Any) -> bool:
+    return bool(workflow.dryrun)
+
+
+def hooks_skipped(workflow: Any) -> bool:
+    """Whether Snakemake skips onstart and onsuccess (--no-hooks; every job's own Snakemake too)."""
+    return bool(workflow.execution_settings.no_hooks)
+
+
+def run_once_jobs_are_known(workflow: Any, check: Callable[[], None]) -> None:
+    """Run `check` in every run of the workflow, a dry run (-n) or --no-hooks included, once the
+    DAG of its jobs is built and before anything is planned, printed or submitted. Snakemake runs
+    onstart in neither, and only after the DAG's checks and its container and conda set-ups.
+    Not in --touch, nor where no jobs run (--summary, --report, ...). Call while the workflow is
+    read; fails loudly where Snakemake's internals moved."""
+    if not workflow.is_main_process:
+        return
+    if not hasattr(workflow, "_build_dag"):
+        raise RuntimeError(
+            "scratchflow cannot check a run before its jobs: this Snakemake's workflow has no _build_dag "
+            "(scratchflow/snakemake_adapter.py knows Snakemake 9)"
+        )
+    build_dag = workflow._build_dag
+
+    def build_dag_then_check() -> None:
+        build_dag()
+        if workflow.executor_plugin is not None and not workflow.touch:  # only Workflow.execute sets it
+            check()
+
+    workflow._build_dag = build_dag_then_check
 
 
 def register_pack_slot(workflow: Any) -> None:

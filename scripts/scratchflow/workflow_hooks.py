@@ -1,7 +1,7 @@
-"""What the workflow does besides its rules: the checks when it is read and when it starts (before any
-job is submitted), the grid file for the status, and what it does once it has succeeded. The Snakefile
-and `rules/common.smk` call one function each; Snakemake's internals are reached only through
-`scratchflow.snakemake_adapter`."""
+"""What the workflow does besides its rules: the checks when it is read and once its jobs are known
+(before any job is submitted, in a dry run too), the grid file for the status, and what it does once
+it has succeeded. The Snakefile and `rules/common.smk` call one function for each; Snakemake's
+internals are reached only through `scratchflow.snakemake_adapter`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from scratchflow import SCRATCHFLOW_DIR, preflight, snakemake_adapter
 from scratchflow.checkpoints import RunCheckpoints, space_warning
 from scratchflow.config import (
+    ConfigError,
     check_compression,
     check_dataset,
     check_packing,
@@ -94,20 +95,58 @@ def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_ada
     return requests
 
 
-def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
-    """Once the executor is known: every check again, packing (which needs a cluster), the grid file
-    for the status, and on Slurm, the next job of a run sent seconds after the last one ends."""
-    requests = check_rule_resources(workflow, config)
+def check_before_any_job(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
+    """Run in every run once its jobs are known, before anything is submitted: a dry run (-n) and
+    --no-hooks included, which run no onstart (`snakemake_adapter.run_once_jobs_are_known`). Every
+    check again, now with the executor and --retries known: packing (which needs a cluster) and, on
+    Slurm, the live cluster (unless `preflight: False`); each refusal is one message and exit 1.
+    A dry run where Slurm does not answer says so in one line and plans on. --no-hooks is refused
+    where jobs need onstart (a container cluster's image)."""
     executor = snakemake_adapter.executor_name(workflow)
+    dry_run = snakemake_adapter.is_dry_run(workflow)
+    cluster = config["cluster"]
+    if snakemake_adapter.hooks_skipped(workflow) and executor == "slurm" and cluster["image_variable"]:
+        refuse(
+            f"scratchflow: --no-hooks skips the start-up that puts the job steps of cluster {cluster['name']!r} in "
+            f"their container image (${cluster['image_variable']}), so its jobs would run outside it: run without "
+            "--no-hooks (to skip only the preflight: --config preflight=False)"
+        )
     runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
-    check_packing(plan.pack_runs, executor, runtimes, config["cluster"])
+    try:
+        requests = check_rule_resources(workflow, config)
+        check_packing(plan.pack_runs, executor, runtimes, cluster)
+    except ConfigError as mistake:  # raised here, Snakemake would print Python's traceback after it
+        refuse(f"ConfigError: {mistake}")
     if executor == "slurm" and config["preflight"]:
         try:
             check_against_cluster(workflow, plan, requests.runtimes)
+        except SlurmDidNotAnswer as unanswered:
+            if not dry_run:
+                refuse(
+                    f"scratchflow preflight: Slurm did not answer ({unanswered}), so nothing was checked or "
+                    "submitted: run from the cluster's login node (or skip the check: --config preflight=False)"
+                )
+            print(
+                f"scratchflow preflight: Slurm did not answer ({unanswered}), so this dry run could not ask the "
+                "cluster whether it would run these jobs (on its login node, the dry run asks it)",
+                file=sys.stderr,
+                flush=True,
+            )
         except preflight.PreflightError as refused:
-            # The message alone: raised, it came twice, with the hook's traceback after it.
-            print(refused, file=sys.stderr, flush=True)
-            raise SystemExit(1) from None
+            refuse(str(refused))
+
+
+def refuse(message: str) -> NoReturn:
+    """The message alone, and exit 1: raised, it came with Snakemake's traceback after it."""
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
+    """Snakemake's onstart, once the checks passed (`check_before_any_job`): on Slurm, the job steps'
+    container image where the cluster has one; the grid file for the status; a warning where the
+    checkpoints may not fit; and on Slurm, the next job of a run sent seconds after the last one ends."""
+    executor = snakemake_adapter.executor_name(workflow)
     if executor == "slurm":
         set_job_step_image(
             config["cluster"],
@@ -146,10 +185,21 @@ def run_hooks_as_a_module(workflow: Any, config: dict[str, Any], plan: Plan) -> 
     )
 
 
+def check_every_run(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
+    """`check_before_any_job` in every run, as scratchflow's own workflow or a lab's module."""
+    snakemake_adapter.run_once_jobs_are_known(workflow, functools.partial(check_before_any_job, workflow, config, plan))
+
+
+class SlurmDidNotAnswer(OSError):
+    """Slurm's commands failed (not installed, no configuration, no controller): the cluster said
+    nothing of the jobs. Its message: why, in Slurm's words."""
+
+
 def check_against_cluster(workflow: Any, plan: Plan, runtimes: dict[str, list[int]]) -> None:
     """The request of every rule this run submits jobs of, for each attempt up to --retries, checked
     against the live cluster (`scratchflow.preflight`): one error listing every problem, before any
-    job is submitted. `runtimes`: each rule's, per attempt (`check_rule_resources`)."""
+    job is submitted; nothing asked where no job is. `runtimes`: each rule's, per attempt
+    (`check_rule_resources`)."""
     requests = [
         preflight.request_of(
             rule,
@@ -160,13 +210,12 @@ def check_against_cluster(workflow: Any, plan: Plan, runtimes: dict[str, list[in
         )
         for rule in sorted(snakemake_adapter.rules_to_submit(workflow))
     ]
+    if not requests:
+        return
     try:
         cluster = preflight.read_cluster(os.environ.get("USER") or getpass.getuser())
     except (OSError, subprocess.SubprocessError) as error:
-        raise preflight.PreflightError(
-            f"scratchflow preflight: Slurm did not answer ({preflight.reason(error)}), so nothing was checked or "
-            "submitted: run from the cluster's login node (or skip the check: --config preflight=False)"
-        ) from None
+        raise SlurmDidNotAnswer(preflight.reason(error)) from None
     for warning in cluster.warnings:
         print(f"scratchflow preflight: {warning}", file=sys.stderr, flush=True)
     preflight.check(requests, cluster)
