@@ -35,13 +35,14 @@ from conftest import (
     run_folder,
     run_on_slurm,
     sbatch_lines,
+    slurm_workflow_env,
     start_on_slurm,
     switched_profile,
     using_the_cluster,
     workflow_config,
     write_config,
 )
-from local_slurm import ACCOUNT
+from local_slurm import ACCOUNT, NODE_CPUS, NODE_MEMORY_MB
 from scratchflow import __version__
 from scratchflow.dataset import load_examples
 
@@ -382,6 +383,39 @@ def test_the_preflight_lists_every_request_the_live_cluster_would_refuse_before_
         assert any(problem.startswith(line) for problem in problems), f"{line!r} not in {problems}"
     assert "sbatch call:" not in result.stdout
     assert not any((tmp_path / folder).exists() for folder in ("archives", "models", "results", "checkpoints"))
+
+
+def test_a_dry_run_asks_the_live_cluster_for_a_labs_profile_as_submitting_does(slurm, tmp_path, bbc_subset, tiny_model):
+    """`snakemake -n` checks every request against the live cluster as submitting does: a lab's layer
+    over Narval's profile (docs/lab-pipeline.md) asking for more memory than any node has is refused
+    in the preflight's one message before anything is planned; with the layer as new_pipeline.py made
+    it, the lab's `make test` (whose second line is that dry run) asks the cluster and plans."""
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    del config["cluster"]
+    lab = lab_pipeline(tmp_path / "lab", "narval", config)
+    layer = lab / "profiles" / "narval" / "config.v8+.yaml"
+    made = layer.read_text()
+    resources = yaml.safe_load((REPO / "profiles" / "narval" / "config.v8+.yaml").read_text())["set-resources"]
+    resources["train"]["mem_mb"] = 900_000  # above every node's NODE_MEMORY_MB
+    layer.write_text(made + yaml.safe_dump({"set-resources": resources}))  # the profile's whole key, as a layer must
+    refused = run_on_slurm(slurm, lab, "narval", {"SBATCH_ACCOUNT": ACCOUNT}, "-n", pipeline=True)
+    assert refused.returncode != 0, refused.stdout[-4000:]
+    message = refused.stdout[refused.stdout.index("preflight: the cluster would refuse these jobs") :]
+    assert refused.stdout.count("preflight: the cluster would refuse") == 1 and 'File "' not in message, message
+    (problem,) = itertools.takewhile(lambda line: line.strip().startswith("- rule "), message.splitlines()[1:])
+    assert problem.strip().startswith("- rule train: no node of partition 'batch' has 1 GPU(s) of type a100, ")
+    assert f"900000 MB (its nodes: n1 ({NODE_CPUS} CPUs, {NODE_MEMORY_MB} MB, gpu:a100:" in problem, problem
+    assert "Job stats:" not in refused.stdout and "sbatch call:" not in refused.stdout
+
+    layer.write_text(made)
+    snakemake = Path(sys.executable).parent / "snakemake"
+    environment = slurm_workflow_env(slurm, {"SBATCH_ACCOUNT": ACCOUNT})
+    make_test = ["make", "-C", str(lab), "--old-file=setup", "test", f"SNAKEMAKE={snakemake}"]
+    tested = slurm.run(*make_test, check=False, env=environment)
+    assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
+    assert "preflight" not in tested.stdout + tested.stderr, "asked, the cluster would run every job"
+    assert not any((lab / folder).exists() for folder in ("archives", "models", "results", "checkpoints"))
+    assert queued_jobs(slurm, lab) == []
 
 
 @pytest.mark.alone_on_the_cluster  # every idle GPU counted: no other test's job may hold one
