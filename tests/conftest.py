@@ -856,26 +856,18 @@ def write_recipe_data(workdir: Path, articles: Path, images: Path | None = None,
 
 
 def switched_profile(name: str, folder: Path, replace: dict[str, str] | None = None) -> Path:
-    """A cluster's profile with one of the README's switches merged in (config/tests/profiles/<name>:
-    each key replaces the profile's, `null` removes it), written to `folder`. `replace`: text to
+    """A cluster's profile with one of the README's switches merged in (config/tests/profiles/<name>,
+    scratchflow.profiles.merged), written whole to `folder`, to run with `--profile` alone. `replace`: text to
     change in the switch for the test cluster (its nodes have 2 GPUs, its venv lies elsewhere)."""
+    from scratchflow.profiles import merged
+
     cluster = name.split("-")[0]
     text = (RECIPES / "profiles" / name).read_text()
     for old, new in (replace or {}).items():
         text = text.replace(old, new)
     profile = yaml.safe_load((REPO / "profiles" / cluster / "config.v8+.yaml").read_text())
     profile["configfile"] = str(REPO / "config" / "clusters" / f"{cluster}.yaml")
-
-    def merge(into: dict, switch: dict) -> None:
-        for key, value in switch.items():
-            if value is None:
-                into.pop(key, None)
-            elif isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
-
-    merge(profile, yaml.safe_load(text))
+    profile = merged(profile, yaml.safe_load(text))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.v8+.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
     return folder
