@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from scratchflow.distributed import requested_gpus_per_node
+from scratchflow.profiles import layered
 
 QUERY_SECONDS = 30
 # The resources a request is read from (Snakemake's and the Slurm plugin's names).
@@ -346,9 +347,7 @@ def profile_partitions(*profiles: Path) -> list[str | None]:
     """The partitions the rules of `profiles` name (their default-resources' and set-resources'), in
     order; None stands for the cluster's default partition, where the default resources name none.
     A later profile's key replaces an earlier one's whole, as Snakemake's --workflow-profile does."""
-    settings: dict = {}
-    for profile in profiles:
-        settings.update(yaml.safe_load((profile / "config.v8+.yaml").read_text()) or {})
+    settings = layered(*(yaml.safe_load((profile / "config.v8+.yaml").read_text()) or {} for profile in profiles))
     named = [str((settings.get("default-resources") or {}).get("slurm_partition") or "").strip("'\"") or None]
     for resources in (settings.get("set-resources") or {}).values():
         named.append(str(resources.get("slurm_partition") or "").strip("'\"") or named[0])
