@@ -43,10 +43,9 @@ PROFILE_LAYER = """\
 # Our settings over scratchflow's {cluster} profile, key by key (a key set here replaces that key
 # of scratchflow's profile whole). Run with:
 #   snakemake --profile {submodule}/profiles/{cluster} --workflow-profile profiles/{cluster}
-# e.g. our account's allowance of jobs, or the train rule's resources for our models:
-# set-resources:
-#   train:
-#     runtime: 720
+# e.g. our account's allowance of jobs. One rule's resource (set-resources) goes in as a switch, with
+# the rest of scratchflow's key beside it ({submodule}/docs/lab-pipeline.md, "Your settings over a
+# cluster's profile").
 jobs: 100
 """
 
