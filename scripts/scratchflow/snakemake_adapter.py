@@ -8,6 +8,11 @@ profile's, and is raised.
 
 The Slurm variables of a several-node job reach its rule (`keep_job_variables`).
 
+Snakemake runs onstart neither in a dry run (-n) nor under --no-hooks, and a dry run's executor is
+its own "dryrun": the start-up checks run once the DAG of jobs is built, in every run
+(`run_once_jobs_are_known`), and ask for the executor the run submits to, or a dry run plans for
+(`executor_name`).
+
 
 A finished Slurm job is noticed at once, not minutes later. The Slurm plugin checks its jobs at an
 interval that grows by 10 s each time none has finished, up to 180 s (fixed in plugin 2.x), so the
@@ -186,6 +191,7 @@ def executor_name(workflow: Any) -> str:
 
 
 def is_dry_run(workflow: Any) -> bool:
+    """Whether this run is a dry run (-n); known once the workflow runs."""
     return bool(workflow.dryrun)
 
 
