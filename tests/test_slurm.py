@@ -444,8 +444,9 @@ def test_narvals_start_up_refuses_requirements_its_jobs_could_not_install_in_one
     del config["cluster"]
     lab_pipeline(tmp_path / "pipeline", "narval", config)
     result = run_on_slurm(slurm, tmp_path / "pipeline", "narval", env, pipeline=True)
-    assert result.returncode != 0
-    (line,) = [line for line in result.stdout.splitlines() if "cluster.requirements_variable" in line]
+    refusals = [line for line in result.stdout.splitlines() if "cluster.requirements_variable" in line]
+    assert result.returncode != 0 and len(refusals) == 1, result.stdout[-3000:]
+    (line,) = refusals
     assert line.startswith("scratchflow: config key cluster.requirements_variable: ") and said in line, line
     assert "Traceback" not in result.stdout and not sbatch_lines(result.stdout, ""), result.stdout[-3000:]
     assert not any((tmp_path / "pipeline" / folder).exists() for folder in ("archives", "results", "checkpoints"))

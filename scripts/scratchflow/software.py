@@ -86,9 +86,16 @@ def job_software_problem(
     if cluster.get("image_variable"):
         return None
     if variable:
-        installed = re.search(rf"\$(?:{variable}\b|\{{{variable}\}})", precommand)
-        return wheelhouse_problem(variable, environ, python) if installed else None
+        return wheelhouse_problem(variable, environ, python) if installs_from(precommand, variable, environ) else None
     return environment_problem(python, environ)
+
+
+def installs_from(precommand: str, variable: str, environ: Mapping[str, str]) -> bool:
+    """Whether the jobs' precommand installs the file `variable` names. Snakemake hands the profile's
+    precommand over with its $VARIABLES expanded where they are set: the variable, or its value."""
+    value = environ.get(variable, "")
+    named = re.search(rf"\$(?:{variable}\b|\{{{variable}\}})", precommand)
+    return bool(named or (value and value in precommand))
 
 
 def wheelhouse_problem(variable: str, environ: Mapping[str, str], python: str) -> str | None:
