@@ -437,7 +437,8 @@ def test_narvals_start_up_refuses_requirements_its_jobs_could_not_install_in_one
     """A lab's pipeline on Narval, whose every job would install $SCRATCHFLOW_REQUIREMENTS from the
     wheelhouse: unset, or naming pins the wheelhouse lacks, the login node refuses at start-up."""
     requirements, said = SOFTWARE_REFUSALS[case]
-    env = {**alliance_software, "SBATCH_ACCOUNT": ACCOUNT, "SCRATCHFLOW_REQUIREMENTS": ""}
+    env = {name: value for name, value in alliance_software.items() if name != "SCRATCHFLOW_REQUIREMENTS"}
+    env["SBATCH_ACCOUNT"] = ACCOUNT
     if requirements:
         env["SCRATCHFLOW_REQUIREMENTS"] = str(REPO / requirements)
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})

@@ -57,12 +57,12 @@ def handed_over(profile: Path, environ: dict[str, str], monkeypatch) -> str:
         return ProfileConfigFileParser().parse(stream)["precommand"]
 
 
-def login_node(wheelhouse: Path, requirements: Path | None) -> dict[str, str]:
+def login_node(wheelhouse: Path, requirements: Path | str | None) -> dict[str, str]:
     """The login node's environment as the Alliance sets it: pip finds the wheelhouse through
     PIP_FIND_LINKS (and no other configuration of this machine's)."""
     environ = {**os.environ, "PIP_FIND_LINKS": str(wheelhouse), "PIP_CONFIG_FILE": os.devnull}
     environ.pop("SCRATCHFLOW_REQUIREMENTS", None)
-    if requirements:
+    if requirements is not None:
         environ["SCRATCHFLOW_REQUIREMENTS"] = str(requirements)
     return environ
 
@@ -93,6 +93,19 @@ def test_every_pin_the_wheelhouse_lacks_is_named_with_the_versions_it_has_in_one
     assert problem.endswith("nothing was submitted")
 
 
+def test_a_pin_the_wheelhouse_has_no_file_of_is_named_where_a_constraint_names_it_too(
+    tmp_path, wheelhouse, monkeypatch
+):
+    """pip's configuration may constrain versions (this machine's pip.conf does torch's): pip then
+    says a conflict, listing the projects it has no file of."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("alpha==1.0\ntorch==2.13.0\n")
+    (tmp_path / "constraints.txt").write_text("torch<=2.14.1\n")
+    environ = {**login_node(wheelhouse, requirements), "PIP_CONSTRAINT": str(tmp_path / "constraints.txt")}
+    problem = job_software_problem(NARVAL, handed_over(NARVAL_PROFILE, environ, monkeypatch), environ)
+    assert "lacks what it pins: torch==2.13.0 (no file in the wheelhouse matches it); " in problem, problem
+
+
 def test_a_dependency_the_wheelhouse_lacks_is_named(tmp_path, wheelhouse, monkeypatch):
     (wheelhouse / "beta-2.0-py3-none-any.whl").unlink()
     requirements = tmp_path / "requirements.txt"
@@ -116,6 +129,7 @@ def test_pins_that_conflict_are_refused_in_pips_own_words_on_one_line(tmp_path, 
     "value, said",
     [
         (None, "but SCRATCHFLOW_REQUIREMENTS is not set: export SCRATCHFLOW_REQUIREMENTS=/path/to/"),
+        ("", "but SCRATCHFLOW_REQUIREMENTS is not set: export SCRATCHFLOW_REQUIREMENTS=/path/to/"),
         ("requirements.txt", "SCRATCHFLOW_REQUIREMENTS=requirements.txt is not an absolute path"),
         ("/no/such/requirements.txt", "SCRATCHFLOW_REQUIREMENTS=/no/such/requirements.txt is not a file"),
     ],
@@ -123,7 +137,7 @@ def test_pins_that_conflict_are_refused_in_pips_own_words_on_one_line(tmp_path, 
 def test_a_requirements_variable_unset_relative_or_naming_no_file_is_refused(
     value, said, tmp_path, wheelhouse, monkeypatch
 ):
-    environ = login_node(wheelhouse, value and Path(value))
+    environ = login_node(wheelhouse, value)
     problem = job_software_problem(NARVAL, handed_over(NARVAL_PROFILE, environ, monkeypatch), environ)
     assert problem.startswith("scratchflow: config key cluster.requirements_variable: ") and said in problem
     assert "\n" not in problem

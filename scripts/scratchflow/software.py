@@ -45,11 +45,13 @@ def describe_failure(error: BaseException) -> str:
 REQUIREMENTS = SCRATCHFLOW_DIR / "requirements.txt"
 NOTES = 'docs/clusters.md, "Notes per cluster"'
 PIP_SECONDS = 600  # a wheelhouse on a cold network filesystem (the Alliance's CVMFS) is slow to list
-# pip's words for a requirement it found no file for, and what it found instead.
+# pip's words for a requirement it found no file for, and what it found instead; and, where a
+# constraint (pip.conf's or PIP_CONSTRAINT's) names the project too, those of a conflict's.
 NOT_FOUND = re.compile(
     r"Could not find a (?:final )?version that satisfies the requirement (?P<requirement>\S+)"
     r"(?: \(from (?P<parent>[^)]+)\))? \(from versions: (?P<versions>[^)]*)\)"
 )
+NO_CANDIDATES = re.compile(r"no matching distributions available for your environment:\n((?: {4}\S+\n?)+)")
 # The installed distributions of the names given, by the interpreter the jobs run: those it lacks.
 LACKING_DISTRIBUTIONS = """
 import importlib.metadata, sys
@@ -92,8 +94,11 @@ def job_software_problem(
 
 def installs_from(precommand: str, variable: str, environ: Mapping[str, str]) -> bool:
     """Whether the jobs' precommand installs the file `variable` names. Snakemake hands the profile's
-    precommand over with its $VARIABLES expanded where they are set: the variable, or its value."""
+    precommand over with its $VARIABLES expanded where they are set: the variable, or its value (set
+    but empty, it leaves no trace, and every job's pip would be given an empty argument)."""
     value = environ.get(variable, "")
+    if variable in environ and not value:
+        return True
     named = re.search(rf"\$(?:{variable}\b|\{{{variable}\}})", precommand)
     return bool(named or (value and value in precommand))
 
@@ -120,7 +125,7 @@ def wheelhouse_problem(variable: str, environ: Mapping[str, str], python: str) -
     if checked.returncode == 0:
         return None
     stated = f"{where} ({value}), and the wheelhouse"
-    if "No module named pip" in checked.stderr:
+    if "No module named pip" in checked.stdout:
         return (
             f"{where}; it is checked here with the pip of {python}, which has none: run snakemake from a venv "
             f"({NOTES}); nothing was submitted"
@@ -132,54 +137,65 @@ def wheelhouse_problem(variable: str, environ: Mapping[str, str], python: str) -
             f"the wheelhouse has, or take the line out (checked with the pip of {python}, as the jobs install); "
             "nothing was submitted"
         )
-    dependencies = not_found(checked.stderr)
+    dependencies = [f"{requirement} ({detail})" for requirement, detail in not_found(checked.stdout).values()]
     if dependencies:
         return (
             f"{stated} lacks a dependency of its pins: {', '.join(dependencies)}; every job's pip install would "
             f"fail: pin versions whose dependencies the wheelhouse has (checked with the pip of {python}); "
             "nothing was submitted"
         )
-    errors = [line.removeprefix("ERROR: ") for line in checked.stderr.splitlines() if line.startswith("ERROR: ")]
-    said = "; ".join(errors) or " ".join(checked.stderr.split())[-1000:]  # one line, whatever pip printed
+    errors = [line.removeprefix("ERROR: ") for line in checked.stdout.splitlines() if line.startswith("ERROR: ")]
+    said = "; ".join(errors) or " ".join(checked.stdout.split())[-1000:]  # one line, whatever pip printed
     return f"{stated} cannot install it, as the pip of {python} says: {said}; nothing was submitted"
 
 
 def lacking_pins(requirements: Path, environ: Mapping[str, str], python: str) -> list[str]:
     """The file's own pins (and those of the files it includes with -r) that the wheelhouse has no
-    file for, each with the versions it has, in the file's order. pip names one at a time: each
-    found is left out of the next try, one pip per pin lacking, and one more."""
+    file for, each with the versions it has, in the file's order. pip may name one at a time: those
+    found are left out of the next try, one pip per pin lacking at most, and one more."""
     pins = {distribution_name(pin): pin for pin in read_requirements(requirements)}
     remaining, lacked = dict(pins), {}
     while remaining:
         tried = pip_dry_run(python, ["--no-deps", *remaining.values()], environ)
-        found = not_found(tried.stderr)
-        name = distribution_name(found[0]) if found else None
-        if tried.returncode == 0 or name not in remaining:
+        # Alone, pins conflict only with a constraint of pip's configuration, which pip tells as a
+        # conflict, listing the projects with no file that matches.
+        unmatched = {name: "no file in the wheelhouse matches it" for name in without_match(tried.stdout)}
+        found = {name: detail for name, (_, detail) in not_found(tried.stdout).items()} | unmatched
+        found = {name: detail for name, detail in found.items() if name in remaining}
+        if tried.returncode == 0 or not found:
             break
-        lacked[name] = found[0]
-        del remaining[name]
+        for name, detail in found.items():
+            lacked[name] = f"{remaining.pop(name)} ({detail})"
     return [lacked[name] for name in pins if name in lacked]
 
 
 def pip_dry_run(python: str, requirements: list[str], environ: Mapping[str, str]) -> subprocess.CompletedProcess:
-    """pip resolving `requirements` as a job's `pip install --no-index` does, installing nothing."""
+    """pip resolving `requirements` as a job's `pip install --no-index` does, installing nothing;
+    what it says, errors and the explanation of a conflict, in `stdout`."""
     command = [python, "-m", "pip", "install", "--dry-run", "--no-index", "--ignore-installed"]
-    command += ["--disable-pip-version-check", "--no-input", "--no-color", "--quiet", *requirements]
+    command += ["--disable-pip-version-check", "--no-input", "--no-color", *requirements]
     try:
-        return subprocess.run(command, env=dict(environ), capture_output=True, text=True, timeout=PIP_SECONDS)
+        return subprocess.run(
+            command, env=dict(environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=PIP_SECONDS
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
-        return subprocess.CompletedProcess(command, 1, "", f"ERROR: {error}")
+        return subprocess.CompletedProcess(command, 1, f"ERROR: {error}")
 
 
-def not_found(pip_errors: str) -> list[str]:
-    """The requirements pip found no file for, each with the pin that needs it (for a dependency)
-    and the versions it found."""
-    return [
-        f"{found['requirement']} ("
-        + (f"needed by {found['parent']}; " if found["parent"] else "")
-        + f"the wheelhouse has {found['versions'] or 'none'})"
-        for found in NOT_FOUND.finditer(pip_errors)
-    ]
+def not_found(pip_output: str) -> dict[str, tuple[str, str]]:
+    """The requirements pip found no file for: name (normalized) -> the requirement as pip read it,
+    and the pin that needs it (for a dependency) with the versions the wheelhouse has."""
+    found = {}
+    for match in NOT_FOUND.finditer(pip_output):
+        needed_by = f"needed by {match['parent']}; " if match["parent"] else ""
+        detail = f"{needed_by}the wheelhouse has {match['versions'] or 'none'}"
+        found[distribution_name(match["requirement"])] = (match["requirement"], detail)
+    return found
+
+
+def without_match(pip_output: str) -> list[str]:
+    """The projects a conflict's explanation lists as having no file that matches (normalized)."""
+    return [distribution_name(name) for listed in NO_CANDIDATES.findall(pip_output) for name in listed.split()]
 
 
 def environment_problem(python: str, environ: Mapping[str, str]) -> str | None:
