@@ -230,10 +230,11 @@ def test_a_bug_in_a_labs_task_is_named_at_start_up_in_one_line_with_its_line(lab
     assert "Traceback" not in refused.stdout and not (lab / "results").exists()
 
 
-def test_submitting_where_slurm_does_not_answer_says_so_in_one_line_and_submits_nothing(lab):
-    """`make submit` off the cluster (here: a Slurm client whose controller is not configured)."""
-    submitted = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", "scratchflow/profiles/narval"],
+def off_the_cluster(lab: Path, *command: str) -> subprocess.CompletedProcess:
+    """`command` in the lab's folder where Slurm does not answer (a Slurm client whose controller is
+    not configured), as on a laptop; its whole output in `.stdout`."""
+    return subprocess.run(
+        list(command),
         cwd=lab,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -241,6 +242,11 @@ def test_submitting_where_slurm_does_not_answer_says_so_in_one_line_and_submits_
         env={**workflow_env(), "SLURM_CONF": "/dev/null"},
         timeout=300,
     )
+
+
+def test_submitting_where_slurm_does_not_answer_says_so_in_one_line_and_submits_nothing(lab):
+    """`make submit` off the cluster."""
+    submitted = off_the_cluster(lab, sys.executable, "-m", "snakemake", "--profile", "scratchflow/profiles/narval")
     assert submitted.returncode != 0 and "Traceback" not in submitted.stdout, submitted.stdout[-3000:]
     assert "scratchflow preflight: Slurm did not answer (" in submitted.stdout, submitted.stdout[-3000:]
     assert "run from the cluster's login node (or skip the check: --config preflight=False)" in submitted.stdout
@@ -250,14 +256,8 @@ def test_submitting_where_slurm_does_not_answer_says_so_in_one_line_and_submits_
 def test_make_test_off_the_cluster_plans_and_says_in_one_line_that_it_could_not_ask_the_cluster(lab):
     """The lab's `make test` on a laptop (here: a Slurm client whose controller is not configured):
     its dry run with the cluster's profile asks Slurm, which does not answer, and plans on."""
-    tested = subprocess.run(
-        ["make", "--old-file=setup", "test", f"SNAKEMAKE={Path(sys.executable).parent / 'snakemake'}"],
-        cwd=lab,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**workflow_env(), "SLURM_CONF": "/dev/null"},
-        timeout=300,
+    tested = off_the_cluster(
+        lab, "make", "--old-file=setup", "test", f"SNAKEMAKE={Path(sys.executable).parent}/snakemake"
     )
     assert tested.returncode == 0 and "Traceback" not in tested.stdout, tested.stdout[-3000:]
     said = [line for line in tested.stdout.splitlines() if "preflight" in line]
@@ -275,14 +275,8 @@ def test_no_hooks_skips_no_check_and_is_refused_where_jobs_need_the_start_up_to_
     their image, it is refused in one line first. Nothing submitted or written either way."""
 
     def submit(profile: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "snakemake", "--profile", f"scratchflow/profiles/{profile}", "--no-hooks"],
-            cwd=lab,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**workflow_env(), "SLURM_CONF": "/dev/null"},
-            timeout=300,
+        return off_the_cluster(
+            lab, sys.executable, "-m", "snakemake", "--profile", f"scratchflow/profiles/{profile}", "--no-hooks"
         )
 
     checked = submit("narval")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RECIPES, REPO, docs_text, run_workflow, switched_profile, write_recipe_data
+from conftest import RECIPES, REPO, docs_text, run_workflow, write_recipe_data
 
 RECIPE_FILES = sorted(path.name for path in RECIPES.glob("*.yaml"))
 PROFILE_SWITCHES = sorted(path.name for path in (RECIPES / "profiles").glob("*.yaml"))
@@ -73,17 +73,6 @@ def test_the_docs_name_every_profile_switch_and_each_they_name_is_a_file_the_tes
 def test_the_docs_show_narvals_several_node_switch_as_its_file_holds_it():
     text = (RECIPES / "profiles" / "narval-several-nodes.yaml").read_text()
     assert f"```yaml\n{text}```" in docs_text()
-
-
-@pytest.mark.parametrize("name", PROFILE_SWITCHES)
-def test_every_profile_switch_plans(name, recipe_workdir, tmp_path):
-    config = recipe_workdir / "config" / "config.yaml"
-    config.parent.mkdir(exist_ok=True)
-    config.write_text((RECIPES / "text-table.yaml").read_text())
-    profile = switched_profile(name, tmp_path / "profile")
-    planned = run_workflow(recipe_workdir, "-n", "--profile", str(profile))
-    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", planned.stdout.split("Job stats:", 1)[1], re.MULTILINE))
-    assert int(jobs["train"]) == 6
 
 
 def test_the_documented_several_node_form_is_oscers_profile():
