@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from typing import Any
 
 from scratchflow.files import (
     OWNER_TAG,
+    file_sha256,
     filesystem_of,
     process_may_live,
     read_json,
@@ -117,7 +117,7 @@ def step_of(checkpoint: Path) -> int:
 def write_contents(checkpoint: Path) -> None:
     """Record each file of `checkpoint` with its size and sha256, in the checkpoint itself."""
     files = {
-        str(path.relative_to(checkpoint)): {"bytes": path.stat().st_size, "sha256": _sha256_of(path)}
+        str(path.relative_to(checkpoint)): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
         for path in sorted(checkpoint.rglob("*"))
         if path.is_file() and path.name != CONTENTS_FILE
     }
@@ -140,14 +140,9 @@ def checkpoint_damage(checkpoint: Path, read_bytes: bool = True) -> str | None:
         size = path.stat().st_size
         if size != expected["bytes"]:
             return f"{name} has {size} bytes where {expected['bytes']} were saved"
-        if read_bytes and _sha256_of(path) != expected["sha256"]:
+        if read_bytes and file_sha256(path) != expected["sha256"]:
             return f"{name} has other bytes than were saved (sha256 differs)"
     return None
-
-
-def _sha256_of(path: Path) -> str:
-    with open(path, "rb") as source:
-        return hashlib.file_digest(source, "sha256").hexdigest()
 
 
 def remove_whole(path: Path) -> None:

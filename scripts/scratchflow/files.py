@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -96,6 +97,11 @@ def write_json_atomically(data: Any, path: Path, sort_keys: bool = True) -> None
         out.write("\n")
         out.flush()
         os.fsync(out.fileno())
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as source:
+        return hashlib.file_digest(source, "sha256").hexdigest()
 
 
 def read_json(path: Path) -> Any:

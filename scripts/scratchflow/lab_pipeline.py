@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scratchflow import SCRATCHFLOW_DIR
-from scratchflow.releases import TAG_PATTERN, release_of
+from scratchflow.releases import TAG_PATTERN, git, release_of
 
 SUBMODULE = "scratchflow"  # where the lab's repository holds scratchflow
 CLUSTERS = ("dfki", "edinburgh", "lrz", "narval", "oscer")
@@ -175,10 +175,6 @@ class Pin:
 
     tag: str
     notes: tuple[str, ...] = ()
-
-
-def git(folder: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True, text=True).stdout
 
 
 def make_pipeline(folder: Path, cluster: str, source: str, tag: str | None = None) -> Pin:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from scratchflow import SCRATCHFLOW_DIR, __version__
+from scratchflow.files import file_sha256
 from scratchflow.tasks import is_lab_task
 
 RECORDED_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "pandas", "numpy", "snakemake")
@@ -84,11 +85,6 @@ def environment_record(workflow_dir: Path) -> dict[str, Any]:
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as source:
-        return hashlib.file_digest(source, "sha256").hexdigest()
 
 
 def code_record(task: str, module_file: Path, params: dict[str, Any]) -> dict[str, Any]:
