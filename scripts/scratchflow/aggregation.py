@@ -108,8 +108,9 @@ def trained_by_table(records: dict[str, dict[str, Any]]) -> pd.DataFrame:
 
 
 def _shown(name: str, value: str | None) -> str | None:
-    is_sha256 = name == "code" and value is not None and len(value) == 64
-    return value[:SHORT] if is_sha256 else value
+    if name == "code" and value is not None and len(value) == 64:  # a sha256
+        return value[:SHORT]
+    return value
 
 
 def setting_trained_by(settings: pd.DataFrame, by_run: pd.DataFrame) -> pd.DataFrame:
@@ -140,8 +141,8 @@ def best(runs: pd.DataFrame, settings: pd.DataFrame, metric: str, goal: str = "m
     beside it, the best single run; ties go to the one listed first."""
     check_metric(runs, metric)
     mean = settings[f"{metric}_mean"]
-    setting = settings.loc[mean.idxmax() if goal == "max" else mean.idxmin()]
-    run = runs.loc[runs[metric].idxmax() if goal == "max" else runs[metric].idxmin()]
+    setting = settings.iloc[mean.argmax() if goal == "max" else mean.argmin()]
+    run = runs.iloc[runs[metric].argmax() if goal == "max" else runs[metric].argmin()]
     return {
         "metric": metric,
         "goal": goal,

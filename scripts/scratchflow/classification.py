@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,11 @@ def predict_in_batches(
     )
 
 
-def classification_metrics(truth: list[str], predicted: list[str], labels: list[str]) -> dict[str, Any]:
-    """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix (rows: truth)."""
+def classification_metrics(
+    truth: Sequence[Hashable], predicted: Sequence[Hashable], labels: Sequence[Hashable]
+) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix (rows: truth). The
+    labels are a task's class names, or a classification head's indices while it trains."""
     index = {label: position for position, label in enumerate(labels)}
     confusion = np.zeros((len(labels), len(labels)), dtype=int)
     for true_label, predicted_label in zip(truth, predicted, strict=True):

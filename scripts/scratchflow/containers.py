@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
+from typing import overload
 
 from scratchflow import SCRATCHFLOW_DIR
 from scratchflow.config import ConfigError
@@ -35,6 +36,10 @@ JOB_STEP_CACHE = Path(".snakemake/scratchflow/job-step-cache")
 BUILD_HINT = 'scripts/build_image.sh builds one (docs/clusters.md, "Containers")'
 
 
+@overload
+def check_image(variable: str, environ: Mapping[str, str], key: str = ...) -> Path: ...
+@overload
+def check_image(variable: None, environ: Mapping[str, str], key: str = ...) -> None: ...
 def check_image(variable: str | None, environ: Mapping[str, str], key: str = "cluster.image_variable") -> Path | None:
     """The image the variable names (cluster.image_variable; None: no container), which must be a
     squashfs file named by its absolute path: pyxis reads a relative path from the job's directory

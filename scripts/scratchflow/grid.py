@@ -30,14 +30,11 @@ def run_identity(
 ) -> dict[str, Any]:
     """Everything that determines a run's result, in the form that is hashed into its id. Keys that
     came later (the task, fixed splits) appear only when used, so earlier runs keep their ids."""
-    identity = {
-        "dataset": {key: dataset[key] for key in DATASET_IDENTITY_KEYS},
-        "model": model_name,
-        "training": dict(sorted(params.items())),
-    }
+    dataset_identity = {key: dataset[key] for key in DATASET_IDENTITY_KEYS}
     if dataset.get("splits"):
         # Which splits the data has, not where they lie: moving the files must not rename runs.
-        identity["dataset"]["splits"] = sorted(dataset["splits"])
+        dataset_identity["splits"] = sorted(dataset["splits"])
+    identity = {"dataset": dataset_identity, "model": model_name, "training": dict(sorted(params.items()))}
     if task != DEFAULT_TASK:
         identity["task"] = task
     return identity

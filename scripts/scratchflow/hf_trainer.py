@@ -75,6 +75,12 @@ class ExactlyResumableTrainer(Trainer):
       mean loss; with several processes the last batch is filled up with examples from the start of
       the split, so it was off whenever the processes' batches do not divide the split."""
 
+    # The Trainer's own, set as training starts: the loss summed since the last logged step, that
+    # step, and the sum of the losses logged so far.
+    _tr_loss: torch.Tensor
+    _globalstep_last_logged: int
+    _total_loss_scalar: float
+
     def __init__(self, *arguments: Any, **keywords: Any) -> None:
         super().__init__(*arguments, **keywords)
         self.model_accepts_loss_kwargs = False

@@ -220,7 +220,7 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str | None = Non
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(template.format(**fields))
     if target.own:
-        copy_own_profile(target, folder)
+        copy_own_profile(target.name, target.own, folder)
     (folder / "config").mkdir(exist_ok=True)
     shutil.copy(checkout / "config" / "config.yaml", folder / "config" / "config.yaml")  # the release's demo grid
     git(folder, "add", "--all")
@@ -229,20 +229,21 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str | None = Non
     return pinned
 
 
-def copy_own_profile(cluster: Cluster, folder: Path) -> None:
-    """The lab's own profile, copied whole into `profiles/<name>/`, and the facts file its
-    `configfile:` names into `config/clusters/<name>.yaml`, the profile then pointing at that copy
-    (the same place as in scratchflow's tree, so that the profile reads the same from either)."""
-    profile = folder / "profiles" / cluster.name
-    shutil.copytree(cluster.own, profile)
+def copy_own_profile(name: str, own: Path, folder: Path) -> None:
+    """The lab's own profile (its folder `own`), copied whole into `profiles/<name>/`, and the facts
+    file its `configfile:` names into `config/clusters/<name>.yaml`, the profile then pointing at that
+    copy (the same place as in scratchflow's tree, so that the profile reads the same from either)."""
+    profile = folder / "profiles" / name
+    shutil.copytree(own, profile)
     settings = (profile / PROFILE_FILE).read_text()
     found = CONFIGFILE_LINE.search(settings)
-    facts = (cluster.own / found["path"].strip("'\"")).resolve()
-    copied = folder / FACTS_FOLDER / f"{cluster.name}.yaml"
+    assert found is not None, "Cluster.named checked that the profile names its facts file"
+    facts = (own / found["path"].strip("'\"")).resolve()
+    copied = folder / FACTS_FOLDER / f"{name}.yaml"
     copied.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(facts, copied)
-    if facts.is_relative_to(cluster.own):
-        (profile / facts.relative_to(cluster.own)).unlink()  # one facts file in the pipeline, not two
+    if facts.is_relative_to(own):
+        (profile / facts.relative_to(own)).unlink()  # one facts file in the pipeline, not two
     pointed = str(Path("..", "..", FACTS_FOLDER, copied.name))
     (profile / PROFILE_FILE).write_text(settings[: found.start("path")] + pointed + settings[found.end("path") :])
 

@@ -173,17 +173,19 @@ class Plan:
         names a model. The rules take such paths, which depend on the config alone, from the plan as
         constants, not through input functions: Snakemake calls an input function once per job, through
         inspect.signature, which costs seconds for 10,000 runs."""
+        model_cache = self.model_cache
         return {
             "archive": self.archive,
             "manifest": self.manifest,
-            **({"base_model": self.model_cache} if self.model_name else {}),
+            **({"base_model": model_cache} if model_cache else {}),
         }
 
     def last_rung_input(self) -> dict[str, str]:
         """A halving search's last rung (rule train) resumes each run from its record of the rung before."""
-        if not self.halving:
+        last_rung = self.last_rung
+        if last_rung is None:  # a grid
             return {}
-        return {"last_rung": RUNG_RECORD.format(run_id="{run_id}", rung=self.last_rung - 1)}
+        return {"last_rung": RUNG_RECORD.format(run_id="{run_id}", rung=last_rung - 1)}
 
     @staticmethod
     def predict_outputs(writes_predictions: bool) -> dict[str, str]:

@@ -113,13 +113,14 @@ def minutes_of(slurm_time: str) -> int | None:
     if slurm_time.upper() in ("UNLIMITED", "INFINITE", "NONE"):
         return None
     if "-" in slurm_time:
-        days, clock = slurm_time.split("-", 1)
+        days_text, clock = slurm_time.split("-", 1)
+        days = int(days_text)
         hours, minutes, seconds = ([int(part) for part in clock.split(":")] + [0, 0])[:3]
     else:
         parts = [int(part) for part in slurm_time.split(":")]
         days = 0
         hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
-    return (int(days) * 24 + hours) * 60 + minutes + math.ceil(seconds / 60)
+    return (days * 24 + hours) * 60 + minutes + math.ceil(seconds / 60)
 
 
 def parse_gres(text: str) -> Counter:
@@ -164,7 +165,7 @@ def read_cluster(user: str | None, run: Run = slurm_query) -> Cluster:
                 state=fields.get("State", ""),
             )
         )
-    warnings = []
+    warnings: list[str] = []
     if user is None:
         return Cluster(partitions, nodes, None, warnings)
     try:
@@ -192,9 +193,9 @@ def request_of(
     and $SBATCH_ACCOUNT; a packed rule's job runs `packed_runs` runs one after another."""
     extra = str(resources.get("slurm_extra") or "")
     nodes = int(resources.get("nodes") or _option(extra, "nodes", "N") or 1)
-    tasks_per_node = _option(extra, "ntasks-per-node")
+    tasks_per_node_asked = _option(extra, "ntasks-per-node")
     tasks = int(resources.get("tasks") or 1)
-    tasks_per_node = int(tasks_per_node) if tasks_per_node else math.ceil(tasks / nodes)
+    tasks_per_node = int(tasks_per_node_asked) if tasks_per_node_asked else math.ceil(tasks / nodes)
     cpus_per_task = int(resources.get("cpus_per_task") or _option(extra, "cpus-per-task", "c") or 1)
     memory = resources.get("mem_mb")
     if resources.get("mem_mb_per_cpu"):
@@ -250,7 +251,7 @@ def problems(requests: list[Request], cluster: Cluster) -> list[str]:
         if partition is None:
             where, nodes, partition = "any partition", cluster.nodes, longest_partition(cluster)
         else:
-            where, nodes = f"partition {name!r}", cluster.nodes_of(name)
+            where, nodes = f"partition {name!r}", cluster.nodes_of(partition.name)
         for attempt, minutes in enumerate(request.runtimes, start=1):
             if partition and partition.max_minutes is not None and minutes > partition.max_minutes:
                 first = "its first attempt" if attempt == 1 else f"attempt {attempt} (a retry)"

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from scratchflow import signals
@@ -178,7 +179,7 @@ def executor_name(workflow: Any) -> str:
         return workflow.executor_plugin.name
     from snakemake.api import DAGApi
 
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code is not DAGApi.execute_workflow.__code__:
         frame = frame.f_back
     if frame is None or not isinstance(frame.f_locals.get("executor"), str):
