@@ -26,7 +26,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from scratchflow.dataset import WHOLE, data_sources, list_files
 from scratchflow.files import (
@@ -63,6 +63,8 @@ REPRODUCIBLE_TAR_OPTIONS = (
     "--format=gnu",
     "--exclude=.*",
 )
+# A file in the archive: its member name, its bytes, and its folders (members of their own).
+ArchiveMember = tuple[str, int, tuple[str, ...]]
 
 
 class StagingError(RuntimeError):
@@ -160,17 +162,8 @@ def archive_dataset(dataset: dict[str, Any], archive: Path, manifest: Path) -> d
     compression, requested_parts = archive_layout(dataset)
     require_tools("tar", *COMPRESSION_TOOLS[compression])
     sources = data_sources(dataset)
-    if WHOLE in sources:
-        root = sources[WHOLE].name
-        base, options = sources[WHOLE].parent, []
-        prefixes = {WHOLE: root}
-    else:
-        root = dataset["name"]
-        located = {name: path.resolve() for name, path in sources.items()}
-        base = Path(os.path.commonpath([path.parent for path in located.values()]))
-        prefixes = {name: path.relative_to(base).as_posix() for name, path in located.items()}
-        options = [f"--transform={_renaming(prefix, f'{root}/{name}')}" for name, prefix in prefixes.items()]
-    # (member name, bytes, its folders in the archive), in name order.
+    root, base, prefixes, renaming = _archive_names(dataset, sources)
+    # In name order.
     members = sorted(
         _member(file, source, prefixes[name]) for name, source in sources.items() for file in list_files(source)
     )
@@ -180,24 +173,8 @@ def archive_dataset(dataset: dict[str, Any], archive: Path, manifest: Path) -> d
     ranges = balanced_parts(sizes, part_count(requested_parts, sizes))
     paths = part_paths(archive, compression, len(ranges))
     _remove_other_parts(archive, compression, keep=paths)
-    tar = ["tar", "--create", "--file=-", "--no-recursion", *REPRODUCIBLE_TAR_OPTIONS, *options, f"--directory={base}"]
-
-    def part_members(part: range) -> list[str]:
-        """The part's files, each after its folders: tars extracting parts at once into the same
-        folders then never create one implicitly (GNU tar fails when another does it first)."""
-        folders = {folder for index in part for folder in members[index][2]}
-        return sorted(folders | {members[index][0] for index in part})
-
-    with ThreadPoolExecutor(available_cpus()) as pool:
-        part_sha256s = list(
-            pool.map(
-                lambda path, part: _write_part(
-                    tar, part_members(part), path, compression, sum(sizes[index] for index in part)
-                ),
-                paths,
-                ranges,
-            )
-        )
+    tar = ["tar", "--create", "--file=-", "--no-recursion", *REPRODUCIBLE_TAR_OPTIONS, *renaming, f"--directory={base}"]
+    part_sha256s = _write_parts(tar, members, paths, ranges, compression)
     record = {
         "dataset": dataset["name"],
         "format": dataset["format"],
@@ -216,7 +193,44 @@ def archive_dataset(dataset: dict[str, Any], archive: Path, manifest: Path) -> d
     return record
 
 
-def _member(file: Path, source: Path, prefix: str) -> tuple[str, int, tuple[str, ...]]:
+def _archive_names(dataset: dict[str, Any], sources: dict[str, Path]) -> tuple[str, Path, dict[str, str], list[str]]:
+    """Where the dataset goes in the archive: its root folder, the folder tar runs in, each source's
+    path from there, and tar's options that rename those paths to `<root>/<split>` (a dataset with
+    splits, wherever its files lie)."""
+    if WHOLE in sources:
+        return sources[WHOLE].name, sources[WHOLE].parent, {WHOLE: sources[WHOLE].name}, []
+    root = dataset["name"]
+    located = {name: path.resolve() for name, path in sources.items()}
+    base = Path(os.path.commonpath([path.parent for path in located.values()]))
+    prefixes = {name: path.relative_to(base).as_posix() for name, path in located.items()}
+    renaming = [f"--transform={_renaming(prefix, f'{root}/{name}')}" for name, prefix in prefixes.items()]
+    return root, base, prefixes, renaming
+
+
+def _write_parts(
+    tar: list[str], members: list[ArchiveMember], paths: list[Path], ranges: list[range], compression: str
+) -> list[str]:
+    """Write the parts side by side (the members in `ranges[i]` into `paths[i]`); their sha256s, in order."""
+    with ThreadPoolExecutor(available_cpus()) as pool:
+        return list(
+            pool.map(
+                lambda path, part: _write_part(
+                    tar, _part_members(members, part), path, compression, sum(members[index][1] for index in part)
+                ),
+                paths,
+                ranges,
+            )
+        )
+
+
+def _part_members(members: list[ArchiveMember], part: range) -> list[str]:
+    """The part's files, each after its folders: tars extracting parts at once into the same
+    folders then never create one implicitly (GNU tar fails when another does it first)."""
+    folders = {folder for index in part for folder in members[index][2]}
+    return sorted(folders | {members[index][0] for index in part})
+
+
+def _member(file: Path, source: Path, prefix: str) -> ArchiveMember:
     """A file's name in the archive (`source` is archived as `prefix`), its size and its folders."""
     if file == source:
         return prefix, file.stat().st_size, ()
@@ -243,17 +257,18 @@ def _write_part(tar: list[str], members: list[str], path: Path, compression: str
             stderr=errors,
         )
         compressing = None
+        destination: IO[bytes] = writer
         if compression == "zstd":
             compressing = subprocess.Popen(["zstd", "--quiet", "-c"], stdin=subprocess.PIPE, stdout=writer)
-            writer = compressing.stdin
+            destination = _piped(compressing.stdin)
         try:
-            sha256 = _copy_hashing(packing.stdout, writer)
+            sha256 = _copy_hashing(_piped(packing.stdout), destination)
         except BaseException:  # the disk full, say: tar would wait on its pipe for good
             packing.kill()
             packing.wait()
             raise
         if compressing:
-            compressing.stdin.close()
+            destination.close()
             if compressing.wait() != 0:
                 raise StagingError(f"zstd failed (exit {compressing.returncode}) compressing {path}")
         if packing.wait() != 0:
@@ -289,7 +304,15 @@ def _renaming(member: str, new_name: str) -> str:
     return f"s,^{pattern(member)}\\(/\\|$\\),{replacement(new_name)}\\1,S"
 
 
-def _copy_hashing(reader: BinaryIO, writer: BinaryIO) -> str:
+def _piped(stream: IO[bytes] | None) -> IO[bytes]:
+    """A child's stream that was asked for with subprocess.PIPE (typed as optional: None is only for
+    the streams that were not)."""
+    if stream is None:
+        raise RuntimeError("subprocess.Popen gave no pipe for a stream started with subprocess.PIPE")
+    return stream
+
+
+def _copy_hashing(reader: IO[bytes], writer: IO[bytes]) -> str:
     """Copy a stream and return its sha256. The hash is computed on a second thread while the copy
     goes on (hashlib lets go of the GIL), so that it adds no time (benchmarks/stage_in.py). If the
     writer stops reading early (tar quits on a damaged archive), the rest is still read and hashed,
@@ -389,13 +412,14 @@ def _extract_part(part: Path, expected_sha256: str, compression: str, extracted:
                 ["zstd", "-d", "-c", "--quiet"], stdin=source, stdout=subprocess.PIPE, stderr=errors
             )
             extracting = subprocess.Popen(tar, stdin=subprocess.PIPE, stderr=errors)
+            into_tar = _piped(extracting.stdin)
             with contextlib.suppress(OSError):  # a larger pipe lets reading run ahead of tar
-                fcntl.fcntl(extracting.stdin.fileno(), fcntl.F_SETPIPE_SZ, COPY_BLOCK_BYTES)
+                fcntl.fcntl(into_tar.fileno(), fcntl.F_SETPIPE_SZ, COPY_BLOCK_BYTES)
             try:
-                actual_sha256 = _copy_hashing(decompressing.stdout, extracting.stdin)
+                actual_sha256 = _copy_hashing(_piped(decompressing.stdout), into_tar)
             finally:
                 with contextlib.suppress(BrokenPipeError):
-                    extracting.stdin.close()
+                    into_tar.close()
                 extracting.wait()
                 decompressing.wait()
         else:
