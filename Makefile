@@ -16,7 +16,7 @@ define install_missing
 	fi
 endef
 
-.PHONY: demo test check status retrain cluster setup setup-dev .debian-tools lint format clean example-image example-command
+.PHONY: demo test check status retrain cluster setup setup-dev .debian-tools lint typecheck format clean example-image example-command
 
 demo: setup  ## Run the demo grid on this machine, then build its report and say where it is.
 	scripts/run_local.sh
@@ -37,10 +37,11 @@ retrain: setup  ## Train the runs in RUNS (make status names them) of the grid i
 cluster: setup  ## Per partition of PROFILE's rules: idle and total GPUs by type, pending jobs; changes nothing.
 	$(PYTHON) scripts/cluster.py $(or $(PROFILE),$(error give the profile: make cluster PROFILE=profiles/<name>))
 
-test: setup-dev  ## Run the whole test suite (slow end-to-end tests included), as CI does.
+# The type check first: a type error fails in seconds, not after the suite's half hour.
+test: setup-dev typecheck  ## Run the whole test suite (slow end-to-end tests included), as CI does.
 	PYTHON=$(PYTHON) tests/run_all.sh
 
-check: lint  ## While working (under 3 minutes): the lint, and every test that runs no job and needs no Slurm.
+check: lint typecheck  ## While working (under 3 minutes): the lint, the type check, and every test that runs no job and needs no Slurm.
 	$(PYTHON) -m pytest -m "not slow" -q -n auto --maxprocesses 4
 
 lint: setup-dev  ## The checks CI runs besides the tests.
@@ -48,6 +49,9 @@ lint: setup-dev  ## The checks CI runs besides the tests.
 	$(VENV)/bin/snakefmt --check Snakefile rules
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+typecheck: setup-dev  ## mypy over scripts/scratchflow (its settings: pyproject.toml, [tool.mypy]).
+	$(VENV)/bin/mypy
 
 format: setup-dev
 	$(VENV)/bin/snakefmt Snakefile rules

@@ -16,6 +16,7 @@ CHECKS = {
     "snakefmt": [BIN / "snakefmt", "--check", "Snakefile", "rules"],
     "ruff check": [BIN / "ruff", "check", "."],
     "ruff format": [BIN / "ruff", "format", "--check", "."],
+    "mypy": [BIN / "mypy"],
 }
 
 
