@@ -4,7 +4,7 @@ A checkpoint of about MiniLM's size (273 MB: weights 91 MB, optimizer 182 MB, a 
 scratch, published to another folder three ways, in turn, each into a fresh destination:
 - baseline: `rsync --archive` of the folder, as a hand-written job copies it;
 - copy: `staging.copy_whole` (rsync, the copy compared with its source, then renamed into place);
-- publish: `RunCheckpoints.mirror` (its files' sha256 into contents.json, then copy_whole, then the
+- publish: `CheckpointStore.mirror` (its files' sha256 into contents.json, then copy_whole, then the
   pruning), and, apart, the verification a resuming job makes (`checkpoint_damage`: every file's
   size and sha256).
 Both folders are on the same local disk here; on a cluster the destination is a network filesystem,
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from measure import arguments, fastest, print_table, save, time_call
-from scratchflow.checkpoints import RunCheckpoints, checkpoint_damage
+from scratchflow.checkpoints import CheckpointStore, checkpoint_damage
 from scratchflow.staging import copy_whole
 
 MARKER = "trainer_state.json"
@@ -62,11 +62,11 @@ def main() -> None:
             options.repeats,
         )
         publish, _ = fastest(
-            lambda: time_call(lambda: (RunCheckpoints(fresh("run"), MARKER).mirror(source), clean())),
+            lambda: time_call(lambda: (CheckpointStore(fresh("run"), MARKER).mirror(source), clean())),
             lambda: time_call(lambda: (bare_rsync(), clean())),
             options.repeats,
         )
-        published = RunCheckpoints(root / "run", MARKER).mirror(source)
+        published = CheckpointStore(root / "run", MARKER).mirror(source)
         verify, _ = fastest(
             lambda: time_call(lambda: checkpoint_damage(published)),
             lambda: time_call(bare_rsync),

@@ -30,9 +30,10 @@ import torch
 from measure import arguments, print_table, save
 from scratchflow import hf_trainer
 from scratchflow.animal_mnist import write_pngs
-from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.checkpoints import CheckpointStore
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import label_names, labelled_files, load_examples, resolve_location, split_examples
+from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec
 from scratchflow.tasks import image_classification, text_classification
 from scratchflow.tiny_model import build_tiny_resnet
@@ -86,11 +87,11 @@ def scratchflow_train(
         run_id="throughput",
         piece=1,
         data=data,
-        dataset={**dataset, "splits": list(data)},
-        params=params,
+        identity={"dataset": {**dataset, "splits": list(data)}, "training": params},
         model=model_dir,
         work_dir=work / "scratch",
-        checkpoints=RunCheckpoints(work / "shared", TRAINER_CHECKPOINT_MARKER),
+        store=CheckpointStore(work / "shared", TRAINER_CHECKPOINT_MARKER),
+        ledger=RunLedger(work / "shared"),
         tracking_dir=work / "tensorboard",
         tracking=tracking,
         save_every_steps=10**6,

@@ -18,7 +18,7 @@ from scratchflow.accounting import (
     parse_sacct,
     training_uses,
 )
-from scratchflow.checkpoints import TIME_FORMAT
+from scratchflow.ledger import TIME_FORMAT
 
 TRACKING_GPUS = Site(gpus=True, energy=False, gpu_utilisation=False)
 

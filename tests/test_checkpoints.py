@@ -7,9 +7,12 @@ import threading
 import time
 
 import pytest
-from scratchflow import checkpoints
-from scratchflow.checkpoints import RunCheckpoints, this_process
+from scratchflow import checkpoints, lease
+from scratchflow import ledger as ledger_module
+from scratchflow.checkpoints import CheckpointStore
 from scratchflow.files import NoSpace
+from scratchflow.lease import RunLease, this_process
+from scratchflow.ledger import PieceRecord, RunLedger, piece_records
 
 MARKER = "COMPLETE"  # any file a task writes last into a checkpoint
 
@@ -28,33 +31,33 @@ def test_the_newest_complete_checkpoint_wins_over_a_newer_half_written_one(tmp_p
     make_checkpoint(tmp_path, 20)
     make_checkpoint(tmp_path, 30, complete=False)
     (tmp_path / "checkpoint-latest").mkdir()
-    assert RunCheckpoints(tmp_path, MARKER).newest().name == "checkpoint-20"
+    assert CheckpointStore(tmp_path, MARKER).newest().name == "checkpoint-20"
 
 
 def test_steps_are_compared_as_numbers(tmp_path):
     make_checkpoint(tmp_path, 9)
     make_checkpoint(tmp_path, 10)
-    assert RunCheckpoints(tmp_path, MARKER).newest().name == "checkpoint-10"
+    assert CheckpointStore(tmp_path, MARKER).newest().name == "checkpoint-10"
 
 
 def test_no_checkpoint_means_a_fresh_start(tmp_path):
-    assert RunCheckpoints(tmp_path / "missing", MARKER).newest() is None
+    assert CheckpointStore(tmp_path / "missing", MARKER).newest() is None
 
 
 def test_a_folder_is_claimed_by_one_run_and_refused_to_another(tmp_path):
     folder = tmp_path / "abc"
-    run = RunCheckpoints(folder, MARKER)
+    run = RunLease(folder)
     owner = {"run_id": "abc", "training": {"seed": 0}, "data_sha256": "1"}
     run.claim(owner)
     run.claim(owner)  # the same run again: resumes
-    with pytest.raises(checkpoints.CheckpointMismatch, match="data_sha256") as refused:
+    with pytest.raises(lease.CheckpointMismatch, match="data_sha256") as refused:
         run.claim({**owner, "data_sha256": "2"})
     assert f"Delete {folder}" in str(refused.value)
 
 
 def test_mirroring_keeps_only_the_newest(tmp_path):
     scratch, shared = tmp_path / "scratch", tmp_path / "shared"
-    run = RunCheckpoints(shared, MARKER, keep=2)
+    run = CheckpointStore(shared, MARKER, keep=2)
     for step in (5, 10, 15):
         run.mirror(make_checkpoint(scratch, step))
     assert [step for step, _ in run.complete()] == [10, 15]
@@ -64,8 +67,8 @@ def test_mirroring_keeps_only_the_newest(tmp_path):
     assert (shared / "checkpoint-15" / "model.safetensors").read_text() == "weights 15"
 
 
-def mirrored(tmp_path, steps=(10, 20)) -> RunCheckpoints:
-    run = RunCheckpoints(tmp_path / "shared", MARKER, keep=len(steps))
+def mirrored(tmp_path, steps=(10, 20)) -> CheckpointStore:
+    run = CheckpointStore(tmp_path / "shared", MARKER, keep=len(steps))
     for step in steps:
         run.mirror(make_checkpoint(tmp_path / "scratch", step))
     return run
@@ -110,16 +113,16 @@ def test_a_checkpoint_from_before_contents_were_recorded_is_taken_as_it_is(tmp_p
 def test_release_removes_the_folder(tmp_path):
     folder = tmp_path / "abc"
     make_checkpoint(folder, 5)
-    RunCheckpoints(folder, MARKER).release()
+    CheckpointStore(folder, MARKER).release()
     assert list(tmp_path.iterdir()) == []
 
 
 HOLD_UNTIL_RELEASED = """
 import sys, time
 from pathlib import Path
-from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.lease import RunLease
 folder, release = Path(sys.argv[1]), Path(sys.argv[2])
-with RunCheckpoints(folder, "marker").held():
+with RunLease(folder).held():
     (folder / "first-holds").touch()
     while not release.exists():
         time.sleep(0.05)
@@ -137,7 +140,7 @@ def test_a_second_copy_of_a_run_waits_for_the_first_to_finish(tmp_path):
         assert first.poll() is None
         time.sleep(0.05)
     threading.Timer(1.0, release.touch).start()
-    with RunCheckpoints(folder, MARKER).held(poll_seconds=0.1):
+    with RunLease(folder).held(poll_seconds=0.1):
         assert (folder / "first-done").exists(), "the second copy started before the first ended"
         assert json.loads((folder / "running.json").read_text())["pid"] == os.getpid()
     assert first.wait() == 0
@@ -148,15 +151,15 @@ def test_a_holder_that_is_gone_is_taken_over_at_once(tmp_path, monkeypatch):
     def never_wait(seconds):
         raise AssertionError(f"waited {seconds} s for a holder that is gone")
 
-    monkeypatch.setattr(checkpoints.time, "sleep", never_wait)
+    monkeypatch.setattr(lease.time, "sleep", never_wait)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / "running.json").write_text(json.dumps({**this_process(), "pid": int(dead.stdout)}))
-    with RunCheckpoints(tmp_path, MARKER).held(poll_seconds=0.1):
+    with RunLease(tmp_path).held(poll_seconds=0.1):
         assert json.loads((tmp_path / "running.json").read_text()) == this_process()
     # A requeued job finds its own job id, left by its first start on a node: that start is over.
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     (tmp_path / "running.json").write_text(json.dumps({**this_process(), "host": "node-that-died"}))
-    with RunCheckpoints(tmp_path, MARKER).held(poll_seconds=0.1):
+    with RunLease(tmp_path).held(poll_seconds=0.1):
         assert json.loads((tmp_path / "running.json").read_text()) == this_process()
     assert not (tmp_path / "running.json").exists()
 
@@ -168,9 +171,9 @@ def test_without_a_slurm_client_a_holders_job_is_judged_by_its_process(tmp_path,
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     gone = {**this_process(), "pid": int(dead.stdout), "slurm_job_id": "41"}
-    assert not checkpoints.holder_is_alive(gone)
-    assert checkpoints.holder_is_alive({**this_process(), "slurm_job_id": "41"})  # this very process: alive
-    assert checkpoints.holder_is_alive({**gone, "host": "another-node"})
+    assert not lease.holder_is_alive(gone)
+    assert lease.holder_is_alive({**this_process(), "slurm_job_id": "41"})  # this very process: alive
+    assert lease.holder_is_alive({**gone, "host": "another-node"})
 
 
 def test_a_holder_that_replaced_the_dead_one_meanwhile_is_kept(tmp_path):
@@ -179,85 +182,100 @@ def test_a_holder_that_replaced_the_dead_one_meanwhile_is_kept(tmp_path):
     holder_file = tmp_path / "running.json"
     first_waiter = {**this_process(), "pid": 1}
     holder_file.write_text(json.dumps(first_waiter))
-    checkpoints._remove_holder(holder_file, gone={**this_process(), "pid": 999_999})
+    lease._remove_holder(holder_file, gone={**this_process(), "pid": 999_999})
     assert json.loads(holder_file.read_text()) == first_waiter
     assert [path.name for path in tmp_path.iterdir()] == ["running.json"]
 
 
 def test_a_piece_found_killed_by_the_next_is_closed_with_the_step_of_its_last_checkpoint(tmp_path):
-    run = RunCheckpoints(tmp_path, MARKER)
-    killed = {"piece": 1, **this_process(), "started_at": "2026-11-24T10:00:00+0000", "outcome": "running"}
-    run.record_piece(killed)  # a job SIGKILLed inside its piece: its entry never gets an ending
+    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    # A job SIGKILLed inside its piece: its entry never gets an ending.
+    ledger.record(PieceRecord(piece=1, **this_process(), started_at="2026-11-24T10:00:00+0000"))
     make_checkpoint(tmp_path, 20)
     make_checkpoint(tmp_path, 40)
-    with pytest.raises(RuntimeError), run.piece():
+    with pytest.raises(RuntimeError), ledger.piece(run):
         make_checkpoint(tmp_path, 60)
         raise RuntimeError("the loss is NaN")
-    first, second = run.pieces()
-    assert (first["outcome"], first["reached_step"], first["ended_at"]) == ("killed", 40, None)
-    assert (second["outcome"], second["reached_step"]) == ("RuntimeError: the loss is NaN", 60)
-    assert second["ended_at"]
+    first, second = ledger.pieces()
+    assert (first.outcome, first.reached_step, first.ended_at) == ("killed", 40, None)
+    assert (second.outcome, second.reached_step) == ("RuntimeError: the loss is NaN", 60)
+    assert second.ended_at
 
 
 def test_a_piece_that_a_signal_ends_before_it_can_pause_is_recorded_killed_by_it(tmp_path):
     """SIGTERM where the piece does not listen (signals.exit_on_sigterm raises SystemExit(143)): a
     lost node's cancellation of the job on the node left, a scancel while restoring. Before, the
     record read "SystemExit: 143" and `make status` said the piece failed."""
-    run = RunCheckpoints(tmp_path, MARKER)
-    with pytest.raises(SystemExit), run.piece():
+    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    with pytest.raises(SystemExit), ledger.piece(run):
         raise SystemExit(128 + 15)
-    with pytest.raises(SystemExit), run.piece():
+    with pytest.raises(SystemExit), ledger.piece(run):
         raise SystemExit(1)
-    assert [piece["outcome"] for piece in run.pieces()] == ["killed by SIGTERM", "SystemExit: 1"]
+    assert [piece.outcome for piece in ledger.pieces()] == ["killed by SIGTERM", "SystemExit: 1"]
 
 
 def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, monkeypatch):
     """Preempted (or its node lost), the job runs again under its id: its earlier piece is marked
     with why, once; another job's piece, or this job's first run, is not."""
     causes = []
-    monkeypatch.setattr(checkpoints, "requeue_cause", lambda job_id: causes.append(job_id) or "preempted")
+    monkeypatch.setattr(ledger_module, "requeue_cause", lambda job_id: causes.append(job_id) or "preempted")
     monkeypatch.setenv("SLURM_JOB_ID", "41")
-    run = RunCheckpoints(tmp_path, MARKER)
-    with run.piece():  # the job's first run
+    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    with ledger.piece(run):  # the job's first run
         pass
-    with run.piece():  # its run after the requeue
+    with ledger.piece(run):  # its run after the requeue
         pass
     monkeypatch.setenv("SLURM_JOB_ID", "42")  # a retry Snakemake submitted: a job of its own
-    with run.piece():
+    with ledger.piece(run):
         pass
-    first, second, third = run.pieces()
-    assert first["requeued"] == "preempted" and causes == ["41"]
-    assert "requeued" not in second and "requeued" not in third
+    first, second, third = ledger.pieces()
+    assert first.requeued == "preempted" and causes == ["41"]
+    assert second.requeued is None and third.requeued is None
 
-    monkeypatch.setattr(checkpoints, "requeue_cause", lambda job_id: None)  # sacct lists one run of it
-    with run.piece():  # the same job again, unrequeued: a local retry inside an salloc allocation
+    monkeypatch.setattr(ledger_module, "requeue_cause", lambda job_id: None)  # sacct lists one run of it
+    with ledger.piece(run):  # the same job again, unrequeued: a local retry inside an salloc allocation
         pass
-    assert "requeued" not in run.pieces()[2]
+    assert ledger.pieces()[2].requeued is None
+    assert "requeued" not in json.loads((tmp_path / "pieces.json").read_text())[2], "absent, not null"
 
 
 def test_a_failed_piece_says_how_far_it_trained_past_its_newest_checkpoint(tmp_path):
     """A piece that trained to step 30 and could not save past 15 (a full disk): it reached 15, the
     step the run goes on from, and trained to 30, the steps lost."""
-    run = RunCheckpoints(tmp_path, MARKER)
-    run.report_progress({"step": 90, "at": time.time() - 3600})  # an earlier piece's
+    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    ledger.report_progress({"step": 90, "at": time.time() - 3600})  # an earlier piece's
     make_checkpoint(tmp_path, 15)
-    with pytest.raises(OSError), run.piece():
-        run.report_progress({"step": 30, "at": time.time()})
+    with pytest.raises(OSError), ledger.piece(run):
+        ledger.report_progress({"step": 30, "at": time.time()})
         raise OSError(28, "No space left on device")
-    (piece,) = run.pieces()
-    assert (piece["reached_step"], piece["trained_to_step"]) == (15, 30)
-    with pytest.raises(OSError), run.piece():
+    (piece,) = ledger.pieces()
+    assert (piece.reached_step, piece.trained_to_step) == (15, 30)
+    with pytest.raises(OSError), ledger.piece(run):
         raise OSError(28, "No space left on device")  # before it trained: the progress is older
-    assert "trained_to_step" not in run.pieces()[-1]
+    assert ledger.pieces()[-1].trained_to_step is None
 
 
 def test_a_failed_pieces_outcome_is_the_errors_first_line(tmp_path):
     """An error that quotes a program's output (TrainingFailed holds the last lines of torchrun's)
     left 25 lines in record.json; the piece's log has them."""
-    run = RunCheckpoints(tmp_path, MARKER)
-    with pytest.raises(RuntimeError), run.piece():
+    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    with pytest.raises(RuntimeError), ledger.piece(run):
         raise RuntimeError("torchrun exited with 1; its last lines:\nTraceback (most recent call last):\n  File x")
-    assert run.pieces()[0]["outcome"] == "RuntimeError: torchrun exited with 1; its last lines:"
+    assert ledger.pieces()[0].outcome == "RuntimeError: torchrun exited with 1; its last lines:"
+
+
+def test_a_pause_recorded_by_scratchflow_0_2_reads_as_todays(tmp_path):
+    """0.1 and 0.2 said a pause in a sentence; status and accounting read today's fields from it."""
+    said = "TrainingStopped: stopped on SIGTERM while staging the data in, before training, and paused; the next"
+    old = {"piece": 1, **this_process(), "started_at": "2026-11-24T10:00:00+0000", "reached_step": 40}
+    (training, staging) = piece_records(
+        [{**old, "outcome": "TrainingStopped: stopped on SIGUSR1 at step 40 and paused; checkpoint-40 is saved"},
+         {**old, "piece": 2, "outcome": said, "an_old_key": 1}]
+    )  # fmt: skip
+    assert (training.outcome, training.signal, training.phase, training.reached_step) == (
+        "paused", "SIGUSR1", "training", 40
+    )  # fmt: skip
+    assert (staging.outcome, staging.signal, staging.phase) == ("paused", "SIGTERM", "staging")
 
 
 def test_a_grid_whose_checkpoints_may_not_fit_is_warned_of_with_the_figures(tmp_path):
@@ -312,7 +330,7 @@ def test_a_piece_whose_scratch_cannot_hold_its_checkpoints_fails_before_it_train
     """Node-local scratch (256 KB here) with the data staged, and checkpoints of 100 KB, 2 kept: the
     task holds 3 at once while it saves, so the piece fails at once with the figures instead of at
     its first save, its training lost."""
-    run = RunCheckpoints(tmp_path / "checkpoints" / "run", MARKER, keep=2)
+    run = CheckpointStore(tmp_path / "checkpoints" / "run", MARKER, keep=2)
     newest = make_checkpoint(run.folder, 40)
     (newest / "optimizer.pt").write_bytes(os.urandom(100_000))
     with pytest.raises(
@@ -321,5 +339,5 @@ def test_a_piece_whose_scratch_cannot_hold_its_checkpoints_fails_before_it_train
     ):
         run.check_scratch_space(small_disk, newest, model=None)
     run.check_scratch_space(tmp_path, newest, model=None)  # room enough
-    first = RunCheckpoints(tmp_path / "other-grid" / "run", MARKER, keep=2)
+    first = CheckpointStore(tmp_path / "other-grid" / "run", MARKER, keep=2)
     first.check_scratch_space(small_disk, None, model=None)  # no checkpoint, no model: nothing said

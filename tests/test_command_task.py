@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import wandb_offline_runs
-from scratchflow.checkpoints import RunCheckpoints
+from scratchflow.checkpoints import CheckpointStore
+from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
@@ -48,7 +49,7 @@ def signal_once_ready(ready: Path, number: int) -> threading.Thread:
 
 
 def test_a_program_that_ignores_the_stop_is_killed_after_the_grace_period(tmp_path):
-    mirror = RunCheckpoints(tmp_path / "shared", "COMPLETE").mirroring(tmp_path / "local")
+    mirror = CheckpointStore(tmp_path / "shared", "COMPLETE").mirroring(tmp_path / "local")
     stop = StopForwarder(tmp_path / "stop-requested")
     signal_once_ready(tmp_path / "ready", signal.SIGUSR1)
     started = time.monotonic()
@@ -125,11 +126,11 @@ def test_with_tracking_wandb_a_bare_wandb_init_logs_the_piece_offline_beside_its
         run_id="r1",
         piece=3,
         data={"all": tmp_path / "data"},
-        dataset={},
-        params={"command": [sys.executable, "-c", LOGS_TO_WANDB]},
+        identity={"dataset": {}, "training": {"command": [sys.executable, "-c", LOGS_TO_WANDB]}},
         model=None,
         work_dir=tmp_path / "scratch",
-        checkpoints=RunCheckpoints(tmp_path / "checkpoints", "COMPLETE"),
+        store=CheckpointStore(tmp_path / "checkpoints", "COMPLETE"),
+        ledger=RunLedger(tmp_path / "checkpoints"),
         tracking_dir=run_folder / TENSORBOARD_FOLDER,
         tracking="wandb",
         save_every_steps=10,

@@ -24,11 +24,12 @@ from conftest import (
     workflow_config,
     write_config,
 )
-from scratchflow.checkpoints import RunCheckpoints, WorldSizeChanged, complete_checkpoints
+from scratchflow.checkpoints import CheckpointStore, WorldSizeChanged, complete_checkpoints
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.dataset import load_examples
 from scratchflow.distributed import requested_gpus_per_node, seeing_in_image, shape_of
+from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec, Rank, Shape, Staging
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
@@ -135,7 +136,7 @@ def write_checkpoint(folder: Path, step: int, world_size: int | None = None) -> 
 
 
 def test_a_checkpoint_of_another_world_size_is_refused_with_what_to_do(tmp_path):
-    run = RunCheckpoints(tmp_path / "shared", MARKER)
+    run = CheckpointStore(tmp_path / "shared", MARKER)
     write_checkpoint(run.folder, 40, world_size=4)
     with pytest.raises(WorldSizeChanged, match=r"written by 4 training process\(es\), and this job trains with 2"):
         run.restore_newest_to(tmp_path / "local", world_size=2)
@@ -146,7 +147,7 @@ def test_a_checkpoint_of_another_world_size_is_refused_with_what_to_do(tmp_path)
 
 
 def test_a_checkpoint_seeded_by_the_launcher_is_used_in_place(tmp_path):
-    run = RunCheckpoints(tmp_path / "shared", MARKER)
+    run = CheckpointStore(tmp_path / "shared", MARKER)
     write_checkpoint(run.folder, 10, world_size=2)
     seeded = run.restore_newest_to(tmp_path / "local", world_size=2)
     (seeded / "written-on-scratch").touch()
@@ -155,7 +156,7 @@ def test_a_checkpoint_seeded_by_the_launcher_is_used_in_place(tmp_path):
 
 
 def test_an_assembled_checkpoint_appears_under_its_name_with_its_world_size(tmp_path):
-    run = RunCheckpoints(tmp_path / "shared", MARKER, keep=2)
+    run = CheckpointStore(tmp_path / "shared", MARKER, keep=2)
     for step in (10, 20):
         write_checkpoint(run.folder, step, world_size=2)
     assembly = run.assembly("checkpoint-30", "@host@123")
@@ -195,11 +196,11 @@ def test_a_stop_that_comes_just_after_the_processes_agreed_is_counted_at_the_nex
         run_id="r1",
         piece=1,
         data={"all": tmp_path},
-        dataset={},
-        params={},
+        identity={"dataset": {}, "training": {}},
         model=None,
         work_dir=tmp_path / "scratch",
-        checkpoints=RunCheckpoints(tmp_path / "checkpoints", "COMPLETE"),
+        store=CheckpointStore(tmp_path / "checkpoints", "COMPLETE"),
+        ledger=RunLedger(tmp_path / "checkpoints"),
         tracking_dir=tmp_path / "tensorboard",
         tracking="tensorboard",
         save_every_steps=10,
@@ -307,8 +308,8 @@ def test_two_processes_killed_stopped_and_resumed_end_like_an_uninterrupted_run(
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=120)[0]
     stopped = live_pieces(tmp_path)[2]
-    assert "stopped on SIGUSR1 at step" in stopped["outcome"], output[-3000:]
-    step = int(stopped["outcome"].split("at step ")[1].split(" ")[0])
+    assert (stopped["outcome"], stopped["signal"]) == ("paused", "SIGUSR1"), output[-3000:]
+    step = stopped["reached_step"]
     checkpoint = next((tmp_path / "checkpoints").glob(f"*/checkpoint-{step}"))
     assert {"rng_state_0.pth", "rng_state_1.pth", "world.json", MARKER} <= {path.name for path in checkpoint.iterdir()}
 
@@ -380,11 +381,11 @@ def test_a_piece_spec_names_the_jobs_node_as_slurm_does_and_reads_back_whole(tmp
         run_id="r1",
         piece=2,
         data={"all": tmp_path / "data"},
-        dataset={"format": "folder"},
-        params={"seed": 0},
+        identity={"dataset": {"format": "folder"}, "training": {"seed": 0}},
         model=None,
         work_dir=tmp_path / "scratch",
-        checkpoints=RunCheckpoints(tmp_path / "checkpoints", "trainer_state.json", keep=3),
+        store=CheckpointStore(tmp_path / "checkpoints", "trainer_state.json", keep=3),
+        ledger=RunLedger(tmp_path / "checkpoints"),
         tracking_dir=tmp_path / "tensorboard",
         tracking="tensorboard",
         save_every_steps=20,

@@ -36,7 +36,7 @@ from conftest import (
     start_workflow,
     write_config,
 )
-from scratchflow.checkpoints import RunCheckpoints, checkpoint_damage
+from scratchflow.checkpoints import CheckpointStore, checkpoint_damage
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.files import NoSpace
 from scratchflow.processes import StopForwarder, child_pids, run_program
@@ -100,7 +100,7 @@ def test_usr2_reaching_rsync_mid_checkpoint_copy_pauses_with_every_checkpoint_wh
     assert workflow.returncode != 0, "paused: the job ends unfinished"
 
     (paused,) = live_pieces(tmp_path)
-    assert "stopped on SIGUSR2 at step" in paused["outcome"] and "paused" in paused["outcome"], output[-3000:]
+    assert (paused["outcome"], paused["signal"], paused["phase"]) == ("paused", "SIGUSR2", "training"), output[-3000:]
     assert "is not whole" in (tmp_path / paused["log"]).read_text(), "USR2 should have cut a copy short"
     (run,) = (tmp_path / "checkpoints").iterdir()
     published = sorted(run.glob("checkpoint-*"), key=lambda checkpoint: int(checkpoint.name.split("-")[1]))
@@ -152,8 +152,8 @@ def test_term_reaching_tar_mid_staging_pauses_before_training_and_the_retry_trai
     assert workflow.returncode == 0, output[-3000:]
 
     first, second = pieces_of(tmp_path)
-    assert first["outcome"].startswith("TrainingStopped: stopped on SIGTERM while staging the data in"), first
-    assert "starts from the beginning" in first["outcome"] and second["resumed_from_step"] is None
+    assert (first["outcome"], first["signal"], first["phase"]) == ("paused", "SIGTERM", "staging"), first
+    assert "reached_step" not in first and second["resumed_from_step"] is None
     assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
     assert list((tmp_path / "scratch").iterdir()) == []
 
@@ -251,7 +251,7 @@ def test_a_command_tasks_program_is_stopped_once_its_checkpoint_cannot_be_saved(
     copy fails, and the program gets SIGTERM at once instead of training on to its end for nothing
     (the fault test above uses a program too quick to show it); the copy's error is the job's."""
     with small_filesystem(tmp_path / "shared", "1m") as shared:
-        mirroring = RunCheckpoints(shared / "run", "COMPLETE").mirroring(tmp_path / "local")
+        mirroring = CheckpointStore(shared / "run", "COMPLETE").mirroring(tmp_path / "local")
         stop = StopForwarder(tmp_path / "stop-requested")
         argv = [sys.executable, "-c", SAVES_THEN_TRAINS_ON, str(tmp_path / "local")]
         started = time.monotonic()

@@ -4,8 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
@@ -45,11 +43,11 @@ def test_a_paused_piece_says_so_at_info_and_names_the_log_it_keeps(tmp_path):
     kept = tmp_path / "logs" / "train" / "run.piece-2.log"
     job = f"""
 from pathlib import Path
-from scratchflow.jobs import job_context, pointing_at
-from scratchflow.tasks import TrainingStopped
+from scratchflow.jobs import job_context
+from scratchflow.piece import Paused, finished
 
-with job_context({str(log)!r}), pointing_at(Path({str(kept)!r})):
-    raise TrainingStopped("stopped on SIGUSR1 at step 40 and paused; checkpoint-40 is saved in c")
+with job_context({str(log)!r}):
+    finished(Paused("SIGUSR1", "training", 40, log=Path({str(kept)!r})))
 """
     script = tmp_path / "job.py"
     script.write_text(job)
@@ -57,8 +55,8 @@ with job_context({str(log)!r}), pointing_at(Path({str(kept)!r})):
     result = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        "scratchflow: paused, not failed: stopped on SIGUSR1 at step 40 and paused; checkpoint-40 is saved in c; "
-        f"this piece's log: {kept}"
+        "scratchflow: paused, not failed: stopped on SIGUSR1 at step 40 and paused; the next piece resumes from "
+        f"checkpoint-40; this piece's log: {kept}"
     ]
     written = log.read_text()
     assert "INFO scratchflow: paused, not failed: stopped on SIGUSR1 at step 40" in written
@@ -132,13 +130,14 @@ def test_a_sigterm_while_the_model_is_copied_back_pauses_the_piece_and_the_stop_
     on Slurm the job step's Snakemake, which had it too, fails the job and removes its outputs; so
     the piece pauses instead of recording a run that would be removed. The stop signal (the warning
     before the wall time, with time left) does not end the job: the run is recorded."""
-    from scratchflow.jobs import paused_if_terminated_while_syncing
+    from scratchflow.piece import Paused, Trained, _terminated_while_syncing
     from scratchflow.signals import STOP_FILE_NAME, write_stop_file
-    from scratchflow.tasks import TrainingStopped
 
-    paused_if_terminated_while_syncing(tmp_path)  # no stop at all
+    trained = Trained(tmp_path / "model", {"global_steps": 60})
+    assert _terminated_while_syncing(tmp_path, trained) is trained  # no stop at all
     write_stop_file(tmp_path / STOP_FILE_NAME, "SIGUSR1")
-    paused_if_terminated_while_syncing(tmp_path)
+    assert _terminated_while_syncing(tmp_path, trained) is trained
     write_stop_file(tmp_path / STOP_FILE_NAME, "SIGTERM")
-    with pytest.raises(TrainingStopped, match=r"^stopped on SIGTERM while copying the trained model back, after"):
-        paused_if_terminated_while_syncing(tmp_path)
+    paused = _terminated_while_syncing(tmp_path, trained)
+    assert paused == Paused("SIGTERM", "syncing", 60)
+    assert paused.line().startswith("stopped on SIGTERM while copying the trained model back, after")

@@ -85,8 +85,8 @@ def grid_in_every_state(workdir: Path) -> None:
     )
     write(checkpoints / "starting00" / "pieces.json", [piece(1, "running", now - 5)])
     write(checkpoints / "starting00" / "running.json", me)
-    stopped = "TrainingStopped: stopped on SIGUSR1 at step 40 and paused; checkpoint-40 is saved in checkpoints/x"
-    write(checkpoints / "paused0000" / "pieces.json", [piece(1, stopped, now - 900)])
+    stopped = {**piece(1, "paused", now - 900), "signal": "SIGUSR1", "phase": "training", "reached_step": 40}
+    write(checkpoints / "paused0000" / "pieces.json", [stopped])
     checkpoint(checkpoints / "paused0000" / "checkpoint-40")
     write(checkpoints / "killed0000" / "pieces.json", [piece(1, "running", now - 900)])
     write(checkpoints / "killed0000" / "running.json", {**me, "pid": dead_pid()})

@@ -123,8 +123,8 @@ DOES_ITS_PIECES_DUTY = {
         "barriers or collectives (line 2: torch.distributed.init_process_group)",
     ),
     "scratchflow's mirroring": (
-        "from scratchflow.checkpoints import RunCheckpoints\n",
-        "mirroring to shared storage (line 1: scratchflow.checkpoints.RunCheckpoints)",
+        "from scratchflow.checkpoints import CheckpointStore\n",
+        "mirroring to shared storage (line 1: scratchflow.checkpoints.CheckpointStore)",
     ),
     "a mirror of its own": (
         "def train(context, run):\n    run.mirror(context.checkpoint_dir)\n",
@@ -151,7 +151,7 @@ LEAVES_ITS_PIECES_DUTIES = {
         "rank = dist.get_rank() if dist.is_initialized() else 0\nsize = dist.get_world_size()\n"
     ),
     "signals named, not handled": (
-        '"""Never calls signal.signal( or raises TrainingStopped; RunCheckpoints mirror for it."""\n'
+        '"""Never calls signal.signal( or raises TrainingStopped; CheckpointStore mirror for it."""\n'
         "import signal\nname = signal.Signals(10).name\nprint(signal.getsignal(signal.SIGUSR1))\n"
     ),
     "the stop file's name": "from scratchflow.signals import STOP_FILE_NAME\n",
@@ -209,10 +209,10 @@ def test_a_task_copied_from_another_that_forgot_a_name_is_refused_naming_it(tmp_
 def test_the_contract_finds_a_model_shipped_in_a_package_as_the_workflow_does(tmp_path):
     """`model.source: package:…` (the demo's, which a lab copies first): the checks train the
     package's model, not a hub id of that name (before: transformers refused the name)."""
-    from scratchflow.checkpoints import RunCheckpoints
+    from scratchflow.checkpoints import CheckpointStore
 
     config = validated(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
-    spec = contract.piece_spec(config, tmp_path, 1, RunCheckpoints(tmp_path / "shared", "marker"))
+    spec = contract.piece_spec(config, tmp_path, 1, CheckpointStore(tmp_path / "shared", "marker"))
     assert spec.model.is_dir() and (spec.model / "config.json").is_file(), spec.model
 
 
@@ -408,16 +408,15 @@ def test_predictions_from_a_task_that_writes_none_are_refused(tmp_path, monkeypa
 def test_a_predict_job_refuses_what_a_task_returned_wrongly_naming_the_task_and_what_it_returned(tmp_path, monkeypatch):
     """The workflow's predict job, on the lab's report's task (predictions a list): one line naming
     the task, not an AttributeError inside scratchflow; nothing written."""
-    from scratchflow.checkpoints import RunCheckpoints
+    from scratchflow.checkpoints import CheckpointStore
     from scratchflow.jobs import PredictJob, predict_job
-    from scratchflow.piece import Piece
     from scratchflow.staging import archive_dataset
 
     config, _ = lab_task(
         tmp_path, monkeypatch, (PREDICTING, PREDICTING.replace("predictions=predictions", "predictions=[{}]"))
     )
-    run = RunCheckpoints(tmp_path / "shared", "COMPLETE")
-    trained = Piece(contract.piece_spec(config, tmp_path / "train", 1, run)).train()
+    run = CheckpointStore(tmp_path / "shared", "COMPLETE")
+    trained = contract.trained_piece(contract.piece_spec(config, tmp_path / "train", 1, run))
     archive_dataset(config["dataset"], tmp_path / "data.tar", tmp_path / "data.manifest.json")
     results = tmp_path / "results"
     job = PredictJob(

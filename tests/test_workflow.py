@@ -33,9 +33,10 @@ from conftest import (
     write_config,
     write_recipe_data,
 )
-from scratchflow.checkpoints import newest_complete_checkpoint, piece_time, step_of
+from scratchflow.checkpoints import newest_complete_checkpoint, step_of
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import load_examples
+from scratchflow.ledger import piece_time
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.tracking import read_curves
 
@@ -372,7 +373,7 @@ def test_a_run_killed_then_paused_between_logging_steps_ends_like_an_uninterrupt
     record = json.loads((tmp_path / "results" / "runs" / run_id / "record.json").read_text())
     killed, paused, last = record["pieces"]
     assert (killed["outcome"], killed["reached_step"]) == ("killed", paused["resumed_from_step"])
-    assert paused["resumed_from_step"] == 140 and paused["outcome"].startswith("TrainingStopped: stopped on SIGUSR1")
+    assert paused["resumed_from_step"] == 140 and (paused["outcome"], paused["signal"]) == ("paused", "SIGUSR1")
     stopped_at = paused["reached_step"]
     assert stopped_at % 10 and stopped_at % 14, "the stop is between logging steps and inside an epoch"
     assert last["resumed_from_step"] == record["training"]["resumed_from_step"] == stopped_at
@@ -436,8 +437,8 @@ def test_with_tracking_wandb_sigterm_to_every_process_of_a_job_still_pauses_it(t
         os.killpg(workflow.pid, signal.SIGKILL)
         workflow.wait()
     piece = json.loads((checkpoints / "pieces.json").read_text())[0]  # the local profile's retry may follow
-    assert piece["outcome"].startswith("TrainingStopped: stopped on SIGTERM"), piece["outcome"]
-    assert "next attempt resumes from it" in piece["outcome"]
+    assert (piece["outcome"], piece["signal"], piece["phase"]) == ("paused", "SIGTERM", "training"), piece
+    assert piece["reached_step"] is not None, "paused at a saved checkpoint"
     assert "WandbCallback stopped logging" in (tmp_path / piece["log"]).read_text()
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from scratchflow.checkpoints import piece_time
+from scratchflow.ledger import FINISHED, RUNNING, piece_records, piece_time
 from scratchflow.slurm_job import ask_slurm
 
 SACCT_FIELDS = ("JobIDRaw", "State", "Start", "End", "ElapsedRaw", "AllocTRES", "ConsumedEnergyRaw", "TRESUsageInAve")
@@ -158,27 +158,28 @@ class Use:
     cpus: int  # without Slurm: the threads it trained with, times its processes
 
 
-def training_uses(run_id: str, pieces: list[dict[str, Any]]) -> list[Use]:
-    """A run's training pieces (record.json's `pieces`, a rung record's)."""
+def training_uses(run_id: str, listed: list[dict[str, Any]]) -> list[Use]:
+    """A run's training pieces (record.json's `pieces`, a rung record's, pieces.json)."""
     uses = []
+    pieces = piece_records(listed)
     for index, piece in enumerate(pieces):
-        start = piece_time(piece["started_at"])
-        end = piece_time(piece["ended_at"]) if piece.get("ended_at") else None
-        if end is None and not piece.get("slurm_job_id") and index + 1 < len(pieces):
-            end = piece_time(pieces[index + 1]["started_at"])  # killed without Slurm: until the next one
+        start = piece_time(piece.started_at)
+        end = piece_time(piece.ended_at) if piece.ended_at else None
+        if end is None and not piece.slurm_job_id and index + 1 < len(pieces):
+            end = piece_time(pieces[index + 1].started_at)  # killed without Slurm: until the next one
         # A piece still running has lost nothing yet (or, killed, is said so by the next piece).
-        unfinished = piece.get("outcome") not in ("finished", "running")
-        published = piece.get("last_checkpoint_at")
+        unfinished = piece.outcome not in (FINISHED, RUNNING)
+        published = piece.last_checkpoint_at
         uses.append(
             Use(
                 run_id=run_id,
                 stage="train",
-                rung=piece.get("rung"),
-                job_id=piece.get("slurm_job_id"),
+                rung=piece.rung,
+                job_id=piece.slurm_job_id,
                 start=start,
                 end=end,
                 lost_from=(piece_time(published) if published else start) if unfinished else None,
-                cpus=(piece.get("threads") or 1) * (piece.get("world_size") or 1),
+                cpus=(piece.threads or 1) * (piece.world_size or 1),
             )
         )
     return uses

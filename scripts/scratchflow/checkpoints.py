@@ -1,69 +1,50 @@
-"""A run's progress on shared storage, owned by one object: `RunCheckpoints`.
+"""A run's training checkpoints on shared storage: `CheckpointStore` (and `CheckpointMirroring`,
+which copies each new one a task saves on scratch into it).
 
-Checkpoints live outside the rule's declared outputs (Snakemake deletes the outputs of failed jobs),
-in `checkpoints/<run_id>/`, and appear there only whole: each is written to scratch by the task and
-then copied in with `staging.copy_whole`. A checkpoint is a directory `checkpoint-<step>` and is
-complete once it holds the task's marker file (written last). The folder's `run.json` says which
-run (parameters and data) the checkpoints belong to, so that a checkpoint is never resumed by a run
-it does not match. A checkpoint written by several training processes holds `world.json` (how many)
-and is assembled from every node's part under a hidden name before it gets its own. Each checkpoint
-carries `contents.json`, its files' sizes and sha256, written as it is published: a job verifies the
-newest before resuming from it, and sets a damaged one aside (`checkpoint-<step>.damaged`, with
-`damage.txt` saying what was wrong) to resume from the one before. While a job
-trains the run, `running.json` names it: a second copy of the same run (a requeued job next to its
-resubmission, a rerun while an orphaned job still trains) waits instead of writing the same
-checkpoints at the same time. `pieces.json` lists the jobs that trained
-the run, in order, with how each ended and when it last published a checkpoint (`published.jsonl`
-has a line per checkpoint published: what a piece that ended unfinished trained after it was lost,
-scratchflow.accounting); `progress.json` says where the training is (step, speed, time left), for
-`scripts/status.py`.
+The run's shared folder, `checkpoints/<run_id>/`, holds three things, each with one owner: its
+checkpoints (here), its lease (scratchflow.lease: which run the folder is for, which job trains it)
+and its ledger (scratchflow.ledger: the pieces that trained it, its progress).
+
+Checkpoints live outside the rule's declared outputs (Snakemake deletes the outputs of failed jobs)
+and appear there only whole: each is written to scratch by the task and then copied in with
+`staging.copy_whole`. A checkpoint is a directory `checkpoint-<step>` and is complete once it holds
+the task's marker file (written last). A checkpoint written by several training processes holds
+`world.json` (how many) and is assembled from every node's part under a hidden name before it gets
+its own. Each checkpoint carries `contents.json`, its files' sizes and sha256, written as it is
+published: a job verifies the newest before resuming from it, and sets a damaged one aside
+(`checkpoint-<step>.damaged`, with `damage.txt` saying what was wrong) to resume from the one
+before. `published.jsonl` has a line per checkpoint published: when a piece that ended unfinished
+last saved (scratchflow.accounting counts what it trained after as lost).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import logging
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import threading
 import time
-from collections.abc import Container, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from scratchflow.files import (
     OWNER_TAG,
     file_sha256,
     filesystem_of,
-    process_may_live,
     read_json,
     require_free_space,
     write_json_atomically,
 )
-from scratchflow.slurm_job import requeue_cause
-from scratchflow.staging import StagingError, copy_whole, remove_leftovers, tree_bytes
+from scratchflow.staging import StagingError, copy_whole, tree_bytes
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
-OWNER_FILE = "run.json"
-HOLDER_FILE = "running.json"
-PIECES_FILE = "pieces.json"
-PROGRESS_FILE = "progress.json"
 PUBLISHED_FILE = "published.jsonl"
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a piece's times, as its entry in pieces.json holds them
-
-
-def piece_time(stamp: str) -> float:
-    """A time of a piece's entry (TIME_FORMAT) as seconds since the epoch."""
-    return datetime.datetime.strptime(stamp, TIME_FORMAT).timestamp()
 
 
 # In a checkpoint written by several processes: their number (absent: one process wrote it).
@@ -72,15 +53,6 @@ WORLD_FILE = "world.json"
 CONTENTS_FILE = "contents.json"
 DAMAGED_SUFFIX = ".damaged"
 DAMAGE_FILE = "damage.txt"
-# squeue states of a job that may still write (a pending one was requeued and will start again).
-ACTIVE_SLURM_STATES = {
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
-    "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",
-}  # fmt: skip
-
-
-class CheckpointMismatch(RuntimeError):
-    """The checkpoint folder belongs to a different run (other parameters or other data)."""
 
 
 class WorldSizeChanged(RuntimeError):
@@ -153,9 +125,10 @@ def remove_whole(path: Path) -> None:
 
 
 @dataclass(frozen=True)
-class RunCheckpoints:
-    """The checkpoint state of one run on shared storage: claim, hold, pieces, newest complete
-    checkpoint, mirror, release. `marker` is the file a task writes last into a checkpoint."""
+class CheckpointStore:
+    """The checkpoints of one run on shared storage: the newest complete (and intact) one, restored
+    to scratch; each new one published whole; all of them released once the run is done. `marker`
+    is the file a task writes last into a checkpoint."""
 
     folder: Path
     marker: str
@@ -166,6 +139,10 @@ class RunCheckpoints:
 
     def newest(self) -> Path | None:
         return newest_complete_checkpoint(self.folder, self.marker)
+
+    def newest_step(self) -> int | None:
+        newest = self.newest()
+        return step_of(newest) if newest else None
 
     def newest_intact(self) -> Path | None:
         """The newest complete checkpoint whose files are those it was saved with; each newer one that
@@ -217,25 +194,6 @@ class RunCheckpoints:
             with contextlib.suppress(OSError):
                 found[aside.name.removesuffix(DAMAGED_SUFFIX)] = (aside / DAMAGE_FILE).read_text().strip()
         return found
-
-    def claim(self, owner: dict[str, Any]) -> None:
-        """Mark the folder as holding the checkpoints of the run described by `owner`, or refuse if
-        it already holds another run's."""
-        folder = self.folder
-        owner_file = folder / OWNER_FILE
-        remove_leftovers(folder.parent, f".{folder.name}.")
-        remove_leftovers(folder)
-        if owner_file.is_file():
-            recorded = read_json(owner_file)
-            if recorded != owner:
-                differing = sorted(key for key in set(recorded) | set(owner) if recorded.get(key) != owner.get(key))
-                raise CheckpointMismatch(
-                    f"{folder} holds checkpoints of a different run (differs in: {', '.join(differing)}). "
-                    f"Resuming from them would mix two experiments. Delete {folder} to start this run from scratch."
-                )
-            return
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(owner, owner_file)
 
     def restore_newest_to(self, local_folder: Path, world_size: int = 1) -> Path | None:
         """Copy the newest complete checkpoint to scratch (`local_folder`), where the task resumes
@@ -316,151 +274,13 @@ class RunCheckpoints:
         if self.folder.is_dir():
             remove_whole(self.folder)
 
-    @contextlib.contextmanager
-    def held(self, poll_seconds: float = 20) -> Iterator[None]:
-        """Train the run alone: wait while another live job holds it, then hold it until done.
-
-        The holder file is created exclusively (O_EXCL, atomic on local disks, NFS and Lustre), so
-        of two jobs that find the run free at once, one waits. A holder left by a killed job is
-        taken over.
-        """
-        folder = self.folder
-        holder_file = folder / HOLDER_FILE
-        me = this_process()
-        while True:
-            try:
-                descriptor = os.open(holder_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    holder = read_json(holder_file)
-                except (FileNotFoundError, ValueError):
-                    time.sleep(1)  # being written or just released: look again
-                    continue
-                if holder_is_alive(holder):
-                    log.warning("another job is training this run (%s); waiting for it to end", holder)
-                    time.sleep(poll_seconds)
-                else:
-                    log.info("taking over from a job that is gone: %s", holder)
-                    _remove_holder(holder_file, holder)
-                continue
-            with os.fdopen(descriptor, "w") as out:
-                out.write(json.dumps(me))
-            break
-        try:
-            yield
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                if read_json(holder_file) == me:
-                    os.unlink(holder_file)
-
-    def report_progress(self, progress: dict[str, Any]) -> None:
-        """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at)."""
-        write_json_atomically(progress, self.folder / PROGRESS_FILE)
-
-    def pieces(self) -> list[dict[str, Any]]:
-        """The jobs that have trained this run so far, oldest first."""
-        path = self.folder / PIECES_FILE
-        return read_json(path) if path.is_file() else []
-
-    def record_piece(self, piece: dict[str, Any]) -> None:
-        """Add or update (same number) this job's entry in the run's list of pieces."""
-        listed = [entry for entry in self.pieces() if entry.get("piece") != piece["piece"]]
-        listed.append(piece)
-        write_json_atomically(listed, self.folder / PIECES_FILE)
-
-    @contextlib.contextmanager
-    def piece(self) -> Iterator[dict[str, Any]]:
-        """List this job in the run's pieces with how it ended (finished, or the error that stopped
-        it, with the step of the run's newest checkpoint then); the caller adds what it knows
-        (steps, its log) to the yielded entry. Called while holding the run: an earlier piece still
-        listed as running was killed (no job holds the run), and is closed as such."""
-        self.close_killed_pieces()
-        self.note_requeue()
-        started = time.time()
-        piece = {
-            "piece": len(self.pieces()) + 1,
-            **this_process(),
-            "started_at": time.strftime(TIME_FORMAT, time.localtime(started)),
-            "outcome": "running",
-        }
-        self.record_piece(piece)
-        try:
-            yield piece
-        except BaseException as error:
-            piece["outcome"] = outcome_of(error)
-            piece.setdefault("reached_step", self.newest_step())
-            trained_to = self._progress_step_since(started)
-            if trained_to is not None and trained_to > (piece["reached_step"] or 0):
-                piece["trained_to_step"] = trained_to  # the steps since its newest checkpoint are lost
-            raise
-        else:
-            piece["outcome"] = "finished"
-        finally:
-            piece["ended_at"] = time.strftime(TIME_FORMAT)
-            piece["last_checkpoint_at"] = self._published_stamp(started)
-            self.record_piece(piece)
-
-    def _published_stamp(self, since: float) -> str | None:
-        published = self.last_published_since(since)
-        return time.strftime(TIME_FORMAT, time.localtime(published)) if published is not None else None
-
-    def _progress_step_since(self, started: float) -> int | None:
-        """The step this piece's trainer last reported (progress.json), if it reported since `started`."""
-        try:
-            progress = read_json(self.folder / PROGRESS_FILE)
-        except (FileNotFoundError, ValueError):
-            return None
-        return progress.get("step") if progress.get("at", 0) >= started else None
-
-    def newest_step(self) -> int | None:
-        newest = self.newest()
-        return step_of(newest) if newest else None
-
-    def note_requeue(self) -> None:
-        """This job is one that Slurm requeued (a preemption, a lost node): the earlier piece ran in the
-        same job, and sacct lists an earlier run of it. That piece gets `requeued`, the cause
-        (`requeue_cause`). (SLURM_RESTART_COUNT would say so too, but no job step gets it.)"""
-        job_id, listed = os.environ.get("SLURM_JOB_ID"), self.pieces()
-        if not (listed and job_id):
-            return
-        earlier = listed[-1]
-        if earlier.get("slurm_job_id") != job_id or "requeued" in earlier:
-            return
-        cause = requeue_cause(job_id)
-        if cause:
-            earlier["requeued"] = cause
-            log.info("piece %s ended when Slurm requeued job %s: %s", earlier["piece"], job_id, cause)
-            write_json_atomically(listed, self.folder / PIECES_FILE)
-
-    def close_killed_pieces(self) -> None:
-        """Pieces listed as running whose job is gone (killed outright: SIGKILL, a node failure)
-        become `killed`, with the step of the newest checkpoint, the last one they could write."""
-        listed = self.pieces()
-        killed = [entry for entry in listed if entry.get("outcome") == "running"]
-        if not killed:
-            return
-        for entry in killed:
-            started = piece_time(entry["started_at"])
-            entry.update(
-                outcome="killed",
-                reached_step=self.newest_step(),
-                ended_at=None,
-                last_checkpoint_at=self._published_stamp(started),
-            )
-            job = f"Slurm job {entry['slurm_job_id']}" if entry.get("slurm_job_id") else f"pid {entry.get('pid')}"
-            log.warning(
-                "piece %s (%s on %s) was killed; the run goes on from step %s",
-                *(entry["piece"], job, entry.get("host"), entry["reached_step"]),
-            )
-        write_json_atomically(listed, self.folder / PIECES_FILE)
-
 
 class CheckpointMirroring:
     """Copies each new complete checkpoint on scratch to shared storage, whole, newest only: called by
     a task after it saves (`mirror_newest`), or from a thread that looks every `poll_seconds` while a
     program runs that saves on its own (`watching`), and once more when it ends."""
 
-    def __init__(self, run: RunCheckpoints, local_folder: Path, restored_step: int | None = None):
+    def __init__(self, run: CheckpointStore, local_folder: Path, restored_step: int | None = None):
         self.run, self.local_folder = run, local_folder
         self.failure: BaseException | None = None  # the watching thread's, once a copy failed
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
@@ -553,51 +373,3 @@ def space_warning(root: Path, runs: int, keep: int, model: Path | None) -> str |
         f"filesystem ({kind} at {mount_point}) has {free / 1e9:.1f} GB free. A job that finds no room for its next "
         "checkpoint fails; free space there, lower checkpointing.keep, or train the grid in parts"
     )
-
-
-def this_process() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
-
-
-def outcome_of(error: BaseException) -> str:
-    """How a piece that `error` ended ended, in one line (the traceback and any output the error
-    quotes are in the piece's log): "killed by SIGTERM" where a signal ended it before it could
-    pause (signals.exit_on_sigterm: a node failure's cancellation, a scancel while it restored)."""
-    code = error.code if isinstance(error, SystemExit) else None
-    if isinstance(code, int) and code - 128 in {number.value for number in signal.Signals}:
-        return f"killed by {signal.Signals(code - 128).name}"
-    return f"{type(error).__name__}: {error}".splitlines()[0]
-
-
-def holder_is_alive(holder: dict[str, Any], active_slurm_jobs: Container[str] | None = None) -> bool:
-    """Whether the job or process recorded in `running.json` may still be training. A Slurm job is
-    looked up in `active_slurm_jobs` (the ids of the jobs that may still write, from one squeue of
-    them all: the status asks once for a whole grid), or else asked about alone."""
-    job_id = holder.get("slurm_job_id")
-    if job_id:
-        if job_id == os.environ.get("SLURM_JOB_ID"):
-            return False  # this very job, requeued: its earlier run on a node is over
-        if active_slurm_jobs is not None:
-            return job_id in active_slurm_jobs
-        try:
-            result = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-        except FileNotFoundError:
-            # No Slurm client here (a job step in a container image): the holder's process is all
-            # that can be asked, on this node; one elsewhere is assumed alive rather than train twice.
-            return process_may_live(holder["host"], holder["pid"])
-        if result.returncode != 0 and "Invalid job id" not in result.stderr:
-            return True  # Slurm did not answer (a controller restarting): ask again later
-        return result.stdout.strip() in ACTIVE_SLURM_STATES
-    return process_may_live(holder["host"], holder["pid"])
-
-
-def _remove_holder(holder_file: Path, gone: dict[str, Any]) -> None:
-    """Remove the holder file of a job that is gone. Another waiter may have replaced it by its own
-    in the meantime: that one is put back, so that the run never has two holders."""
-    moved = holder_file.with_name(f".{HOLDER_FILE}.stale{OWNER_TAG}")
-    with contextlib.suppress(FileNotFoundError):
-        os.rename(holder_file, moved)
-        if read_json(moved) != gone:
-            with contextlib.suppress(FileExistsError):
-                os.link(moved, holder_file)
-        os.unlink(moved)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -33,16 +32,16 @@ import jsonschema
 import yaml
 
 from scratchflow import signals
-from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints
+from scratchflow.checkpoints import CheckpointMirroring, CheckpointStore
 from scratchflow.config import ConfigError, configured_task, validate_config
 from scratchflow.dataset import WHOLE, DatasetError, data_sources, resolve_location
-from scratchflow.piece import Piece, PieceSpec
+from scratchflow.ledger import RunLedger
+from scratchflow.piece import Paused, Piece, PieceOutcome, PieceSpec, restore
 from scratchflow.tasks import (
     PROGRESS_KEYS,
     TASK_NAMES,
     PredictContext,
     Trained,
-    TrainingStopped,
     WrongPredicted,
     check_predicted,
     described,
@@ -126,13 +125,11 @@ class QuickMirroring(CheckpointMirroring):
 
 
 @dataclasses.dataclass(frozen=True)
-class StopsAfterFirstCheckpoint(RunCheckpoints):
+class StopsAfterFirstCheckpoint(CheckpointStore):
     """The run's shared checkpoints; the first one mirrored sends this process the stop signal, as
-    Slurm's wall-time warning would, at a moment the check knows. What the task reports of its
-    progress is checked as it comes: `make status` reads it."""
+    Slurm's wall-time warning would, at a moment the check knows."""
 
     stop: bool = True
-    since: float = dataclasses.field(default_factory=time.time)
 
     def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
         return QuickMirroring(self, local_folder, restored_step)
@@ -142,6 +139,15 @@ class StopsAfterFirstCheckpoint(RunCheckpoints):
         if self.stop and len(self.complete()) == 1:
             os.kill(os.getpid(), signals.stop_signal())
         return destination
+
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressChecked(RunLedger):
+    """The run's ledger; what the task reports of its progress is checked as it comes: `make status`
+    reads it."""
+
+    since: float = dataclasses.field(default_factory=time.time)
 
     def report_progress(self, progress: dict[str, Any]) -> None:
         problem = progress_problem(progress, self.since)
@@ -168,25 +174,38 @@ def progress_problem(progress: Any, since: float) -> str | None:
     return None
 
 
-def piece_spec(config: dict[str, Any], work: Path, piece: int, run: RunCheckpoints) -> PieceSpec:
+def piece_spec(config: dict[str, Any], work: Path, piece: int, store: CheckpointStore) -> PieceSpec:
     work_dir = work / f"piece-{piece}"
     work_dir.mkdir(parents=True)
     return PieceSpec(
         task=config["task"],
         run_id="contract00",
-        piece=piece,
-        data=data_sources(config["dataset"]),
-        dataset=config["dataset"],
-        params=config["training"],
+        identity={"dataset": config["dataset"], "training": config["training"]},
         model=resolve_location(config["model"]["source"]) if config.get("model") else None,  # package: too
-        work_dir=work_dir,
-        checkpoints=run,
+        store=store,
+        ledger=ProgressChecked(store.folder),
         tracking_dir=work / "tensorboard",
         tracking="tensorboard",
         save_every_steps=config["checkpointing"]["every_steps"],
         stop_grace_seconds=30,
         threads=1,
+        piece=piece,
+        work_dir=work_dir,
+        data=data_sources(config["dataset"]),
     )
+
+
+def train_piece(spec: PieceSpec) -> PieceOutcome:
+    """The piece's training as on a node the job prepared: from the newest checkpoint, restored."""
+    restore(spec)
+    return Piece(spec).train()
+
+
+def trained_piece(spec: PieceSpec) -> Trained:
+    outcome = train_piece(spec)
+    if isinstance(outcome, Paused):
+        raise ContractBroken(f"{spec.task}: paused unasked: {outcome.line()}")
+    return outcome
 
 
 def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
@@ -196,11 +215,10 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
     signals.use_stop_signal("USR2")
     try:
         first = StopsAfterFirstCheckpoint(work / "shared", marker)
-        try:
-            Piece(piece_spec(config, work, 1, first)).train()
-        except TrainingStopped as stopped:
-            if not re.match(r"stopped on SIGUSR2 at step \d+ and paused; checkpoint-", str(stopped)):
-                raise ContractBroken(f"{task}: paused, but not at a saved checkpoint: {stopped}") from None
+        outcome = train_piece(piece_spec(config, work, 1, first))
+        if isinstance(outcome, Paused):
+            if outcome.signal != "SIGUSR2" or outcome.reached_step is None:
+                raise ContractBroken(f"{task}: paused, but not at a saved checkpoint: {outcome.line()}")
         else:
             if first.newest() is None:
                 raise ContractBroken(
@@ -213,7 +231,7 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
         if signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN:
             raise ContractBroken(f"{task}: left the stop signal ignored")
         resumed = StopsAfterFirstCheckpoint(work / "shared", marker, stop=False)
-        trained = Piece(piece_spec(config, work, 2, resumed)).train()
+        trained = trained_piece(piece_spec(config, work, 2, resumed))
     finally:
         signals.use_stop_signal(signals.DEFAULT_STOP_SIGNAL)
     figures = trained.metrics
@@ -233,9 +251,9 @@ def check_rung(config: dict[str, Any], work: Path) -> None:
     checkpoint trains no further and reports the same; the run's last job resumes from the rung."""
     task = config["task"]
     config = {**config, "training": {**config["training"], "epochs": 2}}
-    run = RunCheckpoints(work / "shared-rung", load_task(task).CHECKPOINT_MARKER)
-    rung = Piece(dataclasses.replace(piece_spec(config, work / "rung", 1, run), budget_epochs=1)).train()
-    retried = Piece(dataclasses.replace(piece_spec(config, work / "rung", 2, run), budget_epochs=1)).train()
+    run = CheckpointStore(work / "shared-rung", load_task(task).CHECKPOINT_MARKER)
+    rung = trained_piece(dataclasses.replace(piece_spec(config, work / "rung", 1, run), budget_epochs=1))
+    retried = trained_piece(dataclasses.replace(piece_spec(config, work / "rung", 2, run), budget_epochs=1))
     validation = rung.metrics.get("validation")
     if not validation or retried.metrics.get("validation") != validation:
         raise ContractBroken(
@@ -249,7 +267,7 @@ def check_rung(config: dict[str, Any], work: Path) -> None:
             f"{task}: a rung saves a checkpoint at the end of budget_epochs (saved: {rung_end}), and a retry "
             f"from it trains no further (its newest checkpoint: {retried.metrics['global_steps']})"
         )
-    last = Piece(piece_spec(config, work / "rung", 3, run)).train()
+    last = trained_piece(piece_spec(config, work / "rung", 3, run))
     if last.metrics["resumed_from_step"] != rung_end or last.metrics["global_steps"] != 2 * rung_end:
         raise ContractBroken(
             f"{task}: the run's last job did not resume from the rung's checkpoint-{rung_end} and train to the "
@@ -264,8 +282,8 @@ def check_predicts(config: dict[str, Any], work: Path, trained: Trained | None =
     What it returns is what the workflow writes (scratchflow.tasks.check_predicted)."""
     task = config["task"]
     if trained is None:
-        run = RunCheckpoints(work / "shared", load_task(task).CHECKPOINT_MARKER)
-        trained = Piece(piece_spec(config, work, 1, run)).train()
+        run = CheckpointStore(work / "shared", load_task(task).CHECKPOINT_MARKER)
+        trained = trained_piece(piece_spec(config, work, 1, run))
     scratch = work / "predict"
     shutil.copytree(trained.output, scratch / "model")
     context = PredictContext(
@@ -298,7 +316,7 @@ COLLECTIVES = {
     *("send", "recv", "isend", "irecv", "batch_isend_irecv"),
     *("init_process_group", "destroy_process_group", "new_group"),
 }
-MIRRORING_NAMES = {"scratchflow.checkpoints.RunCheckpoints", "scratchflow.checkpoints.CheckpointMirroring"}
+MIRRORING_NAMES = {"scratchflow.checkpoints.CheckpointStore", "scratchflow.checkpoints.CheckpointMirroring"}
 MIRRORING_METHODS = {"mirror", "mirror_newest", "restore_newest_to"}
 
 
@@ -324,7 +342,7 @@ PIECE_DUTIES: dict[str, Callable[[str, str], bool]] = {
     "mirroring to shared storage": lambda name, how: (
         name in MIRRORING_NAMES or (how == "call" and "." in name and _last(name) in MIRRORING_METHODS)
     ),
-    "deciding that it stopped": lambda name, how: _last(name) == "TrainingStopped",
+    "deciding that it stopped": lambda name, how: _last(name) in {"TrainingStopped", "Paused"},
 }
 
 

@@ -8,10 +8,11 @@ no torchrun. More on one node: the job stages the data in once, then runs
 runs the task's `train` (the Hugging Face Trainer finds its rank in torchrun's environment), and
 rank 0 reports back through a file. Several nodes: the job (on the allocation's first node, the
 batch host) runs `srun --ntasks-per-node=1 … -m scratchflow.distributed node <spec>`, one launcher
-per node; each stages the data into its own node-local scratch (the batch host's launcher uses the
-job's), verified as always, then starts torchrun with a static rendezvous that puts rank 0 on the
-batch host (`--node-rank=$SLURM_NODEID`, `--master-addr=$SLURM_LAUNCH_NODE_IPADDR`), and removes
-its scratch however it ends.
+per node; each prepares its own node-local scratch (piece.prepare_node: the data staged in, verified
+as always, and the newest checkpoint restored; the batch host's launcher uses the job's), then
+starts torchrun with a static rendezvous that puts rank 0 on the batch host
+(`--node-rank=$SLURM_NODEID`, `--master-addr=$SLURM_LAUNCH_NODE_IPADDR`), and removes its scratch
+however it ends.
 
 Stop signals: torchrun starts with the stop signal (`checkpointing.stop_signal`) ignored, and USR1
 and USR2 are not in its `--signals-to-handle`, so it stays out of the stop (a signal it handled would
@@ -27,7 +28,6 @@ non-zero, and srun (`--kill-on-bad-exit`) then ends the others at once.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR, signals
-from scratchflow.dataset import staged_sources
 from scratchflow.files import read_json, write_json_atomically
-from scratchflow.piece import Piece, PieceSpec, Rank, Shape, node_name
+from scratchflow.piece import Paused, Piece, PieceOutcome, PieceSpec, Rank, Shape, node_name, prepare_node
 from scratchflow.processes import StopForwarder, run_program, set_parent_death_signal
+from scratchflow.record import plain, typed
 from scratchflow.signals import STOP_FILE_NAME
-from scratchflow.staging import scratch_directory, stage_in
-from scratchflow.tasks import Trained, TrainingStopped, load_task
+from scratchflow.staging import scratch_directory
+from scratchflow.tasks import Trained, load_task
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +104,12 @@ def shape_of(resources: Mapping[str, Any], environ: Mapping[str, str] = os.envir
     return Shape(nodes=nodes, processes_per_node=processes)
 
 
-def train(spec: PieceSpec) -> Trained:
-    """Train one piece of a run with the spec's shape; one process trains in this one. Several
-    nodes need `spec.staging`: every other node stages the data in itself."""
+def train(spec: PieceSpec) -> PieceOutcome:
+    """Train one piece of a run with the spec's shape, on this node prepared (piece.prepare_node);
+    one process trains in this one. Several nodes: every other node's launcher prepares its own."""
     shape = spec.shape
     if shape.world_size == 1 or load_task(spec.task).LAUNCHES_OWN_PROCESSES:
         return Piece(spec).train()
-    # Seeded here, once for this node: the processes then find the copy in place.
-    spec.checkpoints.restore_newest_to(spec.checkpoint_dir, shape.world_size)
     spec_file, result = spec.work_dir / "launch.json", spec.work_dir / RESULT_FILE
     spec.write(spec_file)
     environment = launch_environment(spec.threads, shape)
@@ -126,18 +124,24 @@ def train(spec: PieceSpec) -> Trained:
     grace = spec.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
     code, tail = run_program(argv, environment, stop, grace)
     if result.is_file():
-        outcome = read_json(result)
-        if "stopped" in outcome:
-            raise TrainingStopped(outcome["stopped"])
-        return Trained(output=Path(outcome["output"]), metrics=outcome["metrics"])
-    if stop.received:
-        newest = spec.checkpoints.newest()
-        raise TrainingStopped(
-            f"stopped on {stop.received} before the processes could save; the next attempt resumes from "
-            + (newest.name if newest else "the beginning")
-        )
+        return typed(Outcome, read_json(result)).value()
+    if stop.received:  # before the processes could save
+        return Paused(stop.received, "training", spec.store.newest_step())
     launcher = "torchrun" if shape.nodes == 1 else "the nodes' launchers (srun)"
     raise TrainingFailed(f"{launcher} exited with {code} and no result; the last lines:\n{tail}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """Rank 0's outcome as the job reads it (RESULT_FILE): one of the two."""
+
+    trained: Trained | None = None
+    paused: Paused | None = None
+
+    def value(self) -> PieceOutcome:
+        outcome = self.trained or self.paused
+        assert outcome is not None, f"{RESULT_FILE} holds no outcome"
+        return outcome
 
 
 def torchrun_argv(shape: Shape, grace_seconds: float, rendezvous: list[str], spec: Path) -> list[str]:
@@ -219,12 +223,12 @@ def run_node(spec_file: Path) -> int:
             log.error("node rank 0 is %s, not the batch host %s, where the job syncs from", node, spec.batch_node)
             return 2
         return _node_torchrun(spec, rendezvous, spec_file)
-    staging = spec.staging
-    with scratch_directory(staging.scratch_root, f"train-{spec.run_id}-{node}") as scratch:
+    assert spec.staging is not None, "a piece of several nodes stages on each"
+    with scratch_directory(spec.staging.scratch_root, f"train-{spec.run_id}-{node}") as scratch:
         log.info("node rank %d: staging into %s", node_rank, scratch)
-        data = staged_sources(stage_in(staging.archive, staging.manifest, scratch), spec.dataset)
-        node_spec = dataclasses.replace(spec, work_dir=scratch, data=data)
-        node_spec.checkpoints.restore_newest_to(node_spec.checkpoint_dir, spec.shape.world_size)
+        node_spec = prepare_node(spec, scratch)
+        if isinstance(node_spec, Paused):
+            return 0  # the job reads the outcome from rank 0
         node_spec.write(scratch / "launch.json")
         return _node_torchrun(node_spec, rendezvous, scratch / "launch.json")
 
@@ -251,14 +255,11 @@ def main(spec_file: Path) -> None:
         force=True,
     )
     threads = max(1, spec.threads // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    try:
-        trained = Piece(dataclasses.replace(spec, threads=threads), me).train()
-        outcome: dict[str, Any] = {"output": str(trained.output), "metrics": trained.metrics}
-    except TrainingStopped as stopped:
-        outcome = {"stopped": str(stopped)}
+    outcome = Piece(dataclasses.replace(spec, threads=threads), me).train()
     if me.rank == 0:
-        write_json_atomically(outcome, spec.work_dir / RESULT_FILE)
-    log.info("rank %d of %d done: %s", me.rank, me.world_size, json.dumps(outcome)[:200])
+        recorded = Outcome(trained=outcome) if isinstance(outcome, Trained) else Outcome(paused=outcome)
+        write_json_atomically(plain(recorded), spec.work_dir / RESULT_FILE)
+    log.info("rank %d of %d done: %s", me.rank, me.world_size, str(outcome)[:200])
 
 
 if __name__ == "__main__":

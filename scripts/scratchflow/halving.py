@@ -15,9 +15,11 @@ from typing import Any
 
 import pandas as pd
 
-from scratchflow.aggregation import cell, numbers
+from scratchflow.aggregation import cell
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json, write_json_atomically
+from scratchflow.ledger import PieceRecord
+from scratchflow.record import plain
 
 log = logging.getLogger(__name__)
 
@@ -78,38 +80,34 @@ def last_validation(record: dict[str, Any], metric: str) -> float | None:
     return validation[name] if name else None
 
 
+@dataclass(frozen=True)
+class RungRecord:
+    """A run's record of a rung (results/runs/<run>/rung-<r>.json)."""
+
+    run_id: str
+    rung: int
+    epochs: int
+    params: dict[str, Any]  # the run's training parameters
+    global_steps: int | None
+    validation: dict[str, float]  # at the end of the rung's epochs: what the rung's decision ranks
+    pieces: list[PieceRecord]  # the run's pieces so far, as record.json lists them
+    timings_seconds: dict[str, float]  # this rung's piece's phases
+
+
 def write_rung_record(
-    run_id: str,
-    params: dict[str, Any],
-    rung: Rung,
-    training: dict[str, Any],
-    pieces: list[dict[str, Any]],
-    timings: dict[str, float],
+    run_id: str, params: dict[str, Any], rung: Rung, training: dict[str, Any], pieces: list[PieceRecord]
 ) -> None:
-    """The run's record of the rung (`rung.record_out`): its validation metrics at the end of the
-    rung's epochs, which the rung's decision ranks; `params`: the run's training parameters."""
+    """The run's record of the rung (`rung.record_out`), written by its last piece."""
     if not training.get("validation"):
         raise ValueError(
             f"rung {rung.index} of run {run_id}: the training reported no validation metrics, and a "
             "halving search ranks the runs by them (a command program writes validation.json: docs/search.md)"
         )
-    write_json_atomically(
-        {
-            "run_id": run_id,
-            "rung": rung.index,
-            "epochs": rung.epochs,
-            "params": params,
-            "global_steps": training.get("global_steps"),
-            "validation": training["validation"],
-            "pieces": pieces,  # the run's jobs so far, as record.json lists them
-            "timings_seconds": timings,
-        },
-        rung.record_out,
+    record = RungRecord(
+        *(run_id, rung.index, rung.epochs, params, training.get("global_steps"), training["validation"], pieces),
+        timings_seconds=pieces[-1].timings_seconds,
     )
-    log.info(
-        "run %s, rung %d: %d epoch(s) trained; validation %s",
-        *(run_id, rung.index, rung.epochs, numbers(training["validation"])),
-    )
+    write_json_atomically(plain(record), rung.record_out)
 
 
 def promote_job(

@@ -9,33 +9,28 @@ run a whole job without Snakemake.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
-import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scratchflow import accounting, aggregation, distributed, halving, report, signals, slurm_job, tracking
-from scratchflow.checkpoints import RunCheckpoints, step_of
+from scratchflow import accounting, aggregation, halving, report, signals, slurm_job, tracking
+from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
 from scratchflow.files import read_json, write_json_atomically, written_whole
+from scratchflow.ledger import PieceRecord, RunLedger
 from scratchflow.models import prefetch, switch_hub_off
-from scratchflow.piece import PieceSpec, Shape, Staging
+from scratchflow.piece import Paused, PieceSpec, Shape, Staging, TrainingStopped, finished, run_piece
 from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
-from scratchflow.record import (
-    PhaseTimer,
-    code_record,
-    environment_record,
-    keep_piece_log,
-    output_to_log,
-)
+from scratchflow.record import PhaseTimer, code_record, environment_record, output_to_log, plain
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
-from scratchflow.staging import StagingError, archive_dataset, copy_whole, scratch_directory, stage_in
-from scratchflow.tasks import PredictContext, TrainingStopped, check_predicted, load_task
+from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
+from scratchflow.tasks import PredictContext, check_predicted, load_task
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,9 +56,9 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
         log.info("python %s%s", sys.executable, f" in the image {image}" if image else "")
         try:
             yield
-        except TrainingStopped as paused:  # planned: no traceback, and not an error
-            log.info("%s", paused_line(paused))
-            failure = paused
+        except TrainingStopped as stopped:  # planned: no traceback, and not an error
+            log.info("%s", paused_line(stopped.paused))
+            failure = stopped
         except BaseException as error:
             log.exception("job failed: %s", describe_failure(error))
             failure = error
@@ -72,9 +67,10 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
                 mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
     if isinstance(failure, TrainingStopped):
         # Still a failed job for Snakemake, whose retry resumes: said first, with the log that stays.
-        kept_log = failure.log or Path(log_path).resolve()
-        print(f"scratchflow: {paused_line(failure)}; this piece's log: {kept_log}", file=sys.stderr, flush=True)
-        if failure.requeue:
+        paused = failure.paused
+        kept_log = paused.log or Path(log_path).resolve()
+        print(f"scratchflow: {paused_line(paused)}; this piece's log: {kept_log}", file=sys.stderr, flush=True)
+        if paused.requeue:
             slurm_job.requeue_this_job()
     elif failure is not None:
         print(
@@ -87,8 +83,8 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
         raise SystemExit(exit_status(failure))
 
 
-def paused_line(stopped: TrainingStopped) -> str:
-    return f"paused, not failed: {stopped}"
+def paused_line(paused: Paused) -> str:
+    return f"paused, not failed: {paused.line()}"
 
 
 def exit_status(failure: BaseException) -> int:
@@ -96,11 +92,6 @@ def exit_status(failure: BaseException) -> int:
     if isinstance(failure, SystemExit) and isinstance(failure.code, int) and failure.code:
         return failure.code
     return 1
-
-
-def slurm_job_name() -> str:
-    job_id = os.environ.get("SLURM_JOB_ID")
-    return f"Slurm job {job_id}" if job_id else f"process {os.getpid()} (no Slurm)"
 
 
 def archive_job(*, dataset: dict[str, Any], archive: Path, manifest: Path) -> None:
@@ -151,149 +142,75 @@ class TrainJob:
 
 
 def train_job(job: TrainJob) -> None:
-    """Stage the data in, train (resuming from shared checkpoints), sync the result back, clean up.
-
-    One call is one piece of the run: a piece stopped by a signal saves its progress and fails, and
-    the next attempt resumes. `record_out` is written last: its presence means the outputs are complete.
-    A rung's job trains to the rung's epochs and records the validation metrics there; its checkpoint
-    on shared storage is where the next rung, or the run's last job, resumes.
-    """
+    """One piece of the run (scratchflow.piece.run_piece: stage in, train from the newest checkpoint,
+    sync back, clean up), then its record. A piece stopped by a signal has saved its progress and
+    ends the job as a failure, paused: the next attempt resumes. `record_out` is written last: its
+    presence means the outputs are complete. A rung's job trains to the rung's epochs and records
+    the validation metrics there; its checkpoint on shared storage is where the next rung, or the
+    run's last job, resumes."""
     task = load_task(job.task)
     code = code_record(job.task, Path(task.__file__), job.identity["training"])  # the code as loaded, hashed once
     signals.use_stop_signal(job.checkpointing["stop_signal"])
     switch_hub_off()
-    timer = PhaseTimer()
-    params = job.identity["training"]
-    data_record = read_json(job.manifest)
-    run = RunCheckpoints(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
-    run.claim({"run_id": job.run_id, **job.identity, "data_sha256": data_record["sha256"]})
-    with (
-        run.held(),
-        run.piece() as piece,
-        preemption_noted(piece),  # a stop while staging or training; recorded before the piece ends
-        scratch_directory(job.scratch_root, f"train-{job.run_id}", timer) as scratch,
-        # A stop before the piece listens (staging, restoring) or after (the sync back) is not lost.
-        signals.leaving_stop_file(scratch / signals.STOP_FILE_NAME),
-    ):
-        newest = run.newest_intact()
-        run.check_space_for_the_next(newest)
-        piece_log = keep_piece_log(job.log, piece["piece"])
-        log.info(
-            "=== run %s, piece %d: %s on %s; this piece's log stays in %s ===",
-            *(job.run_id, piece["piece"], slurm_job_name(), piece["host"], piece_log or "this file only"),
-        )
-        piece.update(
-            asdict(job.shape),
-            log=str(piece_log) if piece_log else None,
-            world_size=job.shape.world_size,
-            ranks=distributed.ranks_by_node(job.shape),
-            threads=job.threads,
-            resumed_from_step=step_of(newest) if newest else None,
-            **({"rung": job.rung.index} if job.rung else {}),  # what a search's rungs cost: accounting
-            timings_seconds=timer.seconds,  # the timer's own dict: its phases as they end, saved with the piece
-        )
-        run.record_piece(piece)  # now: a piece that is killed says where it started and where its log is
-        log.info(
-            "run %s, piece %d: scratch %s (training processes: %d node(s) x %d)",
-            *(job.run_id, piece["piece"], scratch, job.shape.nodes, job.shape.processes_per_node),
-        )
-        with timer.phase("stage"):
-            data = staged_sources(staged_or_paused(job, scratch, newest), job.identity["dataset"])
-        run.check_scratch_space(scratch, newest, job.base_model)
-        with timer.phase("train"), pointing_at(piece_log):
-            trained = distributed.train(
-                PieceSpec(
-                    task=job.task,
-                    run_id=job.run_id,
-                    piece=piece["piece"],
-                    data=data,
-                    dataset=job.identity["dataset"],
-                    params=params,
-                    model=job.base_model,
-                    work_dir=scratch,
-                    checkpoints=run,
-                    tracking_dir=job.tracking_dir,
-                    tracking=job.tracking,
-                    save_every_steps=job.checkpointing["every_steps"],
-                    stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
-                    threads=job.threads,
-                    shape=job.shape,
-                    budget_epochs=job.rung.epochs if job.rung else None,
-                    staging=Staging(job.archive, job.manifest, job.scratch_root),
-                )
-            )
-        piece.update(reached_step=trained.metrics.get("global_steps"))
-        if job.rung is None:
-            with timer.phase("sync"):
-                copy_whole(trained.output, job.model_out)
-                write_json_atomically(params, job.params_out)
-            paused_if_terminated_while_syncing(scratch)
+    data = read_json(job.manifest)
+    spec = piece_spec(job, CheckpointStore(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"]))
+    trained = finished(run_piece(dataclasses.replace(spec, data_sha256=data["sha256"])))
+    pieces = spec.ledger.pieces()
     if job.rung is not None:
-        halving.write_rung_record(job.run_id, params, job.rung, trained.metrics, run.pieces(), timer.seconds)
+        halving.write_rung_record(job.run_id, job.identity["training"], job.rung, trained.metrics, pieces)
         return
-    write_json_atomically(
-        {
-            "run_id": job.run_id,
-            "task": job.task,
-            "run": job.identity,
-            "config": job.resolved_config,
-            "data": data_record,
-            "training": trained.metrics,
-            "pieces": run.pieces(),
-            "seed": params.get("seed"),
-            "threads": job.threads,
-            "timings_seconds": phases_of_all_pieces(run.pieces()),
-            "environment": environment_record(job.workflow_dir),
-            "code": code,
-        },
-        job.record_out,
+    write_json_atomically(job.identity["training"], job.params_out)
+    record = RunRecord(
+        *(job.run_id, job.task, job.identity, job.resolved_config, data, trained.metrics, pieces),
+        seed=job.identity["training"].get("seed"),
+        threads=job.threads,
+        timings_seconds=phases_of_all_pieces(pieces),
+        environment=environment_record(job.workflow_dir),
+        code=code,
     )
-    log.info("run %s trained; phases (s): %s", job.run_id, timer.seconds)
+    write_json_atomically(plain(record), job.record_out)
+    log.info("run %s trained; phases (s): %s", job.run_id, pieces[-1].timings_seconds)
 
 
-def staged_or_paused(job: TrainJob, scratch: Path, newest: Path | None) -> Path:
-    """The job's data staged into scratch; a stop that came meanwhile (it may have cut tar short)
-    pauses the piece here, before it trains."""
-    stop_file = scratch / signals.STOP_FILE_NAME
-    try:
-        staged = stage_in(job.archive, job.manifest, scratch)
-    except StagingError:
-        if not stop_file.exists():
-            raise
-    if stop_file.exists():
-        raise TrainingStopped(
-            f"stopped on {stop_file.read_text()} while staging the data in, before training, and paused; "
-            f"the next attempt {f'resumes from {newest.name}' if newest else 'starts from the beginning'}"
-        )
-    return staged
+def piece_spec(job: TrainJob, store: CheckpointStore) -> PieceSpec:
+    """The train job's piece, as the piece and each of its processes see it."""
+    return PieceSpec(
+        task=job.task,
+        run_id=job.run_id,
+        identity=job.identity,
+        model=job.base_model,
+        store=store,
+        ledger=RunLedger(store.folder),
+        tracking_dir=job.tracking_dir,
+        tracking=job.tracking,
+        save_every_steps=job.checkpointing["every_steps"],
+        stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
+        threads=job.threads,
+        shape=job.shape,
+        budget_epochs=job.rung.epochs if job.rung else None,
+        rung=job.rung.index if job.rung else None,
+        staging=Staging(job.archive, job.manifest, job.scratch_root),
+        model_out=job.model_out,
+        log=job.log,
+    )
 
 
-def paused_if_terminated_while_syncing(scratch: Path) -> None:
-    """A SIGTERM that came while the trained model was copied back (a scancel, a preemption, the
-    time limit) ends the job as a pause, once the copy is whole. The job is ending: on Slurm the job
-    step's Snakemake had the SIGTERM too, and fails the job and removes its outputs whatever the
-    rule's script does. Paused (and, when preempted, requeued), the next piece resumes from the final
-    checkpoint, trains nothing, and records the run. The stop signal, a warning with time left, ends
-    nothing: that run is recorded now."""
-    stop_file = scratch / signals.STOP_FILE_NAME
-    if stop_file.exists() and stop_file.read_text() == signal.Signals.SIGTERM.name:
-        raise TrainingStopped(
-            "stopped on SIGTERM while copying the trained model back, after training, and paused; the "
-            "next attempt resumes from the final checkpoint and only copies it back"
-        )
+@dataclass(frozen=True)
+class RunRecord:
+    """record.json: what trained the run, on what, how, and what each piece of it cost."""
 
-
-@contextlib.contextmanager
-def preemption_noted(piece: dict[str, Any]) -> Iterator[None]:
-    """A stop that is Slurm preempting the job: the piece is recorded preempted, and the job requeues
-    itself once it has ended (job_context)."""
-    try:
-        yield
-    except TrainingStopped as stopped:
-        if slurm_job.preempted_and_requeueable():
-            piece["requeued"] = "preempted"
-            stopped.requeue = True
-        raise
+    run_id: str
+    task: str
+    run: dict[str, Any]  # the run's identity
+    config: dict[str, Any]  # the whole config, resolved
+    data: dict[str, Any]  # the archive's manifest
+    training: dict[str, Any]  # what the task returned, with the piece's step figures
+    pieces: list[PieceRecord]
+    seed: int | None
+    threads: int
+    timings_seconds: dict[str, float]  # each phase summed over the pieces
+    environment: dict[str, Any]
+    code: dict[str, Any]
 
 
 def write_hparams_view(runs: pd.DataFrame, parameters: list[str], metrics: list[str]) -> None:
@@ -331,23 +248,13 @@ def grid_cost_of(
     return accounting.grid_cost(pieces, predictions, last_rung)
 
 
-def phases_of_all_pieces(pieces: list[dict[str, Any]]) -> dict[str, float]:
+def phases_of_all_pieces(pieces: list[PieceRecord]) -> dict[str, float]:
     """Each phase's seconds summed over the run's pieces (a killed piece could not say its own)."""
     summed: dict[str, float] = {}
     for piece in pieces:
-        for phase, seconds in piece.get("timings_seconds", {}).items():
+        for phase, seconds in piece.timings_seconds.items():
             summed[phase] = round(summed.get(phase, 0.0) + seconds, 3)
     return summed
-
-
-@contextlib.contextmanager
-def pointing_at(piece_log: Path | None) -> Iterator[None]:
-    """A pause names the log this piece keeps (the rule's log is the next piece's)."""
-    try:
-        yield
-    except TrainingStopped as stopped:
-        stopped.log = piece_log.resolve() if piece_log else None
-        raise
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,18 @@
 """A training piece: one job's share of a run's training, and every duty around a task's `train`.
 
-A task only trains (scratchflow.tasks, the `Task` protocol); the piece does the rest, in each
-process that runs the task (the job's own with one training process, or each one torchrun starts;
+`run_piece` owns a train job's sequence, in order: it holds the run (scratchflow.lease) and its entry
+in the run's ledger (scratchflow.ledger), a scratch folder and the stop file; verifies the newest
+checkpoint (scratchflow.checkpoints); prepares the node (`prepare_node`: stage the data in, then
+restore the newest checkpoint; each node's launcher calls it too); trains; and syncs the trained
+model back. It returns how the piece ended, a `PieceOutcome`: `Trained`, or `Paused` (the stop
+signal, the phase it came in, the step the next piece resumes from), recorded as such in the
+ledger; the job ends a paused piece with `finished`, whose TrainingStopped gives the job its exit
+status (scratchflow.jobs.job_context).
+
+A task only trains (scratchflow.tasks, the `Task` protocol); `Piece` does the rest, in each process
+that runs the task (the job's own with one training process, or each one torchrun starts;
 scratchflow.distributed launches them from the same spec):
 
-- **restore**: the run's newest complete checkpoint on shared storage is copied to scratch before the
-  task starts, and named in `TrainContext.resume_from`;
 - **the stop signal** (`checkpointing.stop_signal`, and SIGTERM) is heard here while the task trains;
   the task asks `TrainContext.stop_requested()` at the end of each step, and with several processes
   they all learn there whether any was asked, so all stop at the same step;
@@ -13,14 +20,15 @@ scratchflow.distributed launches them from the same spec):
   `TrainContext.checkpoint_saved`, and the piece copies it whole to shared storage (with several
   processes: each node's part into a hidden assembly folder, published by rank 0 once every
   process's part is there);
-- **deciding the outcome**: a task that returns None stopped on request; the piece raises
-  `TrainingStopped` naming the checkpoint the next piece resumes from;
+- **deciding the outcome**: a task that returns None stopped on request: the piece is `Paused` at
+  the checkpoint the next piece resumes from;
 - **the step figures**: what a task returns gets `global_steps` (the step of the newest checkpoint
   it saved, or of the one restored) and `resumed_from_step` (the restored one's, or None): the task
   reports neither.
 
 `PieceSpec` is the one description of a piece, passed as it is from the job to each node's launcher
-and each training process (as JSON, `launch.json`).
+and each training process (as JSON, `launch.json`, through scratchflow.record's `plain`/`typed`);
+a task sees it through its `TrainContext`.
 """
 
 from __future__ import annotations
@@ -31,16 +39,21 @@ import os
 import shutil
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import signals
-from scratchflow.checkpoints import CheckpointMirroring, RunCheckpoints, step_of
+from scratchflow import signals, slurm_job
+from scratchflow.checkpoints import CheckpointMirroring, CheckpointStore, newest_complete_checkpoint, step_of
+from scratchflow.dataset import staged_sources
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
+from scratchflow.lease import RunLease
+from scratchflow.ledger import PAUSED, Phase, PieceRecord, RunLedger
 from scratchflow.processes import StopForwarder, run_program
+from scratchflow.record import PhaseTimer, keep_piece_log, plain, typed
 from scratchflow.signals import STOP_FILE_NAME
-from scratchflow.tasks import TrainContext, Trained, TrainingStopped, load_task
+from scratchflow.staging import StagingError, copy_whole, scratch_directory, stage_in
+from scratchflow.tasks import TrainContext, Trained, load_task
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +82,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class Staging:
-    """Where a node's launcher finds the data to stage into its own scratch."""
+    """Where a node stages the data into its own scratch from."""
 
     archive: Path
     manifest: Path
@@ -99,61 +112,215 @@ class PieceSpec:
 
     task: str
     run_id: str
-    piece: int  # 1 for the first job that trains the run, 2 for the one that resumes it, ...
-    data: dict[str, Path]  # the staged data on this node's scratch: {"all": path} or {"train": ..., ...}
-    dataset: dict[str, Any]
-    params: dict[str, Any]  # the run's training parameters
+    identity: dict[str, Any]  # what determines the run's result: {"dataset": ..., "training": ..., ...}
     model: Path | None  # the base model's cache on shared storage
-    work_dir: Path  # the piece's private scratch folder on this node
-    checkpoints: RunCheckpoints  # the run's checkpoints on shared storage
+    store: CheckpointStore  # the run's checkpoints on shared storage
+    ledger: RunLedger  # the run's pieces and progress on shared storage
     tracking_dir: Path  # the run's TensorBoard folder on shared storage (scratchflow.tracking)
     tracking: str  # config key tracking: "tensorboard", or "wandb" (W&B offline as well)
     save_every_steps: int
     stop_grace_seconds: float
-    threads: int  # CPU threads of the job on each node
+    threads: int  # CPU threads of the job on each node; of each process in a training process
     shape: Shape = Shape()
     # A halving search's rung: train until this many of the run's epochs are done, then stop with
     # a checkpoint and the validation metrics there.
     budget_epochs: int | None = None
-    staging: Staging | None = None  # several nodes: where the other nodes stage the data in from
-    assembly_tag: str = OWNER_TAG  # the job's, the same on every node (RunCheckpoints.assembly)
-    batch_node: str = dataclasses.field(default_factory=node_name)  # the job's node (Slurm's name), rank 0's
+    rung: int | None = None  # that rung's index
+    staging: Staging | None = None  # where each node stages the data in from
+    data_sha256: str | None = None  # the archive's: the run's folder is claimed for it and the identity
+    model_out: Path | None = None  # where the trained model is synced back (None: a rung's piece)
+    log: Path | None = None  # the rule's log, which the piece keeps a second name of
+    assembly_tag: str = OWNER_TAG  # the job's, the same on every node (CheckpointStore.assembly)
+    batch_node: str = field(default_factory=node_name)  # the job's node (Slurm's name), rank 0's
+    # This node's, set by run_piece and prepare_node: the piece's number in the ledger, its scratch
+    # folder, and the staged data there: {"all": path} or {"train": ..., ...}.
+    piece: int = 0
+    work_dir: Path = Path()
+    data: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def dataset(self) -> dict[str, Any]:
+        return self.identity["dataset"]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The run's training parameters."""
+        return self.identity["training"]
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.work_dir / CHECKPOINT_FOLDER
 
     def write(self, path: Path) -> None:
-        def plain(value: Any) -> Any:
-            if isinstance(value, Path):
-                return str(value)
-            if isinstance(value, dict):
-                return {key: plain(item) for key, item in value.items()}
-            return value
-
-        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        for name in ("checkpoints", "shape", "staging"):
-            fields[name] = dataclasses.asdict(fields[name]) if fields[name] else None
-        write_json_atomically(plain(fields), path)
+        write_json_atomically(plain(self), path)
 
     @classmethod
     def read(cls, path: Path) -> PieceSpec:
-        fields = read_json(path)
-        checkpoints, staging = fields["checkpoints"], fields["staging"]
-        return cls(
-            **{
-                **fields,
-                "data": {name: Path(location) for name, location in fields["data"].items()},
-                "model": Path(fields["model"]) if fields["model"] else None,
-                "work_dir": Path(fields["work_dir"]),
-                "checkpoints": RunCheckpoints(**{**checkpoints, "folder": Path(checkpoints["folder"])}),
-                "tracking_dir": Path(fields["tracking_dir"]),
-                "shape": Shape(**fields["shape"]),
-                "staging": Staging(Path(staging["archive"]), Path(staging["manifest"]), staging["scratch_root"])
-                if staging
-                else None,
-            }
-        )
+        return typed(cls, read_json(path))
+
+
+@dataclass(frozen=True)
+class Paused:
+    """A piece that stopped on request with its progress saved: the next piece resumes."""
+
+    signal: str  # the stop signal it heard (SIGUSR1, SIGTERM, ...)
+    phase: Phase  # what it was doing then
+    reached_step: int | None  # the run's newest checkpoint then, where the next piece resumes (None: step 0)
+    requeue: bool = False  # preempted, requeueable: the job requeues itself once it has ended
+    log: Path | None = None  # the piece's own log (the rule's log is the next piece's)
+
+    def stopped(self) -> str:
+        """How it stopped, e.g. "stopped on SIGUSR1 at step 40 and paused"."""
+        where = {
+            "staging": " while staging the data in, before training",
+            "syncing": " while copying the trained model back, after training",
+            "training": f" at step {self.reached_step}" if self.reached_step is not None else "",
+        }[self.phase]
+        return f"stopped on {self.signal}{where} and paused"
+
+    def line(self) -> str:
+        """How it stopped, and what the next piece does."""
+        if self.phase == "syncing":
+            then = "the next piece resumes from the final checkpoint and only copies it back"
+        elif self.reached_step is None:
+            then = "no complete checkpoint was saved, so the next piece starts from the beginning"
+        else:
+            then = f"the next piece resumes from checkpoint-{self.reached_step}"
+        return f"{self.stopped()}; {then}"
+
+
+PieceOutcome = Trained | Paused
+
+
+class TrainingStopped(Exception):
+    """A paused piece ending its job (`finished`): scratchflow.jobs.job_context gives the job its
+    exit status from it (non-zero: Snakemake's retry resumes; preempted: the job requeues itself)."""
+
+    def __init__(self, paused: Paused) -> None:
+        super().__init__(paused.line())
+        self.paused = paused
+
+
+def finished(outcome: PieceOutcome) -> Trained:
+    """What a finished piece trained; a paused piece ends its job here."""
+    if isinstance(outcome, Paused):
+        raise TrainingStopped(outcome)
+    return outcome
+
+
+def run_piece(spec: PieceSpec) -> PieceOutcome:
+    """One job's piece of the run, in order: hold the run and its entry in the ledger, a scratch
+    folder and the stop file (a stop before the piece listens, or after, is not lost); verify the
+    newest checkpoint and that the next fits; prepare the node; train; sync the model back.
+    What it returns is recorded in the ledger as how the piece ended."""
+    from scratchflow import distributed  # which imports this module to launch the processes
+
+    lease, timer = RunLease(spec.store.folder), PhaseTimer()
+    lease.claim({"run_id": spec.run_id, **spec.identity, "data_sha256": spec.data_sha256})
+    scratch_root = spec.staging.scratch_root if spec.staging else None
+    with (
+        lease.held(),
+        spec.ledger.piece(spec.store) as entry,
+        scratch_directory(scratch_root, f"train-{spec.run_id}", timer) as scratch,
+        signals.leaving_stop_file(scratch / STOP_FILE_NAME),
+    ):
+        piece_log = _begin(spec, entry, scratch, timer)
+        with timer.phase("stage"):
+            node = prepare_node(dataclasses.replace(spec, piece=entry.piece), scratch)
+        if isinstance(node, Paused):
+            return _ended(entry, node, piece_log)
+        spec.store.check_scratch_space(scratch, spec.store.newest(), spec.model)
+        with timer.phase("train"):
+            outcome = distributed.train(node)
+        if isinstance(outcome, Trained) and spec.model_out is not None:
+            with timer.phase("sync"):
+                copy_whole(outcome.output, spec.model_out)
+            outcome = _terminated_while_syncing(scratch, outcome)
+        return _ended(entry, outcome, piece_log)
+
+
+def _begin(spec: PieceSpec, entry: PieceRecord, scratch: Path, timer: PhaseTimer) -> Path | None:
+    """The run's newest checkpoint verified (a damaged one set aside), the room for the next one
+    checked, and the piece's entry completed with what it is: a killed piece then says where it
+    started and where its log is. Returns the piece's own log."""
+    from scratchflow.distributed import ranks_by_node
+
+    newest = spec.store.newest_intact()
+    spec.store.check_space_for_the_next(newest)
+    piece_log = keep_piece_log(spec.log, entry.piece) if spec.log else None
+    job_id = os.environ.get("SLURM_JOB_ID")
+    log.info(
+        "=== run %s, piece %d: %s on %s; this piece's log stays in %s ===",
+        *(spec.run_id, entry.piece, f"Slurm job {job_id}" if job_id else f"process {os.getpid()} (no Slurm)"),
+        *(entry.host, piece_log or "this file only"),
+    )
+    entry.nodes, entry.processes_per_node = spec.shape.nodes, spec.shape.processes_per_node
+    entry.world_size, entry.ranks, entry.threads = spec.shape.world_size, ranks_by_node(spec.shape), spec.threads
+    entry.log = str(piece_log) if piece_log else None
+    entry.resumed_from_step = step_of(newest) if newest else None
+    entry.rung = spec.rung  # what a search's rungs cost: scratchflow.accounting
+    entry.timings_seconds = timer.seconds  # the timer's own dict: its phases as they end, saved with the entry
+    spec.ledger.record(entry)
+    log.info(
+        "run %s, piece %d: scratch %s (training processes: %d node(s) x %d)",
+        *(spec.run_id, entry.piece, scratch, spec.shape.nodes, spec.shape.processes_per_node),
+    )
+    return piece_log
+
+
+def prepare_node(spec: PieceSpec, scratch: Path) -> PieceSpec | Paused:
+    """This node's scratch made ready for the piece: the data staged in (verified), then the run's
+    newest checkpoint restored; the spec for this node. A stop that came meanwhile (it may have cut
+    tar short) pauses the piece here, before it trains."""
+    assert spec.staging is not None, "a piece that stages needs spec.staging"
+    stop_file = scratch / STOP_FILE_NAME
+    try:
+        staged = stage_in(spec.staging.archive, spec.staging.manifest, scratch)
+    except StagingError:
+        if not stop_file.exists():
+            raise
+    if stop_file.exists():
+        return Paused(stop_file.read_text() or "a stop request", "staging", spec.store.newest_step())
+    node = dataclasses.replace(spec, work_dir=scratch, data=staged_sources(staged, spec.dataset))
+    restore(node)
+    return node
+
+
+def restore(spec: PieceSpec) -> Path | None:
+    """The run's newest complete checkpoint copied to this node's scratch (`spec.checkpoint_dir`),
+    where the task resumes from it; None when the run starts from zero."""
+    return spec.store.restore_newest_to(spec.checkpoint_dir, spec.shape.world_size)
+
+
+def _terminated_while_syncing(scratch: Path, trained: Trained) -> PieceOutcome:
+    """A SIGTERM that came while the trained model was copied back (a scancel, a preemption, the
+    time limit) ends the job as a pause, once the copy is whole. The job is ending: on Slurm the job
+    step's Snakemake had the SIGTERM too, and fails the job and removes its outputs whatever the
+    rule's script does. Paused (and, when preempted, requeued), the next piece resumes from the final
+    checkpoint, trains nothing, and records the run. The stop signal, a warning with time left, ends
+    nothing: that run is recorded now."""
+    stop_file = scratch / STOP_FILE_NAME
+    if stop_file.exists() and stop_file.read_text() == signal.Signals.SIGTERM.name:
+        return Paused(signal.Signals.SIGTERM.name, "syncing", trained.metrics.get("global_steps"))
+    return trained
+
+
+def _ended(entry: PieceRecord, outcome: PieceOutcome, piece_log: Path | None) -> PieceOutcome:
+    """How the piece ended, in its entry; a pause names the piece's log and, where Slurm is
+    preempting the job, requeues it."""
+    if isinstance(outcome, Trained):
+        entry.reached_step = outcome.metrics.get("global_steps")
+        return outcome
+    requeue = slurm_job.preempted_and_requeueable()
+    entry.outcome, entry.signal, entry.phase, entry.reached_step = (
+        PAUSED,
+        outcome.signal,
+        outcome.phase,
+        outcome.reached_step,
+    )
+    if requeue:
+        entry.requeued = "preempted"
+    return dataclasses.replace(outcome, requeue=requeue, log=piece_log.resolve() if piece_log else None)
 
 
 class Piece:
@@ -170,59 +337,23 @@ class Piece:
         self.mirroring: CheckpointMirroring | None = None
         self.saved_step: int | None = None  # the newest checkpoint's step: restored, then each saved
 
-    def train(self) -> Trained:
-        """Restore, train the task while listening for the stop signal, and return what it trained,
-        with the piece's step figures among its metrics; raises TrainingStopped when it stopped on
-        request (its checkpoint on shared storage)."""
-        self.resume_from = self.spec.checkpoints.restore_newest_to(self.spec.checkpoint_dir, self.me.world_size)
+    def train(self) -> PieceOutcome:
+        """Train the task from the checkpoint restored on this node (`restore`), listening for the
+        stop signal: what it trained, with the piece's step figures among its metrics, or Paused
+        when it stopped on request (at its newest checkpoint on shared storage)."""
+        self.resume_from = newest_complete_checkpoint(self.spec.checkpoint_dir, self.task.CHECKPOINT_MARKER)
         restored_step = self.saved_step = step_of(self.resume_from) if self.resume_from else None
-        self.mirroring = self.spec.checkpoints.mirroring(self.spec.checkpoint_dir, restored_step)
+        self.mirroring = self.spec.store.mirroring(self.spec.checkpoint_dir, restored_step)
         self.spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with signals.listening(self._receive):
-            trained = self.task.train(self.context())
+            trained = self.task.train(TrainContext(self.spec, self.resume_from, self))
         if trained is not None:
             # The task saves a checkpoint after its last step: the newest one is where it ended.
             steps = {"global_steps": self.saved_step, "resumed_from_step": restored_step}
             return dataclasses.replace(trained, metrics={**trained.metrics, **steps})
         if self.received is None:
             raise RuntimeError(f"task {self.spec.task}'s train returned None, which means stopped, unasked")
-        raise TrainingStopped(self.stopped())
-
-    def context(self) -> TrainContext:
-        spec = self.spec
-        return TrainContext(
-            run_id=spec.run_id,
-            piece=spec.piece,
-            data=spec.data,
-            dataset=spec.dataset,
-            params=spec.params,
-            model=spec.model,
-            work_dir=spec.work_dir,
-            checkpoint_dir=spec.checkpoint_dir,
-            resume_from=self.resume_from,
-            keep_checkpoints=spec.checkpoints.keep,
-            save_every_steps=spec.save_every_steps,
-            tracking_dir=spec.tracking_dir,
-            tracking=spec.tracking,
-            threads=spec.threads,
-            nodes=spec.shape.nodes,
-            processes_per_node=spec.shape.processes_per_node,
-            budget_epochs=spec.budget_epochs,
-            lifecycle=self,
-        )
-
-    def stopped(self) -> str:
-        """Why and where the piece stopped, and what the next one does."""
-        newest = self.spec.checkpoints.newest()
-        if newest is None:
-            return (
-                f"stopped on {self.received} and paused; no complete checkpoint was saved, so the next "
-                "attempt starts from the beginning"
-            )
-        return (
-            f"stopped on {self.received} at step {step_of(newest)} and paused; {newest.name} is saved in "
-            f"{self.spec.checkpoints.folder} and the next attempt resumes from it"
-        )
+        return Paused(self.received, "training", self.spec.store.newest_step())
 
     def _receive(self, number: int, _frame: Any) -> None:
         self.received = signal.Signals(number).name
@@ -257,7 +388,7 @@ class Piece:
             return
         import torch.distributed  # only a piece of several processes has them
 
-        assembly = self.spec.checkpoints.assembly(checkpoint.name, self.spec.assembly_tag)
+        assembly = self.spec.store.assembly(checkpoint.name, self.spec.assembly_tag)
         (checkpoint / PART_FILE.format(rank=self.me.rank)).touch()  # after the task's own part
         torch.distributed.barrier()  # every process has written its part
         if self.me.local_rank == 0:
@@ -269,12 +400,12 @@ class Piece:
             marker = self.task.CHECKPOINT_MARKER
             if missing or not (assembly / marker).is_file():
                 raise RuntimeError(f"{assembly} lacks {', '.join(missing) or marker}: not published")
-            self.spec.checkpoints.publish(assembly, self.me.world_size)
+            self.spec.store.publish(assembly, self.me.world_size)
             log.info("checkpoint %s of %d processes saved to %s", checkpoint.name, self.me.world_size, assembly.parent)
         self.saved_step = step_of(checkpoint)
 
     def report_progress(self, progress: dict[str, Any]) -> None:
-        self.spec.checkpoints.report_progress(progress)
+        self.spec.ledger.report_progress(progress)
 
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
         stop = StopForwarder(self.stop_file)

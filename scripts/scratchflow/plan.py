@@ -84,7 +84,7 @@ class Plan:
     task: str
     metric: str
     goal: str
-    # The file the task writes last into a checkpoint (what makes it complete, `RunCheckpoints`).
+    # The file the task writes last into a checkpoint (what makes it complete, `CheckpointStore`).
     checkpoint_marker: str
     pack_runs: int = 1
     # A halving search's rungs (the epochs each trains to) and the share of settings each keeps.

@@ -1,5 +1,7 @@
 """What a run records about itself so that it can be reproduced and its overhead seen; what trained
-each run of a grid, where the runs differ in it, and the line that trains the odd ones again."""
+each run of a grid, where the runs differ in it, and the line that trains the odd ones again. Typed
+records (a piece's spec, its entry in pieces.json, record.json) go to and from JSON through one pair
+of functions: `plain` and `typed`."""
 
 from __future__ import annotations
 
@@ -14,16 +16,62 @@ import socket
 import subprocess
 import sys
 import time
+import types
+import typing
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from scratchflow import SCRATCHFLOW_DIR, __version__
 from scratchflow.files import file_sha256
 from scratchflow.tasks import is_lab_task
 
 RECORDED_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "pandas", "numpy", "snakemake")
+Record = TypeVar("Record")
+
+
+def plain(value: Any) -> Any:
+    """`value` as JSON holds it: a dataclass as a dict of its fields (those left None omitted: a
+    record's optional facts are absent, not null), a Path as its string, containers item by item."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: plain(item)
+            for field in fields(value)
+            if (item := getattr(value, field.name)) is not None or field.default is not None
+        }
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    return value
+
+
+def typed(kind: type[Record], data: Any) -> Record:
+    """The dataclass `kind` from what `plain` made of one (its fields' annotations say what each
+    becomes: a Path, a nested dataclass, a dict of Paths). Keys it has no field for are left out: a
+    record written by another release still reads."""
+    return _as(kind, data)
+
+
+def _as(kind: Any, data: Any) -> Any:
+    if data is None:
+        return None
+    origin, arguments = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (types.UnionType, typing.Union):
+        return _as(next(argument for argument in arguments if argument is not type(None)), data)
+    if origin is dict:
+        return {key: _as(arguments[1], item) for key, item in data.items()}
+    if origin is list:
+        return [_as(arguments[0], item) for item in data]
+    if kind is Path:
+        return Path(data)
+    if is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        return kind(**{name: _as(hints[name], item) for name, item in data.items() if name in hints})
+    return data
 
 
 class PhaseTimer:

@@ -22,17 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow.accounting import grid_cost
-from scratchflow.checkpoints import (
-    ACTIVE_SLURM_STATES,
-    HOLDER_FILE,
-    PIECES_FILE,
-    PROGRESS_FILE,
-    RunCheckpoints,
-    checkpoint_damage,
-    holder_is_alive,
-    piece_time,
-    step_of,
-)
+from scratchflow.checkpoints import CheckpointStore, checkpoint_damage, step_of
+from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, holder_is_alive
+from scratchflow.ledger import KILLED, PAUSED, PIECES_FILE, RUNNING, PieceRecord, RunLedger, piece_time
+from scratchflow.piece import Paused
 from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
 from scratchflow.record import difference_lines
 from scratchflow.slurm_job import requeue_cause
@@ -105,7 +98,7 @@ def _read(path: Path) -> Any:
         return None
 
 
-def _newest_checkpoint(run: RunCheckpoints) -> tuple[int, float] | None:
+def _newest_checkpoint(run: CheckpointStore) -> tuple[int, float] | None:
     """The step of the run's newest complete checkpoint and when it was saved (when its marker was
     written, last)."""
     newest = run.newest()
@@ -157,7 +150,7 @@ def run_status(
         if failure:
             return RunStatus(run_id, "failed", f"prediction failed: {failure}", paths.predict_log)
         return RunStatus(run_id, "predicts", "trained; prediction waits")
-    run = RunCheckpoints(workdir / paths.checkpoints, plan.checkpoint_marker)
+    run = CheckpointStore(workdir / paths.checkpoints, plan.checkpoint_marker)
     in_rung = plan.halving and rung < plan.last_rung
     log = RUNG_LOG.format(run_id=run_id, rung=rung) if in_rung else paths.train_log
     status = _training_status(run, run_id, log, (jobs or {}).get(("train", run_id)), active_jobs, now)
@@ -204,7 +197,7 @@ def rung_line(plan: Plan, decisions: list[dict[str, Any]]) -> str | None:
 
 
 def _training_status(
-    run: RunCheckpoints,
+    run: CheckpointStore,
     run_id: str,
     train_log: str,
     job: SlurmJob | None,
@@ -213,38 +206,46 @@ def _training_status(
 ) -> RunStatus:
     folder = run.folder
     queued = f" ({job.describe()})" if job else ""
-    pieces = _read(folder / PIECES_FILE) if folder.is_dir() else None
+    pieces = _read_pieces(RunLedger(folder))
     if not pieces:
         return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
     last = pieces[-1]
     holder = _read(folder / HOLDER_FILE)
-    if last["outcome"] == "running" and holder is not None and _holder_trains(holder, active_jobs):
+    if last.outcome == RUNNING and holder is not None and _holder_trains(holder, active_jobs):
         if job is None and active_jobs:  # a packed run: its pack's job
             packed = active_jobs.get(holder.get("slurm_job_id"))
             queued = f" ({packed.describe()})" if packed else ""
         return RunStatus(run_id, "trains", _training_detail(run, last, now) + queued)
     resumes = _resume_point(run)
-    piece_log = last.get("log") or train_log
+    piece_log = last.log or train_log
     requeued = _requeued(last, job)
-    if last["outcome"].startswith("TrainingStopped"):
-        stopped = last["outcome"].split(": ", 1)[1].split(";", 1)[0]
+    if last.outcome == PAUSED and last.signal and last.phase:
+        stopped = Paused(last.signal, last.phase, last.reached_step).stopped()
         return RunStatus(
-            run_id, "paused", f"piece {last['piece']} {stopped}{requeued}; the next piece {resumes}{queued}", piece_log
+            run_id, "paused", f"piece {last.piece} {stopped}{requeued}; the next piece {resumes}{queued}", piece_log
         )
-    if last["outcome"] == "running" or last["outcome"].startswith(("killed", INTERRUPTED_BY_CTRL_C)):
-        how = {"running": "killed", INTERRUPTED_BY_CTRL_C: "interrupted by Ctrl-C"}.get(
-            last["outcome"].split(":")[0],
-            last["outcome"],  # "killed by SIGTERM" too
+    if last.outcome == RUNNING or last.outcome.startswith((KILLED, INTERRUPTED_BY_CTRL_C)):
+        how = {RUNNING: KILLED, INTERRUPTED_BY_CTRL_C: "interrupted by Ctrl-C"}.get(
+            last.outcome.split(":")[0],
+            last.outcome,  # "killed by SIGTERM" too
         )
         return RunStatus(
             run_id,
             "interrupted",
-            f"piece {last['piece']} was {how}{requeued}; the next piece {resumes}{queued}",
+            f"piece {last.piece} was {how}{requeued}; the next piece {resumes}{queued}",
             piece_log,
         )
     if job is not None:  # a retry of a failed piece is queued or starting
-        return RunStatus(run_id, "waits", f"piece {last['piece']} failed; a retry {resumes}{queued}", piece_log)
-    return RunStatus(run_id, "failed", f"piece {last['piece']}: {last['outcome'].splitlines()[0][:300]}", piece_log)
+        return RunStatus(run_id, "waits", f"piece {last.piece} failed; a retry {resumes}{queued}", piece_log)
+    return RunStatus(run_id, "failed", f"piece {last.piece}: {last.outcome.splitlines()[0][:300]}", piece_log)
+
+
+def _read_pieces(ledger: RunLedger) -> list[PieceRecord]:
+    """The run's pieces, or none while pieces.json is being replaced or is not there."""
+    try:
+        return ledger.pieces()
+    except (FileNotFoundError, ValueError):
+        return []
 
 
 def _holder_trains(holder: dict[str, Any], active_jobs: dict[str, SlurmJob] | None) -> bool:
@@ -254,16 +255,16 @@ def _holder_trains(holder: dict[str, Any], active_jobs: dict[str, SlurmJob] | No
     return holder_is_alive(holder, active_jobs) and not (held_by and held_by.state == "PENDING")
 
 
-def _requeued(piece: dict[str, Any], job: SlurmJob | None) -> str:
+def _requeued(piece: PieceRecord, job: SlurmJob | None) -> str:
     """ ", preempted: Slurm requeued its job" for a piece whose job Slurm requeued (its next piece
     names the cause; until it starts, the job is the piece's own, pending again: sacct is asked)."""
-    cause = piece.get("requeued")
-    if cause is None and job is not None and job.state == "PENDING" and job.job_id == piece.get("slurm_job_id"):
+    cause = piece.requeued
+    if cause is None and job is not None and job.state == "PENDING" and job.job_id == piece.slurm_job_id:
         cause = requeue_cause(job.job_id)
     return f" ({cause}: Slurm requeued its job)" if cause else ""
 
 
-def _resume_point(run: RunCheckpoints) -> str:
+def _resume_point(run: CheckpointStore) -> str:
     """Where the next piece resumes, past any damaged checkpoint, each named with what is wrong (by
     the files' sizes: the status reads no checkpoint's bytes)."""
     damaged = [f"{name} is damaged: {what}" for name, what in run.damaged().items()]
@@ -277,13 +278,13 @@ def _resume_point(run: RunCheckpoints) -> str:
     return resumes + (f" ({'; '.join(damaged)})" if damaged else "")
 
 
-def _training_detail(run: RunCheckpoints, piece: dict[str, Any], now: float) -> str:
+def _training_detail(run: CheckpointStore, piece: PieceRecord, now: float) -> str:
     """Where a training piece is: its progress line (the Hugging Face tasks write one every 10 steps),
     or else what the run's folder shows (a command task's program reports no progress): how long the
     piece has run and its newest checkpoint."""
-    where = f"piece {piece['piece']}"
-    progress = _read(run.folder / PROGRESS_FILE)
-    started = piece_time(piece["started_at"])
+    where = f"piece {piece.piece}"
+    progress = RunLedger(run.folder).progress()
+    started = piece_time(piece.started_at)
     if progress is not None and progress["at"] >= started:
         step, total = progress["step"], progress["max_steps"]
         return (

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from scratchflow import SCRATCHFLOW_DIR, preflight, snakemake_adapter
-from scratchflow.checkpoints import RunCheckpoints, space_warning
+from scratchflow.checkpoints import CheckpointStore, space_warning
 from scratchflow.config import (
     ConfigError,
     check_compression,
@@ -248,7 +248,7 @@ def on_success(config: dict[str, Any], plan: Plan) -> str:
         for run_id in plan.runs:
             paths = plan.paths(run_id)
             if Path(paths.record).is_file() or run_id in stopped:
-                RunCheckpoints(Path(paths.checkpoints), plan.checkpoint_marker).release()
+                CheckpointStore(Path(paths.checkpoints), plan.checkpoint_marker).release()
     return describe_results(plan, config["tracking"])
 
 

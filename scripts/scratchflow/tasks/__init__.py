@@ -1,8 +1,7 @@
 """Tasks: what the lifecycle trains. A task only trains and predicts: it knows nothing about Slurm,
-scratch, shared storage or signals. Around its `train`, the piece (scratchflow.piece) restores the
-newest checkpoint, hears the stop signal, mirrors each checkpoint to shared storage and decides
-whether the piece finished or paused; the job (scratchflow.jobs) stages the data in and syncs the
-result back.
+scratch, shared storage or signals. Around its `train`, the piece (scratchflow.piece) stages the
+data in, restores the newest checkpoint, hears the stop signal, mirrors each checkpoint to shared
+storage, decides whether the piece finished or paused, and syncs the result back.
 
 A task is one module beside its schema fragment `<module>.schema.yaml` (the JSON schema of the
 `training:` section; `grid:` accepts exactly the same keys, as lists): a lab's own beside its
@@ -23,13 +22,16 @@ import os
 import pkgutil
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
+
+if TYPE_CHECKING:
+    from scratchflow.piece import PieceSpec
 
 DEFAULT_TASK = "text-classification"
 # What a progress report holds, each a number: where training is, where this job stops, the loss,
@@ -41,15 +43,6 @@ class UnknownTask(ValueError):
     """The config names a task that has no module, or a module that is not a whole task."""
 
 
-class TrainingStopped(RuntimeError):
-    """Training stopped early on request (time limit near, job cancelled); its progress is saved.
-    `log`: the piece's own log, once the job knows it; `requeue`: the job was preempted, and
-    requeues itself once the piece is recorded (scratchflow.slurm_job)."""
-
-    log: Path | None = None
-    requeue: bool = False
-
-
 class Lifecycle(Protocol):
     """What the piece does for a task while it trains (scratchflow.piece.Piece)."""
 
@@ -59,34 +52,99 @@ class Lifecycle(Protocol):
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]: ...
 
 
-@dataclass(frozen=True)
 class TrainContext:
-    """What a task's `train` is given: the run, where things are, and the piece's services."""
+    """What a task's `train` is given: the run, where things are, and the piece's services. A view
+    of the piece's spec (scratchflow.piece.PieceSpec), with the checkpoint it resumes from."""
 
-    run_id: str
-    piece: int  # 1 for the first job that trains the run, 2 for the one that resumes it, ...
-    # The data, staged on scratch, as the config's dataset gives it, unsplit: {"all": the file or
-    # folder of dataset.path} or, with dataset.splits, {"train": ..., "test": ..., "validation": ...}
-    # (validation only if given). The task splits "all" itself (scratchflow.dataset.load_splits).
-    data: dict[str, Path]
-    dataset: dict[str, Any]  # the config's dataset: section, its defaults filled in
-    params: dict[str, Any]  # the run's training parameters (training:, the grid's values in it)
-    model: Path | None  # the base model's cache on shared storage
-    work_dir: Path  # this piece's private scratch folder
-    checkpoint_dir: Path  # on scratch: save checkpoint-<step>/ here, the task's CHECKPOINT_MARKER last
-    resume_from: Path | None  # the newest complete checkpoint, copied into checkpoint_dir; None: from zero
-    keep_checkpoints: int  # how many complete checkpoints to keep on scratch (shared storage keeps as many)
-    save_every_steps: int
-    tracking_dir: Path  # the run's TensorBoard folder on shared storage (scratchflow.tracking)
-    tracking: str  # config key tracking: "tensorboard", or "wandb" (W&B offline as well)
-    threads: int  # CPU threads of this process
-    nodes: int  # the piece's shape: training processes = nodes x processes_per_node
-    processes_per_node: int
-    # A halving search's rung: train until this many of the run's epochs are done (the schedule
-    # still that of all its epochs), save a checkpoint there and return the validation metrics
-    # there: Trained(output, {"validation": {name: number}}).
-    budget_epochs: int | None
-    lifecycle: Lifecycle = field(repr=False)
+    def __init__(self, spec: PieceSpec, resume_from: Path | None, lifecycle: Lifecycle) -> None:
+        self._spec, self.lifecycle = spec, lifecycle
+        # The newest complete checkpoint, copied into checkpoint_dir; None: the run starts from zero.
+        self.resume_from = resume_from
+
+    def __repr__(self) -> str:
+        return f"TrainContext(run {self.run_id}, piece {self.piece}, resume_from={self.resume_from})"
+
+    @property
+    def run_id(self) -> str:
+        return self._spec.run_id
+
+    @property
+    def piece(self) -> int:
+        """1 for the first job that trains the run, 2 for the one that resumes it, ..."""
+        return self._spec.piece
+
+    @property
+    def data(self) -> dict[str, Path]:
+        """The data, staged on scratch, as the config's dataset gives it, unsplit: {"all": the file
+        or folder of dataset.path} or, with dataset.splits, {"train": ..., "test": ...,
+        "validation": ...} (validation only if given). The task splits "all" itself
+        (scratchflow.dataset.load_splits)."""
+        return self._spec.data
+
+    @property
+    def dataset(self) -> dict[str, Any]:
+        """The config's dataset: section, its defaults filled in."""
+        return self._spec.dataset
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The run's training parameters (training:, the grid's values in it)."""
+        return self._spec.params
+
+    @property
+    def model(self) -> Path | None:
+        """The base model's cache on shared storage."""
+        return self._spec.model
+
+    @property
+    def work_dir(self) -> Path:
+        """This piece's private scratch folder."""
+        return self._spec.work_dir
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """On scratch: save checkpoint-<step>/ here, the task's CHECKPOINT_MARKER last."""
+        return self._spec.checkpoint_dir
+
+    @property
+    def keep_checkpoints(self) -> int:
+        """How many complete checkpoints to keep on scratch (shared storage keeps as many)."""
+        return self._spec.store.keep
+
+    @property
+    def save_every_steps(self) -> int:
+        return self._spec.save_every_steps
+
+    @property
+    def tracking_dir(self) -> Path:
+        """The run's TensorBoard folder on shared storage (scratchflow.tracking)."""
+        return self._spec.tracking_dir
+
+    @property
+    def tracking(self) -> str:
+        """Config key tracking: "tensorboard", or "wandb" (W&B offline as well)."""
+        return self._spec.tracking
+
+    @property
+    def threads(self) -> int:
+        """CPU threads of this process."""
+        return self._spec.threads
+
+    @property
+    def nodes(self) -> int:
+        """The piece's shape: training processes = nodes x processes_per_node."""
+        return self._spec.shape.nodes
+
+    @property
+    def processes_per_node(self) -> int:
+        return self._spec.shape.processes_per_node
+
+    @property
+    def budget_epochs(self) -> int | None:
+        """A halving search's rung: train until this many of the run's epochs are done (the schedule
+        still that of all its epochs), save a checkpoint there and return the validation metrics
+        there: Trained(output, {"validation": {name: number}})."""
+        return self._spec.budget_epochs
 
     def stop_requested(self) -> bool:
         """Whether the job is asked to stop (its wall time near, cancelled, preempted). Ask at the

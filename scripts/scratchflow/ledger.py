@@ -1,0 +1,209 @@
+"""A run's ledger on shared storage: the pieces that trained it (`pieces.json`), each with how it
+ended, and where its training is now (`progress.json`, for `make status`).
+
+A piece's entry is a `PieceRecord`, written when the piece starts (a piece that is killed then says
+where it started and where its log is) and again when it ends: finished, paused (the stop signal,
+the phase it paused in, the step the next piece resumes from), or the error that ended it. An entry
+still "running" whose job is gone was killed outright (SIGKILL, a node failure): the next piece
+closes it. Entries written by scratchflow 0.1 and 0.2, which said a pause in a sentence, read as
+today's (`piece_records`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from scratchflow.files import read_json, write_json_atomically
+from scratchflow.lease import this_process
+from scratchflow.record import plain, typed
+from scratchflow.slurm_job import requeue_cause
+
+if TYPE_CHECKING:
+    from scratchflow.checkpoints import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+PIECES_FILE = "pieces.json"
+PROGRESS_FILE = "progress.json"
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a piece's times, as its entry holds them
+# A piece's outcome, besides the error that ended it and "killed by <signal>" (outcome_of).
+RUNNING, FINISHED, PAUSED, KILLED = "running", "finished", "paused", "killed"
+# What a paused piece was doing when the stop came.
+Phase = Literal["staging", "training", "syncing"]
+
+
+def piece_time(stamp: str) -> float:
+    """A time of a piece's entry (TIME_FORMAT) as seconds since the epoch."""
+    return datetime.datetime.strptime(stamp, TIME_FORMAT).timestamp()
+
+
+@dataclass
+class PieceRecord:
+    """One piece's entry in pieces.json (and in record.json's and a rung record's `pieces`)."""
+
+    piece: int  # 1 for the first job that trains the run, 2 for the one that resumes it, ...
+    started_at: str
+    host: str | None = None  # where its job ran: the host, the process, the Slurm job
+    pid: int | None = None
+    slurm_job_id: str | None = None
+    outcome: str = RUNNING  # RUNNING, FINISHED, PAUSED, KILLED, "killed by SIG...", or the error
+    ended_at: str | None = None
+    signal: str | None = None  # paused: the stop signal it heard
+    phase: Phase | None = None  # paused: what it was doing when the stop came
+    requeued: str | None = None  # its job was requeued by Slurm, and why ("preempted", sacct's cause)
+    resumed_from_step: int | None = None  # the step of the checkpoint it restored
+    reached_step: int | None = None  # the run's newest checkpoint when it ended: where the next resumes
+    trained_to_step: int | None = None  # ended unfinished past reached_step: the steps in between are lost
+    last_checkpoint_at: str | None = None  # when it last published a checkpoint
+    log: str | None = None  # its own log, kept (the rule's log is the next piece's)
+    nodes: int | None = None
+    processes_per_node: int | None = None
+    world_size: int | None = None
+    ranks: dict[str, list[int]] | None = None  # which node ran which ranks
+    threads: int | None = None
+    rung: int | None = None  # a halving search's rung it trained
+    timings_seconds: dict[str, float] = field(default_factory=dict)  # its phases, as they ended
+
+
+def piece_records(listed: list[dict[str, Any]]) -> list[PieceRecord]:
+    """The entries of a pieces.json, or of a record's `pieces`, whichever release wrote them."""
+    return [typed(PieceRecord, _upgraded(entry)) for entry in listed]
+
+
+# How scratchflow 0.1 and 0.2 said a pause: "TrainingStopped: stopped on <signal> at step ...".
+_OLD_PAUSE = re.compile(r"TrainingStopped: stopped on (.+?)(?: at step| while | before | and paused|;|$)")
+
+
+def _upgraded(entry: dict[str, Any]) -> dict[str, Any]:
+    said = _OLD_PAUSE.match(entry.get("outcome", ""))
+    if said is None:
+        return entry
+    outcome = entry["outcome"]
+    phase = "staging" if "while staging" in outcome else "syncing" if "while copying" in outcome else "training"
+    step = re.search(r" at step (\d+)", outcome)
+    reached_step = entry.get("reached_step", int(step.group(1)) if step else None)
+    return {**entry, "outcome": PAUSED, "signal": said.group(1), "phase": phase, "reached_step": reached_step}
+
+
+def outcome_of(error: BaseException) -> str:
+    """How a piece that `error` ended ended, in one line (the traceback and any output the error
+    quotes are in the piece's log): "killed by SIGTERM" where a signal ended it before it could
+    pause (signals.exit_on_sigterm: a node failure's cancellation, a scancel while it restored)."""
+    code = error.code if isinstance(error, SystemExit) else None
+    if isinstance(code, int) and code - 128 in {number.value for number in signal.Signals}:
+        return f"{KILLED} by {signal.Signals(code - 128).name}"
+    return f"{type(error).__name__}: {error}".splitlines()[0]
+
+
+@dataclass(frozen=True)
+class RunLedger:
+    """The pieces of one run and its progress, in the run's shared folder."""
+
+    folder: Path
+
+    def pieces(self) -> list[PieceRecord]:
+        """The pieces that have trained this run so far, oldest first."""
+        path = self.folder / PIECES_FILE
+        return piece_records(read_json(path)) if path.is_file() else []
+
+    def record(self, entry: PieceRecord) -> None:
+        """Add or update (same number) a piece's entry."""
+        self._write([listed for listed in self.pieces() if listed.piece != entry.piece] + [entry])
+
+    def _write(self, entries: list[PieceRecord]) -> None:
+        write_json_atomically(plain(entries), self.folder / PIECES_FILE)
+
+    @contextlib.contextmanager
+    def piece(self, store: CheckpointStore) -> Iterator[PieceRecord]:
+        """This job's entry, recorded now and when the block ends: the caller sets what it knows
+        (its shape, its log, a pause); an error that ends the block is its outcome, and an entry
+        left running is finished. Called while holding the run: an earlier piece still listed as
+        running was killed (no job holds the run), and is closed as such."""
+        self.close_killed_pieces(store)
+        self.note_requeue()
+        started = time.time()
+        entry = PieceRecord(
+            piece=len(self.pieces()) + 1,
+            **this_process(),
+            started_at=time.strftime(TIME_FORMAT, time.localtime(started)),
+        )
+        self.record(entry)
+        try:
+            yield entry
+        except BaseException as error:
+            entry.outcome = outcome_of(error)
+            raise
+        finally:
+            if entry.outcome == RUNNING:
+                entry.outcome = FINISHED
+            if entry.outcome != FINISHED:
+                if entry.reached_step is None:
+                    entry.reached_step = store.newest_step()
+                trained_to = self._progress_step_since(started)
+                if trained_to is not None and trained_to > (entry.reached_step or 0):
+                    entry.trained_to_step = trained_to  # the steps since its newest checkpoint are lost
+            entry.ended_at = time.strftime(TIME_FORMAT)
+            entry.last_checkpoint_at = _stamp(store.last_published_since(started))
+            self.record(entry)
+
+    def report_progress(self, progress: dict[str, Any]) -> None:
+        """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at)."""
+        write_json_atomically(progress, self.folder / PROGRESS_FILE)
+
+    def progress(self) -> dict[str, Any] | None:
+        """The last progress reported, if any."""
+        try:
+            return read_json(self.folder / PROGRESS_FILE)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _progress_step_since(self, started: float) -> int | None:
+        """The step this piece's trainer last reported, if it reported since `started`."""
+        progress = self.progress()
+        return progress.get("step") if progress and progress.get("at", 0) >= started else None
+
+    def note_requeue(self) -> None:
+        """This job is one that Slurm requeued (a preemption, a lost node): the earlier piece ran in the
+        same job, and sacct lists an earlier run of it. That piece gets `requeued`, the cause
+        (`requeue_cause`). (SLURM_RESTART_COUNT would say so too, but no job step gets it.)"""
+        job_id, listed = os.environ.get("SLURM_JOB_ID"), self.pieces()
+        if not (listed and job_id):
+            return
+        earlier = listed[-1]
+        if earlier.slurm_job_id != job_id or earlier.requeued is not None:
+            return
+        cause = requeue_cause(job_id)
+        if cause:
+            earlier.requeued = cause
+            log.info("piece %s ended when Slurm requeued job %s: %s", earlier.piece, job_id, cause)
+            self._write(listed)
+
+    def close_killed_pieces(self, store: CheckpointStore) -> None:
+        """Pieces listed as running whose job is gone (killed outright: SIGKILL, a node failure)
+        become `killed`, with the step of the newest checkpoint, the last one they could write."""
+        listed = self.pieces()
+        killed = [entry for entry in listed if entry.outcome == RUNNING]
+        for entry in killed:
+            entry.outcome, entry.reached_step, entry.ended_at = KILLED, store.newest_step(), None
+            entry.last_checkpoint_at = _stamp(store.last_published_since(piece_time(entry.started_at)))
+            job = f"Slurm job {entry.slurm_job_id}" if entry.slurm_job_id else f"pid {entry.pid}"
+            log.warning(
+                "piece %s (%s on %s) was killed; the run goes on from step %s",
+                *(entry.piece, job, entry.host, entry.reached_step),
+            )
+        if killed:
+            self._write(listed)
+
+
+def _stamp(at: float | None) -> str | None:
+    return time.strftime(TIME_FORMAT, time.localtime(at)) if at is not None else None
