@@ -65,7 +65,7 @@ def job_process(spec_path: Path) -> None:
     if os.environ.get("SCRATCHFLOW_BENCH_DETERMINISTIC"):
         torch.use_deterministic_algorithms(True)
     from scratchflow import hf_trainer, jobs
-    from scratchflow.tasks import TrainingStopped
+    from scratchflow.piece import TrainingStopped
 
     spec = json.loads(spec_path.read_text())
     work = Path(spec["work"])
@@ -99,9 +99,7 @@ def job_process(spec_path: Path) -> None:
                     base_model=Path(spec["model"]),
                     checkpoint_folder=work / "checkpoints" / run,
                     checkpointing=spec["checkpointing"],
-                    model_out=runs / "model",
-                    params_out=runs / "params.json",
-                    record_out=runs / "record.json",
+                    ends_with=jobs.RunOutputs(runs / "model", runs / "params.json", runs / "record.json"),
                     tracking_dir=runs / "tensorboard",
                     tracking="tensorboard",
                     log=work / "logs" / f"{run}.log",
@@ -122,7 +120,7 @@ def job_process(spec_path: Path) -> None:
                 )
             )
         except TrainingStopped as stopped:
-            seen["stopped"] = str(stopped)
+            seen["stopped"] = stopped.paused.line()
         seen["ended"] = time.time()
     (work / "seen.json").write_text(json.dumps(seen))
 

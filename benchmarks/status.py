@@ -71,8 +71,8 @@ def grid_midway(root: Path, runs: int) -> None:
             write_json(folder / "checkpoint-40" / MARKER, {})
         elif share == 5:
             folder = root / "checkpoints" / run_id
-            stopped = "TrainingStopped: stopped on SIGUSR1 at step 40 and paused; checkpoint-40 is saved"
-            write_json(folder / "pieces.json", [{"piece": 1, "outcome": stopped, "started_at": started}])
+            stopped = {"outcome": "paused", "signal": "SIGUSR1", "phase": "training", "reached_step": 40}
+            write_json(folder / "pieces.json", [{"piece": 1, **stopped, "started_at": started}])
             write_json(folder / "checkpoint-40" / MARKER, {})
 
 

@@ -1,7 +1,7 @@
 # Entry point of rule aggregate; the work is scratchflow.jobs.aggregate_job.
 from pathlib import Path
 
-from scratchflow.jobs import aggregate_job, job_context
+from scratchflow.jobs import HalvingComparison, aggregate_job, job_context
 
 with job_context(snakemake.log[0]):
     aggregate_job(
@@ -30,8 +30,12 @@ with job_context(snakemake.log[0]):
         page_out=Path(snakemake.output.page),
         confusion_out=Path(snakemake.output.confusion),
         # A halving search's decisions, and its rungs' table and figure.
-        decisions=[Path(path) for path in snakemake.input.get("decisions", [])],
-        rung_records=[Path(path) for path in snakemake.input.get("rung_records", [])],
-        rungs_out=Path(snakemake.output.rungs) if hasattr(snakemake.output, "rungs") else None,
-        rung_plot_out=Path(snakemake.output.rung_plot) if hasattr(snakemake.output, "rung_plot") else None,
+        halving_search=HalvingComparison(
+            decisions=[Path(path) for path in snakemake.input.decisions],
+            rung_records=[Path(path) for path in snakemake.input.rung_records],
+            rungs_out=Path(snakemake.output.rungs),
+            rung_plot_out=Path(snakemake.output.rung_plot),
+        )
+        if hasattr(snakemake.output, "rungs")
+        else None,
     )

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from scratchflow.distributed import shape_of
 from scratchflow.halving import Rung
-from scratchflow.jobs import TrainJob, job_context, train_job
+from scratchflow.jobs import RunOutputs, TrainJob, job_context, train_job
 from scratchflow.plan import RUN_PATHS
 
 # A rung's job is the one named by its rung (its rule's name may carry a module's prefix).
@@ -30,14 +30,12 @@ with job_context(snakemake.log[0], snakemake.threads):
             checkpoint_folder=Path(snakemake.params.checkpoints),
             threads=snakemake.threads,
             workflow_dir=Path(snakemake.scriptdir).parent,
-            model_out=None if rung else Path(snakemake.output.model),
-            params_out=None if rung else Path(snakemake.output.params),
-            record_out=None if rung else Path(snakemake.output.record),
             tracking_dir=Path(RUN_PATHS.of(snakemake.wildcards.run_id).tensorboard),
             # From the config, not params: switching tracking on must not make finished runs rerun.
             tracking=snakemake.config["tracking"],
             log=Path(snakemake.log[0]),
+            ends_with=rung
+            or RunOutputs(Path(snakemake.output.model), Path(snakemake.output.params), Path(snakemake.output.record)),
             shape=shape_of(snakemake.resources),
-            rung=rung,
         )
     )

@@ -83,7 +83,10 @@ def newest_complete_checkpoint(folder: Path, marker: str) -> Path | None:
 
 
 def step_of(checkpoint: Path) -> int:
-    return int(CHECKPOINT_NAME.fullmatch(checkpoint.name).group(1))
+    named = CHECKPOINT_NAME.fullmatch(checkpoint.name)
+    if named is None:
+        raise ValueError(f"{checkpoint} is not named checkpoint-<step>")
+    return int(named.group(1))
 
 
 def write_contents(checkpoint: Path) -> None:

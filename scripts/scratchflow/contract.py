@@ -46,6 +46,7 @@ from scratchflow.tasks import (
     check_predicted,
     described,
     load_task,
+    loaded_file,
     task_file,
     training_schema,
 )
@@ -141,7 +142,6 @@ class StopsAfterFirstCheckpoint(CheckpointStore):
         return destination
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ProgressChecked(RunLedger):
     """The run's ledger; what the task reports of its progress is checked as it comes: `make status`
@@ -235,7 +235,7 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
     finally:
         signals.use_stop_signal(signals.DEFAULT_STOP_SIGNAL)
     figures = trained.metrics
-    if figures.get("resumed_from_step") != stopped_at or not (figures.get("global_steps") or 0) > stopped_at:
+    if stopped_at is None or figures.get("resumed_from_step") != stopped_at or not figures["global_steps"] > stopped_at:
         raise ContractBroken(
             f"{task}: the next piece did not resume from checkpoint-{stopped_at} and train on to a checkpoint "
             f"after its last step: resumed_from_step {figures.get('resumed_from_step')}, its newest checkpoint "
@@ -348,7 +348,8 @@ PIECE_DUTIES: dict[str, Callable[[str, str], bool]] = {
 
 def package_of(module_file: Path) -> list[str]:
     """The package a module file lies in (its folders that hold an __init__.py), outermost first."""
-    package, folder = [], module_file.parent
+    package: list[str] = []
+    folder = module_file.parent
     while (folder / "__init__.py").is_file():
         package.insert(0, folder.name)
         folder = folder.parent
@@ -373,10 +374,10 @@ def uses_of_names(source: str, package: list[str]) -> list[tuple[int, str, str]]
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *([node.module] if node.module else [])])
             for alias in node.names:
-                qualified = f"{module}.{alias.name}"
+                imported = f"{module}.{alias.name}"
                 if alias.name != "*":
-                    aliases[alias.asname or alias.name] = qualified
-                uses.append((node.lineno, qualified, "import"))
+                    aliases[alias.asname or alias.name] = imported
+                uses.append((node.lineno, imported, "import"))
 
     def qualified(node: ast.expr) -> str:
         if isinstance(node, ast.Name):
@@ -421,7 +422,7 @@ def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | No
         "stopped by the stop signal, then resumed": lambda work: resumed.append(check_stops_and_resumes(config, work)),
         "predicted what it trained": lambda work: check_predicts(config, work, resumed[0] if resumed else None),
         "a halving search's rung": lambda work: check_rung(config, work),
-        "its piece's duties left to it": lambda work: check_leaves_duties_to_its_piece(Path(load_task(task).__file__)),
+        "its piece's duties left to it": lambda work: check_leaves_duties_to_its_piece(loaded_file(task)),
     }
     with tempfile.TemporaryDirectory(prefix="check-task-") as folder:
         for number, (name, check) in enumerate(checks.items()):

@@ -67,8 +67,8 @@ def ranks_by_node(shape: Shape, environ: Mapping[str, str] = os.environ) -> dict
         def ask(*command: str) -> str:
             return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
 
-        nodes = ask("scontrol", "show", "hostnames", ask("squeue", "-h", "-j", environ["SLURM_JOB_ID"], "-o", "%N"))
-        nodes = nodes.split()
+        listed = ask("squeue", "-h", "-j", environ["SLURM_JOB_ID"], "-o", "%N")
+        nodes = ask("scontrol", "show", "hostnames", listed).split()
     per_node = shape.processes_per_node
     return {node: list(range(index * per_node, (index + 1) * per_node)) for index, node in enumerate(nodes)}
 

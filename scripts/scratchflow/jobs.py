@@ -9,7 +9,6 @@ run a whole job without Snakemake.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import sys
@@ -30,7 +29,7 @@ from scratchflow.record import PhaseTimer, code_record, environment_record, outp
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
-from scratchflow.tasks import PredictContext, check_predicted, load_task
+from scratchflow.tasks import PredictContext, check_predicted, load_task, loaded_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -116,6 +115,15 @@ def prefetch_job(*, task: str, source: str, destination: Path, token_file: str |
 
 
 @dataclass(frozen=True)
+class RunOutputs:
+    """A run's trained model, its parameters and its record (written last: the outputs are complete)."""
+
+    model: Path
+    params: Path
+    record: Path
+
+
+@dataclass(frozen=True)
 class TrainJob:
     """Everything one train job needs, as plain values (the rule's entry script unpacks them)."""
 
@@ -131,35 +139,35 @@ class TrainJob:
     checkpointing: dict[str, Any]
     threads: int
     workflow_dir: Path
-    model_out: Path | None  # None for a rung's job, which trains on to the next rung or stops
-    params_out: Path | None
-    record_out: Path | None  # record.json, written last; None for a rung's job (its record: the rung's)
     tracking_dir: Path  # results/runs/<run_id>/tensorboard: kept across pieces, so not an output
     tracking: str  # config key tracking
     log: Path  # the rule's log, which this job writes to
+    # What the job ends with: the run's outputs, or a halving search's rung (trained to its epochs,
+    # the checkpoint kept for the next rung, the rung's record written).
+    ends_with: RunOutputs | halving.Rung
     shape: Shape = field(default_factory=Shape)
-    rung: halving.Rung | None = None  # a halving search's rung: train to its epochs, keep the checkpoint
 
 
 def train_job(job: TrainJob) -> None:
     """One piece of the run (scratchflow.piece.run_piece: stage in, train from the newest checkpoint,
     sync back, clean up), then its record. A piece stopped by a signal has saved its progress and
-    ends the job as a failure, paused: the next attempt resumes. `record_out` is written last: its
-    presence means the outputs are complete. A rung's job trains to the rung's epochs and records
+    ends the job as a failure, paused: the next attempt resumes. The run's record is written last:
+    its presence means the outputs are complete. A rung's job trains to the rung's epochs and records
     the validation metrics there; its checkpoint on shared storage is where the next rung, or the
     run's last job, resumes."""
     task = load_task(job.task)
-    code = code_record(job.task, Path(task.__file__), job.identity["training"])  # the code as loaded, hashed once
+    code = code_record(job.task, loaded_file(job.task), job.identity["training"])  # the code as loaded, hashed once
     signals.use_stop_signal(job.checkpointing["stop_signal"])
     switch_hub_off()
     data = read_json(job.manifest)
-    spec = piece_spec(job, CheckpointStore(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"]))
-    trained = finished(run_piece(dataclasses.replace(spec, data_sha256=data["sha256"])))
+    store = CheckpointStore(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
+    spec = piece_spec(job, store, data["sha256"])
+    trained = finished(run_piece(spec))
     pieces = spec.ledger.pieces()
-    if job.rung is not None:
-        halving.write_rung_record(job.run_id, job.identity["training"], job.rung, trained.metrics, pieces)
+    if isinstance(job.ends_with, halving.Rung):
+        halving.write_rung_record(job.run_id, job.identity["training"], job.ends_with, trained.metrics, pieces)
         return
-    write_json_atomically(job.identity["training"], job.params_out)
+    write_json_atomically(job.identity["training"], job.ends_with.params)
     record = RunRecord(
         *(job.run_id, job.task, job.identity, job.resolved_config, data, trained.metrics, pieces),
         seed=job.identity["training"].get("seed"),
@@ -168,12 +176,14 @@ def train_job(job: TrainJob) -> None:
         environment=environment_record(job.workflow_dir),
         code=code,
     )
-    write_json_atomically(plain(record), job.record_out)
+    write_json_atomically(plain(record), job.ends_with.record)
     log.info("run %s trained; phases (s): %s", job.run_id, pieces[-1].timings_seconds)
 
 
-def piece_spec(job: TrainJob, store: CheckpointStore) -> PieceSpec:
+def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> PieceSpec:
     """The train job's piece, as the piece and each of its processes see it."""
+    rung = job.ends_with if isinstance(job.ends_with, halving.Rung) else None
+    outputs = job.ends_with if isinstance(job.ends_with, RunOutputs) else None
     return PieceSpec(
         task=job.task,
         run_id=job.run_id,
@@ -187,10 +197,11 @@ def piece_spec(job: TrainJob, store: CheckpointStore) -> PieceSpec:
         stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
         threads=job.threads,
         shape=job.shape,
-        budget_epochs=job.rung.epochs if job.rung else None,
-        rung=job.rung.index if job.rung else None,
+        budget_epochs=rung.epochs if rung else None,
+        rung=rung.index if rung else None,
         staging=Staging(job.archive, job.manifest, job.scratch_root),
-        model_out=job.model_out,
+        data_sha256=data_sha256,
+        model_out=outputs.model if outputs else None,
         log=job.log,
     )
 
@@ -331,6 +342,17 @@ def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.C
         run.summary.update({f"test_{name}": value for name, value in aggregation.numbers(metrics).items()})
 
 
+@dataclass(frozen=True)
+class HalvingComparison:
+    """A halving search's part of the comparison: its decisions and the rung records of every run it
+    trained in; its rungs' table and figure out."""
+
+    decisions: list[Path]
+    rung_records: list[Path]
+    rungs_out: Path
+    rung_plot_out: Path
+
+
 def aggregate_job(
     *,
     runs: dict[str, dict[str, Path]],
@@ -343,16 +365,12 @@ def aggregate_job(
     curves_out: Path,
     page_out: Path,
     confusion_out: Path,
-    decisions: list[Path] = (),
-    rung_records: list[Path] = (),
-    rungs_out: Path | None = None,
-    rung_plot_out: Path | None = None,
+    halving_search: HalvingComparison | None = None,
 ) -> None:
     """The grid's tables (per setting, per run; as TSV, and as one sortable page with the runs'
     provenance), with what each run and setting cost (scratchflow.accounting), its best setting and
-    run, and its figures. A halving search's (`decisions`): the runs of its last rung, and also every
-    run's validation metric and cost at each rung (`rung_records`: of every run the search trained),
-    in a table and a figure, and in runs.tsv."""
+    run, and its figures. A halving search's: the runs of its last rung, and also every run's
+    validation metric and cost at each rung, in a table and a figure, and in runs.tsv."""
     table = aggregation.summarize(runs)
     aggregation.check_metric(table, metric)
     settings = aggregation.by_setting(table)
@@ -361,7 +379,8 @@ def aggregate_job(
     settings = settings.sort_values(f"{metric}_mean", ascending=ascending)
     table = table.sort_values(metric, ascending=ascending)
     records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
-    cost = grid_cost_of(runs, records, rung_records, len(decisions) if decisions else None)
+    search = halving_search
+    cost = grid_cost_of(runs, records, search.rung_records if search else [], len(search.decisions) if search else None)
     trained_by = aggregation.trained_by_table(records)  # columns only where the runs differ
     settings_written = settings.merge(aggregation.setting_costs(settings, cost.by_run), on="run_ids")
     settings_written = settings_written.merge(aggregation.setting_trained_by(settings, trained_by), on="run_ids")
@@ -369,34 +388,15 @@ def aggregate_job(
         settings_written.to_csv(partial, sep="\t", index=False)
     runs_written = table.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
     runs_written = runs_written.merge(trained_by, on="run_id", how="left")
-    if decisions:
-        rungs = halving.rung_table(
-            [read_json(path) for path in decisions],
-            int(table["epochs"].iloc[0]),
-            {run_id: halving.last_validation(record, metric) for run_id, record in records.items()},
-        )
-        validations = ["run_id", "rung", *(column for column in rungs.columns if column.startswith("validation_"))]
-        runs_written = runs_written.merge(rungs[validations], on="run_id", how="left")
-        rungs = rungs.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
-        with written_whole(rungs_out) as partial:
-            rungs.to_csv(partial, sep="\t", index=False)
-        halving.plot_rungs(rungs, metric, goal, rung_plot_out)
-        for rung, spent in cost.by_rung.items():
-            log.info("rung %d cost %s", rung, accounting.described(spent, cost.site))
+    if search:
+        runs_written = with_rungs(search, runs_written, table, records, cost, metric, goal)
     with written_whole(runs_out) as partial:
         runs_written.to_csv(partial, sep="\t", index=False)
     log.info("the grid cost %s", cost.line())
     write_hparams_view(runs_written, [*aggregation.setting_columns(table), REPLICATE_KEY], table.attrs["metrics"])
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
-    drawn = list(table["run_id"].head(tracking.MOST_RUNS_DRAWN))
-    tracking.plot_curves(
-        {run_id: tracking.read_curves(Path(RUN_PATHS.of(run_id).tensorboard)) for run_id in drawn},
-        curves_out,
-        (f"the best {len(drawn)} of {len(table)} runs" if len(drawn) < len(table) else f"{len(table)} runs")
-        + f" by test {metric}; the best run in orange",
-        highlight=chosen["run"]["run_id"],
-    )
+    plot_best_curves(table, metric, chosen["run"]["run_id"], curves_out)
     report.write_summary_page(settings_written, runs_written, chosen, records, cost, page_out)
     best_run_id = chosen["run"]["run_id"]
     report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, confusion_out)
@@ -405,4 +405,43 @@ def aggregate_job(
         "%d runs in %d settings; best setting by mean %s (%s): %.4f ± %s over %d run(s): %s; best run %s (%.4f)",
         *(len(table), len(settings), metric, goal, setting["mean"], setting["std"], setting["runs"]),
         *(setting["parameters"], chosen["run"]["run_id"], chosen["run"]["value"]),
+    )
+
+
+def with_rungs(
+    search: HalvingComparison,
+    runs_written: pd.DataFrame,
+    table: pd.DataFrame,
+    records: dict[str, dict[str, Any]],
+    cost: accounting.GridCost,
+    metric: str,
+    goal: str,
+) -> pd.DataFrame:
+    """runs.tsv's rows with each run's validation metrics by rung; the rungs' table and figure written."""
+    last_values = {run_id: halving.last_validation(record, metric) for run_id, record in records.items()}
+    rungs = halving.rung_table(
+        [read_json(path) for path in search.decisions],
+        int(table["epochs"].iloc[0]),
+        {run_id: value for run_id, value in last_values.items() if value is not None},
+    )
+    validations = ["run_id", "rung", *(column for column in rungs.columns if column.startswith("validation_"))]
+    runs_written = runs_written.merge(rungs[validations], on="run_id", how="left")
+    rungs = rungs.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
+    with written_whole(search.rungs_out) as partial:
+        rungs.to_csv(partial, sep="\t", index=False)
+    halving.plot_rungs(rungs, metric, goal, search.rung_plot_out)
+    for rung, spent in cost.by_rung.items():
+        log.info("rung %d cost %s", rung, accounting.described(spent, cost.site))
+    return runs_written
+
+
+def plot_best_curves(table: pd.DataFrame, metric: str, best_run_id: str, curves_out: Path) -> None:
+    """The training curves of the best runs (at most tracking.MOST_RUNS_DRAWN), the best in orange."""
+    drawn = list(table["run_id"].head(tracking.MOST_RUNS_DRAWN))
+    tracking.plot_curves(
+        {run_id: tracking.read_curves(Path(RUN_PATHS.of(run_id).tensorboard)) for run_id in drawn},
+        curves_out,
+        (f"the best {len(drawn)} of {len(table)} runs" if len(drawn) < len(table) else f"{len(table)} runs")
+        + f" by test {metric}; the best run in orange",
+        highlight=best_run_id,
     )

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow import signals, slurm_job
-from scratchflow.checkpoints import CheckpointMirroring, CheckpointStore, newest_complete_checkpoint, step_of
+from scratchflow.checkpoints import CheckpointStore, newest_complete_checkpoint, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
 from scratchflow.lease import RunLease
@@ -334,7 +334,8 @@ class Piece:
         self.stop_file = spec.work_dir / STOP_FILE_NAME
         self.received: str | None = None  # the stop request's signal, once there is one
         self.resume_from: Path | None = None
-        self.mirroring: CheckpointMirroring | None = None
+        # Set when it trains: what copies each checkpoint the task saves to shared storage.
+        self.mirroring = spec.store.mirroring(spec.checkpoint_dir)
         self.saved_step: int | None = None  # the newest checkpoint's step: restored, then each saved
 
     def train(self) -> PieceOutcome:
@@ -343,7 +344,7 @@ class Piece:
         when it stopped on request (at its newest checkpoint on shared storage)."""
         self.resume_from = newest_complete_checkpoint(self.spec.checkpoint_dir, self.task.CHECKPOINT_MARKER)
         restored_step = self.saved_step = step_of(self.resume_from) if self.resume_from else None
-        self.mirroring = self.spec.store.mirroring(self.spec.checkpoint_dir, restored_step)
+        self.mirroring.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
         self.spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with signals.listening(self._receive):
             trained = self.task.train(TrainContext(self.spec, self.resume_from, self))

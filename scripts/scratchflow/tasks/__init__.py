@@ -239,10 +239,11 @@ def predicted_problem(predicted: Any, metric_names: tuple[str, ...] | None, writ
         json.dumps(metrics)
     except (TypeError, ValueError) as error:
         return f"metrics that JSON cannot hold (metrics.json): {error}"
-    missing = [name for name in metric_names or () if not is_number(metrics.get(name))]
+    named = metric_names or ()
+    missing = [name for name in named if not is_number(metrics.get(name))]
     if missing:
         return (
-            f"metrics without {', '.join(missing)} as a number (METRICS names {', '.join(metric_names)}): "
+            f"metrics without {', '.join(missing)} as a number (METRICS names {', '.join(named)}): "
             f"it reported {', '.join(map(str, metrics)) or 'none'}"
         )
     predictions = predicted.predictions
@@ -374,6 +375,11 @@ def load_task(task: str) -> ModuleType:
             f"config key task: no module {task!r}: a task of your own is a Python module importable from the "
             f"folder of your Snakefile ({task.replace('.', '/')}.py there, beside its schema fragment)"
         ) from None
+    if module.__file__ is None:
+        raise UnknownTask(
+            f"config key task: {task!r} is a folder without __init__.py, not a module: name the task's module "
+            f"file ({task.replace('.', '/')}/<name>.py: task: {task}.<name>)"
+        )
     missing = missing_names(module)
     schema = Path(module.__file__).with_suffix(".schema.yaml")
     if not schema.is_file():
@@ -384,6 +390,11 @@ def load_task(task: str) -> ModuleType:
             f"{', '.join(missing)} (what a task defines: the Task protocol in scratchflow/tasks/__init__.py)"
         )
     return module
+
+
+def loaded_file(task: str) -> Path:
+    """The file of the task's module, loaded (load_task refuses a module without one)."""
+    return Path(str(load_task(task).__file__))
 
 
 def task_file(task: str) -> Path | None:
@@ -415,7 +426,7 @@ def described(error: BaseException, module_file: Path | None) -> str:
 @cache
 def training_schema(task: str) -> dict[str, Any]:
     """The task's schema fragment for `training:`."""
-    path = Path(load_task(task).__file__).with_suffix(".schema.yaml")
+    path = loaded_file(task).with_suffix(".schema.yaml")
     return yaml.safe_load(path.read_text())
 
 
