@@ -97,7 +97,7 @@ def job_process(spec_path: Path) -> None:
                     **common,
                     resolved_config={},
                     base_model=Path(spec["model"]),
-                    checkpoint_folder=work / "checkpoints" / run,
+                    shared_folder=work / "checkpoints" / run,
                     checkpointing=spec["checkpointing"],
                     ends_with=jobs.RunOutputs(runs / "model", runs / "params.json", runs / "record.json"),
                     tracking_dir=runs / "tensorboard",

@@ -128,7 +128,7 @@ def previous_rung_record(wildcards):
     return RUNG_RECORD.format(run_id=wildcards.run_id, rung=rung - 1) if rung else []
 
 
-def rung_epochs(wildcards):
+def budget_epochs(wildcards):
     return PLAN.rungs[int(wildcards.rung)]
 
 

@@ -21,7 +21,7 @@ use rule train as train_rung with:
     params:
         identity=run_identity_of,
         checkpoints=RUN_PATHS.checkpoints,
-        rung_epochs=rung_epochs,
+        budget_epochs=budget_epochs,
 
 
 # A rung's job asks Slurm for what a train job asks for: the profile's settings for train.
@@ -42,6 +42,6 @@ checkpoint promote:
         metric=PLAN.metric,
         goal=PLAN.goal,
         keep=PLAN.keep,
-        rung_epochs=rung_epochs,
+        budget_epochs=budget_epochs,
     script:
         "../scripts/promote.py"

@@ -8,7 +8,7 @@ from scratchflow.jobs import job_context
 with job_context(snakemake.log[0]):
     promote_job(
         rung=int(snakemake.wildcards.rung),
-        epochs=snakemake.params.rung_epochs,
+        epochs=snakemake.params.budget_epochs,
         records=[Path(path) for path in snakemake.input.records],
         settings=snakemake.params.settings,
         metric=snakemake.params.metric,

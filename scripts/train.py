@@ -10,7 +10,7 @@ from scratchflow.plan import RUN_PATHS
 # A rung's job is the one named by its rung (its rule's name may carry a module's prefix).
 rung_number = snakemake.wildcards.get("rung")
 rung = (
-    Rung(int(rung_number), snakemake.params.rung_epochs, Path(snakemake.output.rung_record))
+    Rung(int(rung_number), snakemake.params.budget_epochs, Path(snakemake.output.rung_record))
     if rung_number is not None
     else None
 )
@@ -27,7 +27,7 @@ with job_context(snakemake.log[0], snakemake.threads):
             # Read from the config, not params: changing them must not make finished runs rerun.
             scratch_root=snakemake.config["cluster"]["scratch_root"],
             checkpointing=snakemake.config["checkpointing"],
-            checkpoint_folder=Path(snakemake.params.checkpoints),
+            shared_folder=Path(snakemake.params.checkpoints),
             threads=snakemake.threads,
             workflow_dir=Path(snakemake.scriptdir).parent,
             tracking_dir=Path(RUN_PATHS.of(snakemake.wildcards.run_id).tensorboard),

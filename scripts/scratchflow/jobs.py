@@ -135,7 +135,7 @@ class TrainJob:
     manifest: Path
     base_model: Path | None
     scratch_root: str | None
-    checkpoint_folder: Path
+    shared_folder: Path  # checkpoints/<run_id>/: the run's checkpoints, lease and ledger on shared storage
     checkpointing: dict[str, Any]
     threads: int
     workflow_dir: Path
@@ -160,7 +160,7 @@ def train_job(job: TrainJob) -> None:
     signals.use_stop_signal(job.checkpointing["stop_signal"])
     switch_hub_off()
     data = read_json(job.manifest)
-    store = CheckpointStore(job.checkpoint_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
+    store = CheckpointStore(job.shared_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
     spec = piece_spec(job, store, data["sha256"])
     trained = finished(run_piece(spec))
     pieces = spec.ledger.pieces()
@@ -197,7 +197,7 @@ def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> Piece
         stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
         threads=job.threads,
         shape=job.shape,
-        budget_epochs=rung.epochs if rung else None,
+        budget_epochs=rung.budget_epochs if rung else None,
         rung=rung.index if rung else None,
         staging=Staging(job.archive, job.manifest, job.scratch_root),
         data_sha256=data_sha256,
