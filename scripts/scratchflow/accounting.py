@@ -215,16 +215,23 @@ class Cost:
     peak_gpu_memory_mb: float | None = 0.0
 
     def __add__(self, other: Cost) -> Cost:
-        summed = {name.name: _sum(getattr(self, name.name), getattr(other, name.name)) for name in fields(Cost)}
-        peaks = (self.peak_gpu_memory_mb, other.peak_gpu_memory_mb)
-        return Cost(**{**summed, "peak_gpu_memory_mb": None if None in peaks else max(peaks)})
+        peak, other_peak = self.peak_gpu_memory_mb, other.peak_gpu_memory_mb
+        return Cost(
+            gpu_hours=_sum(self.gpu_hours, other.gpu_hours),
+            lost_gpu_hours=_sum(self.lost_gpu_hours, other.lost_gpu_hours),
+            cpu_hours=self.cpu_hours + other.cpu_hours,
+            lost_cpu_hours=self.lost_cpu_hours + other.lost_cpu_hours,
+            energy_kwh=_sum(self.energy_kwh, other.energy_kwh),
+            busy_gpu_hours=_sum(self.busy_gpu_hours, other.busy_gpu_hours),
+            peak_gpu_memory_mb=None if peak is None or other_peak is None else max(peak, other_peak),
+        )
 
     def as_row(self) -> dict[str, float | None]:
         """The tables' columns (COLUMNS): the GPUs' mean utilisation in place of their busy hours."""
         row = {name.name: _rounded(getattr(self, name.name)) for name in fields(Cost)}
-        busy = row.pop("busy_gpu_hours")
-        used = busy is not None and bool(self.gpu_hours)
-        row["gpu_utilisation_percent"] = round(100 * self.busy_gpu_hours / self.gpu_hours, 1) if used else None
+        del row["busy_gpu_hours"]
+        busy, gpu_hours = self.busy_gpu_hours, self.gpu_hours
+        row["gpu_utilisation_percent"] = round(100 * busy / gpu_hours, 1) if busy is not None and gpu_hours else None
         row["peak_gpu_memory_mb"] = row.pop("peak_gpu_memory_mb")
         return row
 
@@ -245,11 +252,12 @@ def costs(uses: list[Use], jobs: dict[str, list[JobRun]], now: float | None = No
     held: dict[tuple[str, int], list[Use]] = defaultdict(list)
     result = {}
     for use in uses:
-        job_run = _job_run_of(use, jobs.get(use.job_id or "", []))
-        if job_run is None:
+        job_id = use.job_id
+        index = None if job_id is None else _job_run_of(use, jobs.get(job_id, []))
+        if job_id is None or index is None:
             result[use] = _local_cost(use, now)
         else:
-            held[use.job_id, job_run].append(use)
+            held[job_id, index].append(use)
     for (job_id, index), sharing in held.items():
         job_run = jobs[job_id][index]
         ends = {use: min(use.end or job_run.end or now, job_run.end or now) for use in sharing}
@@ -377,15 +385,23 @@ def grid_cost(
     by_rung = {}
     if last_rung is not None:
         for rung in range(last_rung + 1):
-            by_rung[rung] = total(
-                cost_of, lambda use, rung=rung: use.stage == "train" and _rung_of(use, last_rung) == rung
-            )
+            by_rung[rung] = total(cost_of, _trained_in_rung(rung, last_rung))
     return GridCost(
-        by_run={run_id: total(cost_of, lambda use, run_id=run_id: use.run_id == run_id) for run_id in pieces},
+        by_run={run_id: total(cost_of, _of_run(run_id)) for run_id in pieces},
         by_rung=by_rung,
         total=total(cost_of),
         site=site,
     )
+
+
+def _trained_in_rung(rung: int, last_rung: int) -> Callable[[Use], bool]:
+    """Selects the training pieces of a halving search's `rung`."""
+    return lambda use: use.stage == "train" and _rung_of(use, last_rung) == rung
+
+
+def _of_run(run_id: str) -> Callable[[Use], bool]:
+    """Selects the uses of one run."""
+    return lambda use: use.run_id == run_id
 
 
 def _rung_of(use: Use, last_rung: int) -> int:

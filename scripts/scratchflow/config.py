@@ -9,7 +9,7 @@ import math
 import os
 import re
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -459,7 +459,7 @@ def check_precision(
 
 
 def check_resources(
-    resources_by_rule: Mapping[str, Mapping[str, Any]],
+    resources_by_rule: Mapping[str, Iterable[str]],  # each rule's resource names
     runtimes: Mapping[str, list[int]],
     shapes: Mapping[str, Mapping[str, Any]],
     cluster: dict[str, Any],

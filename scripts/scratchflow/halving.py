@@ -30,7 +30,7 @@ class Rung:
     trains the run to, and the run's record of the rung (results/runs/<run>/rung-<r>.json)."""
 
     index: int
-    epochs: int
+    budget_epochs: int  # the run's epochs done at the rung's end
     record_out: Path
 
 
@@ -104,7 +104,7 @@ def write_rung_record(
             "halving search ranks the runs by them (a command program writes validation.json: docs/search.md)"
         )
     record = RungRecord(
-        *(run_id, rung.index, rung.epochs, params, training.get("global_steps"), training["validation"], pieces),
+        *(run_id, rung.index, rung.budget_epochs, params, training.get("global_steps"), training["validation"], pieces),
         timings_seconds=pieces[-1].timings_seconds,
     )
     write_json_atomically(plain(record), rung.record_out)
@@ -141,6 +141,7 @@ def promote_job(
     in_rung = {label: [run_id for run_id in run_ids if run_id in values] for label, run_ids in settings.items()}
     in_rung = {label: ids for label, ids in in_rung.items() if ids}
     going_on, ranking = promoted(in_rung, values, keep, goal, losses)
+    promoted_runs = [run_id for run_id in values if run_id in going_on]  # in the search's order
     decision = {
         "rung": rung,
         "epochs": epochs,
@@ -151,13 +152,13 @@ def promote_job(
         "values": values,
         "ranking": ranking,
         "params": params,
-        "promoted": [run_id for run_id in values if run_id in going_on],  # in the search's order
+        "promoted": promoted_runs,
     }
     write_json_atomically(decision, decision_out, sort_keys=False)
     log.info(
         "rung %d (%d epoch(s)): %d of %d setting(s) go on by validation %s (%s): %s",
         *(rung, epochs, sum(entry["promoted"] for entry in ranking), len(ranking), metric, goal),
-        ", ".join(decision["promoted"]),
+        ", ".join(promoted_runs),
     )
 
 

@@ -68,7 +68,7 @@ def _as(kind: Any, data: Any) -> Any:
         return [_as(arguments[0], item) for item in data]
     if kind is Path:
         return Path(data)
-    if is_dataclass(kind):
+    if isinstance(kind, type) and is_dataclass(kind):
         hints = typing.get_type_hints(kind)
         return kind(**{name: _as(hints[name], item) for name, item in data.items() if name in hints})
     return data
@@ -146,8 +146,8 @@ def code_record(task: str, module_file: Path, params: dict[str, Any]) -> dict[st
         files = [module_file, module_file.with_suffix(".schema.yaml")]
     elif task == "command":
         folder, files = Path.cwd(), [program] if (program := program_file(params["command"])) else []
-    else:
-        folder, files = None, []
+    else:  # a built-in task: no code of its own
+        return {"task": task, "folder": None, "files": {}, "sha256": None}
     hashes = {file_name(path, folder): file_sha256(path) for path in files if path.is_file()}
     return {
         "task": task,
@@ -230,7 +230,7 @@ def differences(records: dict[str, dict[str, Any]], folder: Path) -> list[Differ
     run records against that file as it is now (in `folder`, the directory the grid runs in, or else
     where the run found it; each file hashed once), then scratchflow's release, Python, torch and
     transformers among the runs, where the runs that differ from the newest run are the odd ones."""
-    facts = {run_id: found for run_id, record in records.items() if (found := trained_by(record))}
+    facts = {run_id: run_facts for run_id, record in records.items() if (run_facts := trained_by(record))}
     found = _code_differences(records, folder, len(facts))
     unknown = [
         run_id for run_id, fact in facts.items() if fact["code"] == "not recorded" and _own_code(records[run_id])

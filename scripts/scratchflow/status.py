@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,7 @@ def run_status(
     jobs: dict[tuple[str, str], SlurmJob] | None,
     active_jobs: dict[str, SlurmJob] | None,
     now: float,
-    decisions: list[dict[str, Any]] = (),
+    decisions: Sequence[dict[str, Any]] = (),
 ) -> RunStatus:
     paths = plan.paths(run_id)
     rung = len(decisions)  # a halving search's rung now (its last rung: the runs train to the end)
@@ -151,7 +152,8 @@ def run_status(
             return RunStatus(run_id, "failed", f"prediction failed: {failure}", paths.predict_log)
         return RunStatus(run_id, "predicts", "trained; prediction waits")
     run = CheckpointStore(workdir / paths.checkpoints, plan.checkpoint_marker)
-    in_rung = plan.halving and rung < plan.last_rung
+    last_rung = plan.last_rung  # None: a grid, no rungs
+    in_rung = last_rung is not None and rung < last_rung
     log = RUNG_LOG.format(run_id=run_id, rung=rung) if in_rung else paths.train_log
     status = _training_status(run, run_id, log, (jobs or {}).get(("train", run_id)), active_jobs, now)
     if in_rung:
@@ -159,7 +161,7 @@ def run_status(
     return status
 
 
-def _halving_status(workdir: Path, run_id: str, plan: Plan, decisions: list[dict[str, Any]]) -> RunStatus | None:
+def _halving_status(workdir: Path, run_id: str, plan: Plan, decisions: Sequence[dict[str, Any]]) -> RunStatus | None:
     """A halving search's run that a decision stopped, or that has trained its rung and waits for the
     rung's decision; None for one that trains (or, at the last rung, any other)."""
     for decision in decisions:
@@ -172,8 +174,9 @@ def _halving_status(workdir: Path, run_id: str, plan: Plan, decisions: list[dict
                 f"{decision['values'][run_id]:.4f}; not among the {went_on} of {len(decision['ranking'])} "
                 "settings that went on",
             )
-    rung = len(decisions)
-    record = _read(workdir / RUNG_RECORD.format(run_id=run_id, rung=rung)) if rung < plan.last_rung else None
+    rung, last_rung = len(decisions), plan.last_rung
+    in_rung = last_rung is not None and rung < last_rung
+    record = _read(workdir / RUNG_RECORD.format(run_id=run_id, rung=rung)) if in_rung else None
     if record is None:
         return None
     shown = ", ".join(f"{name} {value:.4f}" for name, value in sorted(record["validation"].items()))
@@ -251,7 +254,8 @@ def _read_pieces(ledger: RunLedger) -> list[PieceRecord]:
 def _holder_trains(holder: dict[str, Any], active_jobs: dict[str, SlurmJob] | None) -> bool:
     """Whether the job (or process) holding the run trains now: alive, and not a job Slurm requeued
     and holds pending (its piece was killed: a preemption with no time to save, a lost node)."""
-    held_by = (active_jobs or {}).get(holder.get("slurm_job_id"))
+    job_id = holder.get("slurm_job_id")  # None: no Slurm
+    held_by = None if job_id is None else (active_jobs or {}).get(job_id)
     return holder_is_alive(holder, active_jobs) and not (held_by and held_by.state == "PENDING")
 
 
@@ -390,7 +394,7 @@ def trained_by_lines(workdir: Path, records: dict[str, dict[str, Any]]) -> list[
 
 
 def render(
-    statuses: list[RunStatus], rung: str | None = None, spend: str | None = None, trained_by: list[str] = ()
+    statuses: list[RunStatus], rung: str | None = None, spend: str | None = None, trained_by: Sequence[str] = ()
 ) -> str:
     lines = []
     for status in statuses:

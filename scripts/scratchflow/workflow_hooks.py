@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -43,7 +44,7 @@ CHECKED_DATA = Path(".snakemake/scratchflow/checked-data")
 
 
 def read_config(
-    config: dict[str, Any], workflow: Any, job_rules: set[str] = frozenset()
+    config: dict[str, Any], workflow: Any, job_rules: AbstractSet[str] = frozenset()
 ) -> tuple[Task, Plan, dict[str, Path], str]:
     """Check a config that passed the schema, fill in its task's defaults, and plan it: the task's
     module, the plan, the data's files (name -> path) and their fingerprint (names, sizes and times,
@@ -86,8 +87,11 @@ def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_ada
     cluster.rule_image_variables names. Called when
     the workflow is read (first attempts: --retries is not known yet) and again when it starts, for
     every attempt up to --retries. Returns what it read (None in a job's own Snakemake)."""
-    if not workflow.is_main_process:
-        return None
+    return _checked_rule_requests(workflow, config) if workflow.is_main_process else None
+
+
+def _checked_rule_requests(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests:
+    """`check_rule_resources` in the main process, the one that reads the profile's requests."""
     requests = snakemake_adapter.rule_requests(workflow)
     check_resources(requests.names, requests.runtimes, requests.shapes, config["cluster"])
     check_rule_image_rules(config["cluster"]["rule_image_variables"], snakemake_adapter.job_rules(workflow))
@@ -114,7 +118,7 @@ def check_before_any_job(workflow: Any, config: dict[str, Any], plan: Plan) -> N
         )
     runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
     try:
-        requests = check_rule_resources(workflow, config)
+        requests = _checked_rule_requests(workflow, config)  # this check runs in the main process only
         check_packing(plan.pack_runs, executor, runtimes, cluster)
     except ConfigError as mistake:  # raised here, Snakemake would print Python's traceback after it
         refuse(f"ConfigError: {mistake}")
