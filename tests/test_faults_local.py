@@ -153,7 +153,7 @@ def test_term_reaching_tar_mid_staging_pauses_before_training_and_the_retry_trai
 
     first, second = pieces_of(tmp_path)
     assert (first["outcome"], first["signal"], first["phase"]) == ("paused", "SIGTERM", "staging"), first
-    assert "reached_step" not in first and second["resumed_from_step"] is None
+    assert first["reached_step"] is None and second["resumed_from_step"] is None
     assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
     assert list((tmp_path / "scratch").iterdir()) == []
 

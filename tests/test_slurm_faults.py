@@ -541,7 +541,7 @@ def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_th
     assert returncode == 0, output[-6000:]
     preempted, resumed = pieces_of(tmp_path)
     assert preempted["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
-    assert preempted["requeued"] == "preempted" and "requeued" not in resumed
+    assert preempted["requeued"] == "preempted" and resumed["requeued"] is None
     assert resumed["resumed_from_step"] == stopped_at(preempted, "SIGTERM", tmp_path) > 0
     assert same_results(tmp_path, uninterrupted_long_run) == []
     assert_the_cost_is_sacct_s(slurm, tmp_path, "runs.tsv")  # both runs of the requeued job

@@ -32,14 +32,10 @@ Record = TypeVar("Record")
 
 
 def plain(value: Any) -> Any:
-    """`value` as JSON holds it: a dataclass as a dict of its fields (those left None omitted: a
-    record's optional facts are absent, not null), a Path as its string, containers item by item."""
+    """`value` as JSON holds it: a dataclass as a dict of all its fields (None as null), a Path as
+    its string, containers item by item."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {
-            field.name: plain(item)
-            for field in fields(value)
-            if (item := getattr(value, field.name)) is not None or field.default is not None
-        }
+        return {field.name: plain(getattr(value, field.name)) for field in fields(value)}
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, dict):
