@@ -3,9 +3,10 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 # Debian tools, as command:package. The lifecycle runs rsync (tar and coreutils come with every
 # Debian system). The tests add a real browser for the report (tests/test_workflow.py), driven by
-# selenium, and zstd for compressed archives (dataset.compression: zstd).
+# selenium, zstd for compressed archives (dataset.compression: zstd), and strace to count a job's
+# operations on shared storage (benchmarks/shared_storage.py).
 DEBIAN_TOOLS := rsync:rsync
-DEBIAN_TEST_TOOLS := chromium:chromium chromedriver:chromium-driver zstd:zstd
+DEBIAN_TEST_TOOLS := chromium:chromium chromedriver:chromium-driver zstd:zstd strace:strace
 
 # Install the Debian package of each command:package in $(1) whose command is missing.
 define install_missing

@@ -27,7 +27,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,6 +287,7 @@ class CheckpointMirroring:
         self.run, self.local_folder = run, local_folder
         self.failure: BaseException | None = None  # the watching thread's, once a copy failed
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
+        self.on_mirrored: Callable[[], None] | None = None  # called after each checkpoint is mirrored
 
     def mirror_newest(self) -> Path | None:
         """The newest complete checkpoint on scratch, copied if it is new; None if there is none new."""
@@ -301,6 +302,8 @@ class CheckpointMirroring:
             return None  # the task pruned it while it was copied: a newer one is there
         self.mirrored_step = step_of(newest)
         log.info("checkpoint %s saved to %s", newest.name, self.run.folder)
+        if self.on_mirrored is not None:
+            self.on_mirrored()
         return newest
 
     @contextlib.contextmanager

@@ -196,9 +196,12 @@ def piece_spec(config: dict[str, Any], work: Path, piece: int, store: Checkpoint
 
 
 def train_piece(spec: PieceSpec) -> PieceOutcome:
-    """The piece's training as on a node the job prepared: from the newest checkpoint, restored."""
+    """The piece's training as on a node the job prepared: from the newest checkpoint, restored.
+    Every progress report is written (and so checked: ProgressChecked), not one an interval."""
     restore(spec)
-    return Piece(spec).train()
+    trainer = Piece(spec)
+    trainer.progress_interval = 0.0
+    return trainer.train()
 
 
 def trained_piece(spec: PieceSpec) -> Trained:

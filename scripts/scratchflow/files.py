@@ -91,12 +91,15 @@ def filesystem_of(path: Path) -> tuple[str, str]:
     return found
 
 
-def write_json_atomically(data: Any, path: Path, sort_keys: bool = True) -> None:
+def write_json_atomically(data: Any, path: Path, sort_keys: bool = True, durable: bool = True) -> None:
+    """`data` as JSON in `path`, whole or not at all; `durable`: on disk before it is renamed into
+    place (an fsync: a round trip to a shared filesystem's servers, spared for what a crash may lose)."""
     with written_whole(path) as partial, open(partial, "w") as out:
         json.dump(data, out, indent=2, sort_keys=sort_keys)
         out.write("\n")
-        out.flush()
-        os.fsync(out.fileno())
+        if durable:
+            out.flush()
+            os.fsync(out.fileno())
 
 
 def file_sha256(path: Path) -> str:

@@ -157,8 +157,9 @@ class RunLedger:
             self.record(entry)
 
     def report_progress(self, progress: dict[str, Any]) -> None:
-        """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at)."""
-        write_json_atomically(progress, self.folder / PROGRESS_FILE)
+        """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at):
+        whole, not durable (a crash loses a report the next one replaces)."""
+        write_json_atomically(progress, self.folder / PROGRESS_FILE, durable=False)
 
     def progress(self) -> dict[str, Any] | None:
         """The last progress reported, if any."""

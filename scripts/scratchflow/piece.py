@@ -38,17 +38,19 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scratchflow import signals, slurm_job
+from scratchflow import signals, slurm_job, tracking
 from scratchflow.checkpoints import CheckpointStore, newest_complete_checkpoint, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
 from scratchflow.lease import RunLease
 from scratchflow.ledger import PAUSED, Phase, PieceRecord, RunLedger
+from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.record import PhaseTimer, keep_piece_log, plain, typed
 from scratchflow.signals import STOP_FILE_NAME
@@ -57,6 +59,10 @@ from scratchflow.tasks import TrainContext, Trained, load_task
 
 log = logging.getLogger(__name__)
 
+# How often a piece writes its task's latest progress report to shared storage (a create and a
+# rename each, round trips to a shared filesystem's metadata server), however often the task reports:
+# `make status` says how old the report is. A piece that fails writes its last one as it ends.
+PROGRESS_WRITE_SECONDS = 30.0
 CHECKPOINT_FOLDER = "checkpoints"  # in the piece's scratch folder: where the task saves its checkpoints
 # In a checkpoint of several processes, one per process, written once its part is: rank 0 publishes
 # the checkpoint only when every process's is there.
@@ -150,6 +156,11 @@ class PieceSpec:
     @property
     def checkpoint_dir(self) -> Path:
         return self.work_dir / CHECKPOINT_FOLDER
+
+    @property
+    def local_tracking_dir(self) -> Path:
+        """On scratch: where the task writes its curves (the piece publishes them to tracking_dir)."""
+        return self.work_dir / TENSORBOARD_FOLDER
 
     def write(self, path: Path) -> None:
         write_json_atomically(plain(self), path)
@@ -334,9 +345,15 @@ class Piece:
         self.stop_file = spec.work_dir / STOP_FILE_NAME
         self.received: str | None = None  # the stop request's signal, once there is one
         self.resume_from: Path | None = None
-        # Set when it trains: what copies each checkpoint the task saves to shared storage.
+        # Set when it trains: what copies each checkpoint the task saves to shared storage, and
+        # the task's curves with it.
         self.mirroring = spec.store.mirroring(spec.checkpoint_dir)
+        self.mirroring.on_mirrored = self._publish_curves
+        self.curves_published: dict[str, int] = {}  # the size of each events file as last published
         self.saved_step: int | None = None  # the newest checkpoint's step: restored, then each saved
+        self.progress: dict[str, Any] | None = None  # the task's latest progress report, not yet written
+        self.progress_written_at = time.monotonic()  # the piece's start: its first report after the interval
+        self.progress_interval = PROGRESS_WRITE_SECONDS
 
     def train(self) -> PieceOutcome:
         """Train the task from the checkpoint restored on this node (`restore`), listening for the
@@ -347,7 +364,13 @@ class Piece:
         self.mirroring.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
         self.spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with signals.listening(self._receive):
-            trained = self.task.train(TrainContext(self.spec, self.resume_from, self))
+            try:
+                trained = self.task.train(TrainContext(self.spec, self.resume_from, self))
+            except BaseException:
+                self._write_progress()  # how far it trained: the ledger records what its failure lost
+                raise
+            finally:
+                self._publish_curves(ending=True)
         if trained is not None:
             # The task saves a checkpoint after its last step: the newest one is where it ended.
             steps = {"global_steps": self.saved_step, "resumed_from_step": restored_step}
@@ -402,11 +425,31 @@ class Piece:
             if missing or not (assembly / marker).is_file():
                 raise RuntimeError(f"{assembly} lacks {', '.join(missing) or marker}: not published")
             self.spec.store.publish(assembly, self.me.world_size)
+            self._publish_curves()
             log.info("checkpoint %s of %d processes saved to %s", checkpoint.name, self.me.world_size, assembly.parent)
         self.saved_step = step_of(checkpoint)
 
     def report_progress(self, progress: dict[str, Any]) -> None:
-        self.spec.ledger.report_progress(progress)
+        self.progress = progress
+        if time.monotonic() - self.progress_written_at >= self.progress_interval:
+            self._write_progress()
+
+    def _publish_curves(self, ending: bool = False) -> None:
+        """The curves the task wrote on scratch, to the run's folder (from the first process, which
+        writes them): with each checkpoint, and as the piece ends, its W&B offline run too. Tracking
+        never stops training: a failure to publish is said and left."""
+        if self.me.rank != 0:
+            return
+        try:
+            shared = self.spec.tracking_dir.parent
+            tracking.publish_curves(self.spec.work_dir, shared, self.curves_published, wandb_too=ending)
+        except Exception as error:
+            log.warning("the curves were not published to %s: %s", self.spec.tracking_dir, error)
+
+    def _write_progress(self) -> None:
+        if self.progress is not None:
+            self.spec.ledger.report_progress(self.progress)
+            self.progress, self.progress_written_at = None, time.monotonic()
 
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
         stop = StopForwarder(self.stop_file)

@@ -1,6 +1,11 @@
 """Training curves: one TensorBoard log directory per run on shared storage, continuous across the
 pieces of an interrupted run; W&B offline runs beside it when asked for; the progress lines of a
-training log, and the figures of the curves."""
+training log, and the figures of the curves.
+
+A piece's task writes its curves on node-local scratch (every event a small append, which on a
+shared filesystem is an open and a write each time); the piece publishes them to the run's folder
+with each checkpoint and when it ends (`publish_curves`): a piece killed outright loses only what
+came after its newest checkpoint, which the next piece trains, and logs, again."""
 
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from scratchflow.figures import pyplot, save_png
+from scratchflow.plan import TENSORBOARD_FOLDER
+from scratchflow.staging import copy_whole
 
 # results/runs/<run_id>/wandb/offline-run-*: W&B's offline runs of `tracking: wandb`.
 WANDB_FOLDER = "wandb"
@@ -178,6 +185,21 @@ def wandb_run(environment: dict[str, str], config: dict[str, Any]) -> Iterator[A
             run.finish(exit_code=exit_code)
         except Exception as error:  # tracking must never fail a job whose training went well
             logging.getLogger(__name__).warning("W&B run %s not finished cleanly: %s", run.id, error)
+
+
+def publish_curves(local: Path, shared: Path, published: dict[str, int], wandb_too: bool = False) -> None:
+    """This piece's curves, in its run folder `local` on scratch, copied whole into the run's folder
+    `shared`: each TensorBoard events file that grew since it was last published (`published`: its
+    size then, by name), and with `wandb_too` (when the piece ends) its W&B offline runs."""
+    events = local / TENSORBOARD_FOLDER
+    for written in sorted(events.iterdir()) if events.is_dir() else ():
+        size = written.stat().st_size
+        if written.is_file() and published.get(written.name) != size:
+            copy_whole(written, shared / TENSORBOARD_FOLDER / written.name)
+            published[written.name] = size
+    runs = local / WANDB_FOLDER
+    for offline_run in sorted(runs.glob("offline-run-*")) if wandb_too and runs.is_dir() else ():
+        copy_whole(offline_run, shared / WANDB_FOLDER / offline_run.name)
 
 
 def remove_wandb_runs(run_folder: Path, wandb_id: str) -> None:

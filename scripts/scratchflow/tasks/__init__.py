@@ -117,8 +117,10 @@ class TrainContext:
 
     @property
     def tracking_dir(self) -> Path:
-        """The run's TensorBoard folder on shared storage (scratchflow.tracking)."""
-        return self._spec.tracking_dir
+        """Where to write TensorBoard's events: on scratch; the piece publishes them to the run's
+        TensorBoard folder with each checkpoint and as it ends (scratchflow.tracking). Its parent is
+        where W&B writes its offline run (`WANDB_DIR`), published as the piece ends."""
+        return self._spec.local_tracking_dir
 
     @property
     def tracking(self) -> str:

@@ -1,0 +1,77 @@
+"""A train job is light on a cluster's shared filesystem: whatever its task calls while it trains,
+it writes there (a create, rename, unlink, mkdir or fsync: each a round trip to a metadata server
+every user shares) at most once per 10 seconds of training, outside checkpoint publication. Counted
+by strace (benchmarks/shared_storage.py), never timed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from scratchflow import piece
+from scratchflow.checkpoints import CheckpointStore
+from scratchflow.ledger import RunLedger
+from scratchflow.piece import Piece, PieceSpec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_a_task_reporting_progress_every_step_writes_to_shared_storage_at_most_every_10_seconds(tmp_path):
+    """The plain-PyTorch lab task reporting after each of its 0.4 ms steps: before, every report was
+    a create, an fsync and a rename on shared storage (1,800 reports a 6-second training)."""
+    figures = tmp_path / "figures.json"
+    command = [sys.executable, str(REPO / "benchmarks" / "shared_storage.py"), "--tasks", "mlp-every-step"]
+    command += ["--epochs", "900", "--json", str(figures)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    job = json.loads(figures.read_text())["mlp-every-step"]
+    training = job.get("training", {})
+    writes = sum(training.get(kind, 0) for kind in ("create", "rename", "unlink", "mkdir", "fsync"))
+    assert job["training_seconds"] > 2, "too short a training to tell"
+    assert writes <= 1 + job["training_seconds"] / 10, training
+    assert job["checkpoints"] >= 1, "the checkpoint was published"
+
+
+def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece_ends(tmp_path, monkeypatch):
+    """However often a task reports, its piece writes the latest report once every
+    PROGRESS_WRITE_SECONDS; a piece whose task fails writes its last one, which the ledger reads
+    to record how far it trained past its newest checkpoint."""
+    clock = [1000.0]
+    monkeypatch.setattr(piece.time, "monotonic", lambda: clock[0])
+    folder = tmp_path / "shared"
+    spec = PieceSpec(
+        task="command",
+        run_id="r1",
+        identity={"dataset": {}, "training": {}},
+        model=None,
+        store=CheckpointStore(folder, "COMPLETE"),
+        ledger=RunLedger(folder),
+        tracking_dir=tmp_path / "tensorboard",
+        tracking="tensorboard",
+        save_every_steps=10,
+        stop_grace_seconds=1,
+        threads=1,
+        work_dir=tmp_path / "scratch",
+    )
+    trainer = Piece(spec)
+    written = []
+    monkeypatch.setattr(RunLedger, "report_progress", lambda ledger, progress: written.append(progress["step"]))
+    for step in range(1, 101):  # a report a second for 100 seconds
+        clock[0] += 1
+        trainer.report_progress({"step": step})
+    interval = int(piece.PROGRESS_WRITE_SECONDS)
+    assert written == list(range(interval, 101, interval))
+
+    def failing_train(context):
+        context.report_progress({"step": 101})
+        raise RuntimeError("the loss is NaN")
+
+    monkeypatch.setattr(trainer.task, "train", failing_train)
+    (tmp_path / "scratch").mkdir()
+    with pytest.raises(RuntimeError):
+        trainer.train()
+    assert written[-1] == 101
