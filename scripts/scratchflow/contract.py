@@ -229,7 +229,12 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
                     f"checkpoint-<step>/ every save_every_steps steps, {marker} in it last, then call "
                     "context.checkpoint_saved(it)"
                 )
-            raise ContractBroken(f"{task}: trained to its end through a stop signal (saved one checkpoint first)")
+            raise ContractBroken(
+                f"{task}: trained to its end through a stop signal sent at its first checkpoint; if the contract "
+                f"config's training has only a few steps more than checkpointing.every_steps "
+                f"({config['checkpointing']['every_steps']}), lower every_steps there; else stop at the next step "
+                "once context.stop_requested() says so"
+            )
         stopped_at = first.newest_step()
         if signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN:
             raise ContractBroken(f"{task}: left the stop signal ignored")
