@@ -341,9 +341,10 @@ def train(
 
 @contextmanager
 def curves_logged(trainer: Trainer, context: TrainContext, resume_from: Path | None) -> Iterator[None]:
-    """The first rank logs the curves to shared storage: to TensorBoard, continued from where this
-    piece resumes, and with `tracking: wandb` to a W&B offline run of this piece as well (a piece
-    stopped on request ends its training normally, so its W&B run ends as finished)."""
+    """The first rank logs the curves (on scratch: the piece publishes them to the run's folder with
+    each checkpoint): to TensorBoard, continued from where this piece resumes, and with `tracking:
+    wandb` to a W&B offline run of this piece as well (a piece stopped on request ends its training
+    normally, so its W&B run ends as finished)."""
     if not trainer.is_world_process_zero():
         yield
         return

@@ -150,7 +150,8 @@ def require_wandb() -> Any:
 
 def wandb_environment(run_folder: Path, run_id: str, piece: int | None) -> dict[str, str]:
     """The variables `wandb.init()` reads, for one job of a run: offline (the cluster profiles unset
-    WANDB_API_KEY in every job), its files in the run's folder on shared storage, grouped by the run
+    WANDB_API_KEY in every job), its files in `run_folder` (a training piece's on scratch, which the
+    piece publishes to the run's folder as it ends; the predict job's the run's folder), grouped by the run
     id. W&B cannot resume an offline run, so each training piece is a W&B run of its own,
     `<run_id>-piece<k>`; the predict job (`piece` None) writes `<run_id>`: the whole run, its curves
     read from TensorBoard's files (joined across pieces, nothing lost to a kill)."""
