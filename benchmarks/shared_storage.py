@@ -91,11 +91,9 @@ def command_setting(folder: Path, epochs: int) -> dict[str, Any]:
     program = REPO / "config" / "examples" / "command" / "train.py"
     training = {"command": [sys.executable, str(program)], "hidden": 64, "features": 4096, "batch_size": 8}
     training |= {"epochs": epochs, "learning_rate": 1.0e-3, "seed": 0}
-    return {
-        "task": "command",
-        "dataset": {"name": "articles", "path": str(data), "format": "folder"},
-        "training": training,
-    }
+    dataset = {"name": "articles", "path": str(data), "format": "folder"}
+    aggregate = {"metric": "test_loss", "goal": "min"}  # a command task's metrics are its own
+    return {"task": "command", "dataset": dataset, "training": training, "aggregate": aggregate}
 
 
 # Each kind of task, with the epochs that train it for about a minute here.
@@ -222,9 +220,11 @@ def traced_job(name: str, folder: Path, epochs: int | None = None) -> Counts:
     build, default_epochs = SETTINGS[name]
     setting = build(folder, epochs or default_epochs)
     config = {"task": setting["task"], "dataset": setting["dataset"], "training": dict(setting["training"])}
-    config["grid"] = {"seed": [config["training"].pop("seed")]}
+    config["grid"] = {"seed": [config["training"]["seed"]]}
     if "model" in setting:
         config["model"] = {"name": "model", "source": setting["model"]}
+    if "aggregate" in setting:
+        config["aggregate"] = setting["aggregate"]
     sys.path.insert(0, str(LAB))
     validate_config(config)
     configured_task(config)  # the task's defaults filled in
@@ -236,7 +236,7 @@ def traced_job(name: str, folder: Path, epochs: int | None = None) -> Counts:
     spec = {
         "work": str(shared),
         "task": setting["task"],
-        "identity": run_identity({**config["training"], "seed": 0}, config["dataset"], "model", setting["task"]),
+        "identity": run_identity(config["training"], config["dataset"], "model", setting["task"]),
         "model": setting.get("model"),
         "archive": str(archive),
         "manifest": str(manifest),
