@@ -3,7 +3,7 @@ from pathlib import Path
 
 from scratchflow.jobs import PredictJob, job_context, predict_job
 
-with job_context(snakemake.log[0], snakemake.threads):
+with job_context(snakemake.log[0], snakemake.threads) as cpus:
     predict_job(
         PredictJob(
             run_id=snakemake.wildcards.run_id,
@@ -13,7 +13,7 @@ with job_context(snakemake.log[0], snakemake.threads):
             manifest=Path(snakemake.input.manifest),
             trained=Path(snakemake.input.model),
             scratch_root=snakemake.config["cluster"]["scratch_root"],
-            threads=snakemake.threads,
+            threads=cpus,
             workflow_dir=Path(snakemake.scriptdir).parent,
             metrics_out=Path(snakemake.output.metrics),
             record_out=Path(snakemake.output.record),

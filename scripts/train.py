@@ -14,7 +14,7 @@ rung = (
     if rung_number is not None
     else None
 )
-with job_context(snakemake.log[0], snakemake.threads):
+with job_context(snakemake.log[0], snakemake.threads) as cpus:
     train_job(
         TrainJob(
             run_id=snakemake.wildcards.run_id,
@@ -28,7 +28,7 @@ with job_context(snakemake.log[0], snakemake.threads):
             scratch_root=snakemake.config["cluster"]["scratch_root"],
             checkpointing=snakemake.config["checkpointing"],
             shared_folder=Path(snakemake.params.checkpoints),
-            threads=snakemake.threads,
+            threads=cpus,
             workflow_dir=Path(snakemake.scriptdir).parent,
             tracking_dir=Path(RUN_PATHS.of(snakemake.wildcards.run_id).tensorboard),
             # From the config, not params: switching tracking on must not make finished runs rerun.

@@ -7,6 +7,7 @@ in a network namespace with no route out, so every job also proves it needs no i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -630,3 +631,55 @@ def test_clients_outside_the_cluster_find_no_configuration_of_it_and_fail_at_onc
     started = time.monotonic()
     subprocess.run(["scontrol", "show", "config"], env=env, capture_output=True, timeout=30)
     assert time.monotonic() - started < 2
+
+
+def busy_threads(pid: int, seconds: float = 3.0) -> int:
+    """How many threads of process `pid` used the CPU for at least 50 ms within `seconds`."""
+
+    def ticks() -> dict[str, int]:
+        used = {}
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                used[task.name] = int(fields[11]) + int(fields[12])  # utime, stime: the 14th and 15th fields
+        return used
+
+    before = ticks()
+    time.sleep(seconds)
+    after = ticks()
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(1 for thread, used in after.items() if used - before.get(thread, 0) >= 0.05 * tick)
+
+
+@pytest.mark.parametrize("cpus", [2, 4])
+def test_a_train_job_computes_on_exactly_the_cpus_slurm_gave_it(cpus, slurm, tmp_path, animal_images, tiny_resnet):
+    """The profile's train rule asks Slurm for `cpus` CPUs (`cpus_per_task`) and its `set-threads`
+    says 1: while the job trains, its process computes on `cpus` threads (read from /proc: those
+    that use the CPU), and its log says how many and why. Before, it computed on the rule's threads
+    (one), the rest of what Slurm gave it idle."""
+    config = image_config(animal_images, tiny_resnet, None, epochs=60)
+    del config["cluster"]
+    write_config(tmp_path, config)
+    profile = profile_with("edinburgh", tmp_path / "profile", {"train": {"cpus_per_task": cpus}})
+    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
+    settings["set-threads"]["train"] = 1
+    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)
+    workflow = start_on_slurm(slurm, tmp_path, str(profile), {})
+    try:
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "logs" / "train").glob("*.log")) or " step 20/" not in train_log(tmp_path):
+            assert workflow.poll() is None and time.monotonic() < deadline, tmp_path.with_suffix(".out").read_text()
+            time.sleep(0.5)
+        (holder,) = (tmp_path / "checkpoints").glob("*/running.json")
+        busy = busy_threads(json.loads(holder.read_text())["pid"])
+        assert workflow.wait(timeout=480) == 0, tmp_path.with_suffix(".out").read_text()[-6000:]
+    finally:
+        if workflow.poll() is None:
+            workflow.kill()
+    assert busy == cpus, f"{busy} threads computed, on {cpus} CPUs"
+    assert f"CPUs: {cpus} (Slurm gave the job {cpus} (--cpus-per-task)" in train_log(tmp_path)
+
+
+def train_log(workdir: Path) -> str:
+    return "".join(log.read_text(errors="replace") for log in (workdir / "logs" / "train").glob("*.log"))

@@ -45,3 +45,16 @@ def test_outside_slurm_or_without_its_clients_a_job_is_not_preempted(monkeypatch
 def test_why_slurm_requeued_a_job_is_read_from_its_earlier_runs(states, cause, monkeypatch):
     monkeypatch.setattr(slurm_job, "ask_slurm", lambda *command: states)
     assert slurm_job.requeue_cause("7") == cause
+
+
+def test_a_job_uses_the_cpus_slurm_gave_it_whatever_the_rules_threads_say(monkeypatch):
+    """On Slurm: its --cpus-per-task (a profile's cpus_per_task), within the CPUs it may run on;
+    elsewhere the rule's threads, which Snakemake shares out of its --cores."""
+    monkeypatch.setattr(slurm_job.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert slurm_job.job_cpus(1, {"SLURM_CPUS_PER_TASK": "4"}) == (4, "Slurm gave the job 4 (--cpus-per-task)")
+    assert slurm_job.job_cpus(3, {}) == (3, "the rule's threads, 3, as Snakemake gave them")
+    assert slurm_job.job_cpus(4, {"SLURM_CPUS_PER_TASK": "16"}) == (
+        16,
+        "Slurm gave the job 16 (--cpus-per-task); it may run on 8 of this node's CPUs only",
+    )
+    assert slurm_job.job_cpus(12, {}) == (8, "the rule's threads, 12, as Snakemake gave them")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -245,16 +244,16 @@ class ProgressLog(TrainerCallback):
         )
 
 
-def dataloader_workers(on_gpu: bool, processes_on_node: int = 1) -> int:
-    """Batch-preparing processes of each training process, from the CPUs this job may use on its
-    node (Slurm's --cpus-per-task), shared by the `processes_on_node` training processes there.
+def dataloader_workers(on_gpu: bool, cpus: int) -> int:
+    """Batch-preparing processes of a training process that has `cpus` CPUs (the job's on its node,
+    Slurm's --cpus-per-task, shared by the node's training processes: context.threads).
 
     On a GPU node, one CPU drives each GPU and the others prepare batches (at most 8 per GPU). On
     CPU, every CPU computes the model: a worker process would take a CPU from it
     (benchmarks/throughput.py)."""
     if not on_gpu:
         return 0
-    return min(8, len(os.sched_getaffinity(0)) // processes_on_node - 1)
+    return max(0, min(8, cpus - 1))
 
 
 def mean_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -276,7 +275,7 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
     on_gpu = torch.cuda.is_available()
     if params.get("fsdp") and not on_gpu:
         raise ValueError(f"training.fsdp: {params['fsdp']!r} shards the model across GPUs, and this job has none")
-    workers = dataloader_workers(on_gpu, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    workers = dataloader_workers(on_gpu, context.threads)
     return TrainingArguments(
         output_dir=str(context.checkpoint_dir),
         learning_rate=params["learning_rate"],

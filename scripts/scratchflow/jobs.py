@@ -38,23 +38,26 @@ log = logging.getLogger("scratchflow")
 
 
 @contextlib.contextmanager
-def job_context(log_path: str, threads: int = 1) -> Iterator[None]:
+def job_context(log_path: str, threads: int = 1) -> Iterator[int]:
     """What every job needs: its output in the rule's log (first, the Python that runs it and, in a
-    container, its image), SIGTERM that still cleans up, a fixed number of CPU threads, and a
+    container, its image), SIGTERM that still cleans up, the CPUs it was given (yielded: on Slurm its
+    --cpus-per-task, else `threads`) and every library's threads set to them, and a
     failure told where people look. The rule's log gets the failure
     with its traceback (users read it first); the console (Snakemake's output, on a cluster the
     plugin's Slurm log) gets the failure in one line and where its log is, with no traceback first."""
     signals.exit_on_sigterm()
-    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = str(threads)
+    cpus, why = slurm_job.job_cpus(threads)
+    for variable in slurm_job.THREAD_VARIABLES:
+        os.environ[variable] = str(cpus)
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # progress bars make unreadable log files
     failure: BaseException | None = None
     with output_to_log(log_path) as console, tracking.lines_on(console):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
         image = os.environ.get("PYXIS_CONTAINER_IMAGE")
         log.info("python %s%s", sys.executable, f" in the image {image}" if image else "")
+        log.info("CPUs: %d (%s)", cpus, why)
         try:
-            yield
+            yield cpus
         except TrainingStopped as stopped:  # planned: no traceback, and not an error
             log.info("%s", paused_line(stopped.paused))
             failure = stopped

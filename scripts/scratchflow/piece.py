@@ -33,11 +33,13 @@ a task sees it through its `TrainContext`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -303,6 +305,18 @@ def restore(spec: PieceSpec) -> Path | None:
     return spec.store.restore_newest_to(spec.checkpoint_dir, spec.shape.world_size)
 
 
+def use_threads(threads: int) -> None:
+    """torch's threads, where the task uses torch, set to the process's CPUs whatever the task does:
+    its kernels' threads, and the pool it runs independent operations in (default: one per core
+    of the whole node, which can be set only once, before it starts)."""
+    torch = sys.modules.get("torch")
+    if torch is None:  # a task that trains in another program, or without torch
+        return
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(threads)
+
+
 def _terminated_while_syncing(scratch: Path, trained: Trained) -> PieceOutcome:
     """A SIGTERM that came while the trained model was copied back (a scancel, a preemption, the
     time limit) ends the job as a pause, once the copy is whole. The job is ending: on Slurm the job
@@ -360,6 +374,7 @@ class Piece:
         stop signal: what it trained, with the piece's step figures among its metrics, or Paused
         when it stopped on request (at its newest checkpoint on shared storage)."""
         self.resume_from = newest_complete_checkpoint(self.spec.checkpoint_dir, self.task.CHECKPOINT_MARKER)
+        use_threads(self.spec.threads)
         restored_step = self.saved_step = step_of(self.resume_from) if self.resume_from else None
         self.mirroring.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
         self.spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)

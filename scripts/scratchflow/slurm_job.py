@@ -1,5 +1,5 @@
-"""What a Slurm job asks Slurm about itself: whether it is being preempted, requeueing itself once
-it has saved, and why an earlier run of it was requeued. Outside Slurm, or where its clients are
+"""What a Slurm job asks Slurm about itself: the CPUs it was given, whether it is being preempted,
+requeueing itself once it has saved, and why an earlier run of it was requeued. Outside Slurm, or where its clients are
 missing (a job step in an image without them), each answers "no" or "cannot say".
 
 Preemption with PreemptMode=REQUEUE and a GraceTime sends the job SIGTERM at once and requeues it
@@ -18,12 +18,30 @@ import logging
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
+# What makes a job's libraries start as many threads as it has CPUs: OpenMP (torch's CPU kernels),
+# MKL, OpenBLAS (numpy), and Rayon (Hugging Face's tokenizers).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_RS_NUM_CPUS")
 
 # The state sacct keeps of the run of a job that Slurm then requeued (it keeps its id), in the
 # pieces' and the status's words; "requeued" where sacct does not say (`scontrol requeue` too).
 REQUEUE_CAUSES = {"PREEMPTED": "preempted", "NODE_FAIL": "node failure"}
+
+
+def job_cpus(requested: int, environ: Mapping[str, str] = os.environ) -> tuple[int, str]:
+    """The CPUs a job's processes use, and why that many: on Slurm, exactly those it gave the job
+    (--cpus-per-task: a profile's `cpus_per_task`, whatever the rule's threads say; where the job
+    may run on fewer, which a site that confines jobs to their CPUs never lets happen, that is said
+    too); elsewhere the rule's threads (Snakemake's share of its --cores), within the machine's."""
+    runs_on = len(os.sched_getaffinity(0))
+    given = environ.get("SLURM_CPUS_PER_TASK")
+    if given:
+        cpus = int(given)
+        fewer = f"; it may run on {runs_on} of this node's CPUs only" if runs_on < cpus else ""
+        return cpus, f"Slurm gave the job {cpus} (--cpus-per-task){fewer}"
+    return max(1, min(requested, runs_on)), f"the rule's threads, {requested}, as Snakemake gave them"
 
 
 def ask_slurm(*command: str, timeout: float = 30) -> str | None:
