@@ -873,13 +873,15 @@ def switched_profile(name: str, folder: Path, replace: dict[str, str] | None = N
     return folder
 
 
-def start_on_slurm(slurm, workdir: Path, profile: str, env: dict[str, str], pipeline: bool = False) -> subprocess.Popen:
+def start_on_slurm(
+    slurm, workdir: Path, profile: str, env: dict[str, str], *arguments: str, pipeline: bool = False
+) -> subprocess.Popen:
     """`run_on_slurm` in the background; its output, stderr included, goes to <workdir>.out (a file,
     not a pipe, so that workflows run side by side never wait for their reader). With `pipeline`,
     `workdir` is a lab's pipeline, which runs its own Snakefile (slurm_workflow_command)."""
     with open(workdir.with_suffix(".out"), "w") as output:
         return subprocess.Popen(
-            slurm_workflow_command(slurm, profile, pipeline=workdir if pipeline else None),
+            slurm_workflow_command(slurm, profile, *arguments, pipeline=workdir if pipeline else None),
             cwd=workdir,
             env=slurm_workflow_env(slurm, env),
             stdout=output,

@@ -651,21 +651,19 @@ def busy_threads(pid: int, seconds: float = 3.0) -> int:
     return sum(1 for thread, used in after.items() if used - before.get(thread, 0) >= 0.05 * tick)
 
 
-@pytest.mark.parametrize("cpus", [2, 4])
-def test_a_train_job_computes_on_exactly_the_cpus_slurm_gave_it(cpus, slurm, tmp_path, animal_images, tiny_resnet):
-    """The profile's train rule asks Slurm for `cpus` CPUs (`cpus_per_task`) and its `set-threads`
-    says 1: while the job trains, its process computes on `cpus` threads (read from /proc: those
-    that use the CPU), and its log says how many and why. Before, it computed on the rule's threads
-    (one), the rest of what Slurm gave it idle."""
+# 1 and 2: Snakemake's job step keeps a rule's threads within the node's real cores, 2 here.
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_a_train_job_computes_on_no_more_cpus_than_slurm_gave_it(cpus, slurm, tmp_path, animal_images, tiny_resnet):
+    """The profile's train rule asks Slurm for `cpus` CPUs (`cpus_per_task`) and its threads are 64
+    (`--set-threads`, which the job step keeps within the node's cores): while the job trains, its
+    process computes on `cpus` threads (read from /proc: those that use the CPU), and its log says
+    how many and why. Before, with one CPU it computed on two threads, each waiting for the other."""
     config = image_config(animal_images, tiny_resnet, None, epochs=60)
     del config["cluster"]
     write_config(tmp_path, config)
     profile = profile_with("edinburgh", tmp_path / "profile", {"train": {"cpus_per_task": cpus}})
-    settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
-    settings["set-threads"]["train"] = 1
-    (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
     Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)
-    workflow = start_on_slurm(slurm, tmp_path, str(profile), {})
+    workflow = start_on_slurm(slurm, tmp_path, str(profile), {}, "--set-threads", "train=64", "predict=1")
     try:
         deadline = time.monotonic() + 300
         while not list((tmp_path / "logs" / "train").glob("*.log")) or " step 20/" not in train_log(tmp_path):
@@ -678,7 +676,7 @@ def test_a_train_job_computes_on_exactly_the_cpus_slurm_gave_it(cpus, slurm, tmp
         if workflow.poll() is None:
             workflow.kill()
     assert busy == cpus, f"{busy} threads computed, on {cpus} CPUs"
-    assert f"CPUs: {cpus} (Slurm gave the job {cpus} (--cpus-per-task)" in train_log(tmp_path)
+    assert f"INFO scratchflow: CPUs: {cpus} (Slurm gave the job {cpus} (--cpus-per-task)" in train_log(tmp_path)
 
 
 def train_log(workdir: Path) -> str:

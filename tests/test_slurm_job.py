@@ -47,14 +47,17 @@ def test_why_slurm_requeued_a_job_is_read_from_its_earlier_runs(states, cause, m
     assert slurm_job.requeue_cause("7") == cause
 
 
-def test_a_job_uses_the_cpus_slurm_gave_it_whatever_the_rules_threads_say(monkeypatch):
-    """On Slurm: its --cpus-per-task (a profile's cpus_per_task), within the CPUs it may run on;
-    elsewhere the rule's threads, which Snakemake shares out of its --cores."""
+def test_a_job_computes_on_its_rules_threads_never_more_than_slurm_gave_it(monkeypatch):
+    """The rule's threads (set-threads), within Slurm's --cpus-per-task (cpus_per_task) or, without
+    Slurm, the machine's CPUs; fewer than Slurm gave is said with the fix."""
     monkeypatch.setattr(slurm_job.os, "sched_getaffinity", lambda _pid: set(range(8)))
-    assert slurm_job.job_cpus(1, {"SLURM_CPUS_PER_TASK": "4"}) == (4, "Slurm gave the job 4 (--cpus-per-task)")
-    assert slurm_job.job_cpus(3, {}) == (3, "the rule's threads, 3, as Snakemake gave them")
-    assert slurm_job.job_cpus(4, {"SLURM_CPUS_PER_TASK": "16"}) == (
-        16,
-        "Slurm gave the job 16 (--cpus-per-task); it may run on 8 of this node's CPUs only",
+    slurm = {"SLURM_CPUS_PER_TASK": "4"}
+    assert slurm_job.job_cpus(4, slurm) == (4, "Slurm gave the job 4 (--cpus-per-task)")
+    assert slurm_job.job_cpus(64, slurm) == (
+        4,
+        "Slurm gave the job 4 (--cpus-per-task); the rule's threads, 64, are more",
     )
-    assert slurm_job.job_cpus(12, {}) == (8, "the rule's threads, 12, as Snakemake gave them")
+    cpus, why = slurm_job.job_cpus(1, slurm)
+    assert cpus == 1 and why.endswith("to compute on all 4, set the rule's set-threads to 4 in the profile")
+    assert slurm_job.job_cpus(3, {}) == (3, "the rule's threads, 3, of this machine's 8")
+    assert slurm_job.job_cpus(12, {}) == (8, "the rule's threads, 12, of this machine's 8")

@@ -30,18 +30,24 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 REQUEUE_CAUSES = {"PREEMPTED": "preempted", "NODE_FAIL": "node failure"}
 
 
-def job_cpus(requested: int, environ: Mapping[str, str] = os.environ) -> tuple[int, str]:
-    """The CPUs a job's processes use, and why that many: on Slurm, exactly those it gave the job
-    (--cpus-per-task: a profile's `cpus_per_task`, whatever the rule's threads say; where the job
-    may run on fewer, which a site that confines jobs to their CPUs never lets happen, that is said
-    too); elsewhere the rule's threads (Snakemake's share of its --cores), within the machine's."""
-    runs_on = len(os.sched_getaffinity(0))
+def job_cpus(threads: int, environ: Mapping[str, str] = os.environ) -> tuple[int, str]:
+    """The CPUs a job's processes compute on, and why that many: the rule's threads (the profile's
+    `set-threads`, which Snakemake's job step keeps within them), never more than Slurm gave the
+    job (--cpus-per-task: the profile's `cpus_per_task`); without Slurm, never more than the
+    machine's. Where the threads leave some of Slurm's CPUs idle, that is said with what to change."""
     given = environ.get("SLURM_CPUS_PER_TASK")
-    if given:
-        cpus = int(given)
-        fewer = f"; it may run on {runs_on} of this node's CPUs only" if runs_on < cpus else ""
-        return cpus, f"Slurm gave the job {cpus} (--cpus-per-task){fewer}"
-    return max(1, min(requested, runs_on)), f"the rule's threads, {requested}, as Snakemake gave them"
+    if not given:
+        runs_on = len(os.sched_getaffinity(0))
+        return max(1, min(threads, runs_on)), f"the rule's threads, {threads}, of this machine's {runs_on}"
+    allocated = int(given)
+    if threads > allocated:
+        return allocated, f"Slurm gave the job {allocated} (--cpus-per-task); the rule's threads, {threads}, are more"
+    if threads < allocated:
+        return threads, (
+            f"the rule's threads, of the {allocated} Slurm gave the job (--cpus-per-task): to compute on all "
+            f"{allocated}, set the rule's set-threads to {allocated} in the profile"
+        )
+    return threads, f"Slurm gave the job {allocated} (--cpus-per-task)"
 
 
 def ask_slurm(*command: str, timeout: float = 30) -> str | None:
