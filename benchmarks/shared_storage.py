@@ -123,7 +123,6 @@ CALL = re.compile(r"^(?P<time>\d+\.\d+) (?P<name>\w+)\((?P<arguments>.*)\) += (?
 QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 FD_PATH = re.compile(r"^\d+<([^>]*)>")
 AT_PATH = re.compile(r'(?:AT_FDCWD|-?\d+)<([^>]*)>, "((?:[^"\\]|\\.)*)"')
-CURVES = {"tensorboard", "wandb"}  # published with each checkpoint, and as the piece ends
 FD_CALLS = ("write", "pwrite64", "writev", "fsync", "fdatasync", "getdents64")
 
 
@@ -270,12 +269,11 @@ def counted(lines: list[str], shared: Path, marks: dict[str, float]) -> Counts:
         if path is None or not path.is_relative_to(shared):
             continue
         kind = KINDS.get(name) or _open_kind(call["arguments"])
-        within = path.relative_to(shared).parts
         if at < marks["training"]:
             phase = "start-up"
         elif at > marks["end"]:
             phase = "end"
-        elif any(start <= at <= end for start, end in marks["publications"]) or CURVES.intersection(within):
+        elif any(start <= at <= end for start, end in marks["publications"]):
             phase = "publication"
             if kind == "rename" and re.fullmatch(r"checkpoint-\d+", path.name):
                 published.add(path.name)
