@@ -331,11 +331,13 @@ def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen, step: i
 
 
 def wait_for_progress(folder: Path, workflow: subprocess.Popen, step: int) -> None:
-    """Until the run's progress line (every 10 steps) says `step` or later."""
+    """Until the run's progress line in its train log (every 10 steps) says `step` or later (the run's
+    progress.json, which `make status` reads, is written every 30 s only)."""
+    log = folder.parent.parent / "logs" / "train" / f"{folder.name}.log"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and workflow.poll() is None:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            if json.loads((folder / "progress.json").read_text())["step"] >= step:
+        with contextlib.suppress(FileNotFoundError):
+            if any(int(reached) >= step for reached in re.findall(r" step (\d+)/\d+ \(", log.read_text())):
                 return
         time.sleep(0.02)
     raise AssertionError(f"no progress to step {step}; the workflow said:\n{workflow.communicate()[0][-4000:]}")

@@ -287,13 +287,16 @@ class CheckpointMirroring:
         self.run, self.local_folder = run, local_folder
         self.failure: BaseException | None = None  # the watching thread's, once a copy failed
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
-        self.on_mirrored: Callable[[], None] | None = None  # called after each checkpoint is mirrored
+        # Called before each checkpoint is copied: what must be on shared storage once it is there.
+        self.before_publishing: Callable[[], None] | None = None
 
     def mirror_newest(self) -> Path | None:
         """The newest complete checkpoint on scratch, copied if it is new; None if there is none new."""
         newest = newest_complete_checkpoint(self.local_folder, self.run.marker)
         if newest is None or (self.mirrored_step is not None and step_of(newest) <= self.mirrored_step):
             return None
+        if self.before_publishing is not None:
+            self.before_publishing()
         try:
             self.run.mirror(newest)
         except (StagingError, OSError):
@@ -302,8 +305,6 @@ class CheckpointMirroring:
             return None  # the task pruned it while it was copied: a newer one is there
         self.mirrored_step = step_of(newest)
         log.info("checkpoint %s saved to %s", newest.name, self.run.folder)
-        if self.on_mirrored is not None:
-            self.on_mirrored()
         return newest
 
     @contextlib.contextmanager

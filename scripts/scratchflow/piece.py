@@ -360,9 +360,10 @@ class Piece:
         self.received: str | None = None  # the stop request's signal, once there is one
         self.resume_from: Path | None = None
         # Set when it trains: what copies each checkpoint the task saves to shared storage, and
-        # the task's curves with it.
+        # the task's curves to that step before it (a piece killed just after a checkpoint appeared
+        # would otherwise leave a gap in them, which the next piece, resuming there, never fills).
         self.mirroring = spec.store.mirroring(spec.checkpoint_dir)
-        self.mirroring.on_mirrored = self._publish_curves
+        self.mirroring.before_publishing = self._publish_curves
         self.curves_published: dict[str, int] = {}  # the size of each events file as last published
         self.saved_step: int | None = None  # the newest checkpoint's step: restored, then each saved
         self.progress: dict[str, Any] | None = None  # the task's latest progress report, not yet written
@@ -439,8 +440,8 @@ class Piece:
             marker = self.task.CHECKPOINT_MARKER
             if missing or not (assembly / marker).is_file():
                 raise RuntimeError(f"{assembly} lacks {', '.join(missing) or marker}: not published")
+            self._publish_curves()  # first: a checkpoint on shared storage has its curves there
             self.spec.store.publish(assembly, self.me.world_size)
-            self._publish_curves()
             log.info("checkpoint %s of %d processes saved to %s", checkpoint.name, self.me.world_size, assembly.parent)
         self.saved_step = step_of(checkpoint)
 
