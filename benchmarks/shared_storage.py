@@ -180,8 +180,9 @@ def job_process(spec_path: Path) -> None:
 
     checkpoints.CheckpointStore.mirror = timed(checkpoints.CheckpointStore.mirror)  # type: ignore[method-assign]
     checkpoints.CheckpointStore.publish = timed(checkpoints.CheckpointStore.publish)  # type: ignore[method-assign]
-    if hasattr(piece.Piece, "_publish_curves"):  # before 0.3, curves were written to shared storage as they came
-        piece.Piece._publish_curves = timed(piece.Piece._publish_curves)  # type: ignore[method-assign]
+    for publishing in ("_before_publishing", "_publish_curves"):  # before 0.3, neither: curves went straight there
+        if hasattr(piece.Piece, publishing):
+            setattr(piece.Piece, publishing, timed(getattr(piece.Piece, publishing)))
     work, run = Path(spec["work"]), "storage"
     runs = work / "results" / "runs" / run
     runs.mkdir(parents=True)  # Snakemake makes its outputs' folders before the job starts

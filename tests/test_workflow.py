@@ -332,7 +332,7 @@ def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen, step: i
 
 def wait_for_progress(folder: Path, workflow: subprocess.Popen, step: int) -> None:
     """Until the run's progress line in its train log (every 10 steps) says `step` or later (the run's
-    progress.json, which `make status` reads, is written every 30 s only)."""
+    progress.json, which `make status` reads, is written once a minute)."""
     log = folder.parent.parent / "logs" / "train" / f"{folder.name}.log"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and workflow.poll() is None:

@@ -62,9 +62,10 @@ from scratchflow.tasks import TrainContext, Trained, load_task
 log = logging.getLogger(__name__)
 
 # How often a piece writes its task's latest progress report to shared storage (a create and a
-# rename each, round trips to a shared filesystem's metadata server), however often the task reports:
-# `make status` says how old the report is. A piece that fails writes its last one as it ends.
-PROGRESS_WRITE_SECONDS = 30.0
+# rename each, round trips to a shared filesystem's metadata server), however often the task reports,
+# and with each checkpoint: `make status` says how old the report is. A piece that fails writes its
+# last one as it ends.
+PROGRESS_WRITE_SECONDS = 60.0
 CHECKPOINT_FOLDER = "checkpoints"  # in the piece's scratch folder: where the task saves its checkpoints
 # In a checkpoint of several processes, one per process, written once its part is: rank 0 publishes
 # the checkpoint only when every process's is there.
@@ -363,7 +364,7 @@ class Piece:
         # the task's curves to that step before it (a piece killed just after a checkpoint appeared
         # would otherwise leave a gap in them, which the next piece, resuming there, never fills).
         self.mirroring = spec.store.mirroring(spec.checkpoint_dir)
-        self.mirroring.before_publishing = self._publish_curves
+        self.mirroring.before_publishing = self._before_publishing
         self.curves_published: dict[str, int] = {}  # the size of each events file as last published
         self.saved_step: int | None = None  # the newest checkpoint's step: restored, then each saved
         self.progress: dict[str, Any] | None = None  # the task's latest progress report, not yet written
@@ -440,7 +441,7 @@ class Piece:
             marker = self.task.CHECKPOINT_MARKER
             if missing or not (assembly / marker).is_file():
                 raise RuntimeError(f"{assembly} lacks {', '.join(missing) or marker}: not published")
-            self._publish_curves()  # first: a checkpoint on shared storage has its curves there
+            self._before_publishing()
             self.spec.store.publish(assembly, self.me.world_size)
             log.info("checkpoint %s of %d processes saved to %s", checkpoint.name, self.me.world_size, assembly.parent)
         self.saved_step = step_of(checkpoint)
@@ -449,6 +450,12 @@ class Piece:
         self.progress = progress
         if time.monotonic() - self.progress_written_at >= self.progress_interval:
             self._write_progress()
+
+    def _before_publishing(self) -> None:
+        """What goes to shared storage with a checkpoint, before it: the curves to its step (a
+        checkpoint there has its curves there), and the latest progress report."""
+        self._publish_curves()
+        self._write_progress()
 
     def _publish_curves(self, ending: bool = False) -> None:
         """The curves the task wrote on scratch, to the run's folder (from the first process, which
