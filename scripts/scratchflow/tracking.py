@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from scratchflow.figures import pyplot, save_png
+from scratchflow.files import written_whole
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.staging import copy_whole
 
@@ -196,7 +197,10 @@ def publish_curves(local: Path, shared: Path, published: dict[str, int], wandb_t
     for written in sorted(events.iterdir()) if events.is_dir() else ():
         size = written.stat().st_size
         if written.is_file() and published.get(written.name) != size:
-            copy_whole(written, shared / TENSORBOARD_FOLDER / written.name)
+            # One small file: copied under a partial name and renamed (rsync's copy_whole, for a
+            # checkpoint's many files, costs the metadata server ten times the operations).
+            with written_whole(shared / TENSORBOARD_FOLDER / written.name) as partial:
+                shutil.copyfile(written, partial)
             published[written.name] = size
     runs = local / WANDB_FOLDER
     for offline_run in sorted(runs.glob("offline-run-*")) if wandb_too and runs.is_dir() else ():
