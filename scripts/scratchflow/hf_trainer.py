@@ -316,7 +316,6 @@ def train(
     """Build the Trainer (`args`, and model, datasets, collator: `trainer_arguments`), resume it from
     `context.resume_from`, train until done or asked to stop, and return it with the training
     figures; None for the figures when it stopped on request (its checkpoint saved)."""
-    torch.set_num_threads(context.threads)
     stop = StopWhenAsked(context)
     trainer = ExactlyResumableTrainer(
         args=args,

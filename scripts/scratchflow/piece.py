@@ -39,6 +39,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -87,6 +88,22 @@ class Shape:
     @property
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
+
+
+def ranks_by_node(shape: Shape, environ: Mapping[str, str] = os.environ) -> dict[str, list[int]]:
+    """Which node runs which ranks: node i of the allocation (srun's node id, the order Slurm lists
+    them) runs ranks i*P to i*P + P - 1. Asks Slurm for the nodes of a multi-node job."""
+    if shape.nodes == 1:
+        nodes = [node_name(environ)]
+    else:
+
+        def ask(*command: str) -> str:
+            return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+        listed = ask("squeue", "-h", "-j", environ["SLURM_JOB_ID"], "-o", "%N")
+        nodes = ask("scontrol", "show", "hostnames", listed).split()
+    per_node = shape.processes_per_node
+    return {node: list(range(index * per_node, (index + 1) * per_node)) for index, node in enumerate(nodes)}
 
 
 @dataclass(frozen=True)
@@ -257,8 +274,6 @@ def _begin(spec: PieceSpec, entry: PieceRecord, scratch: Path, timer: PhaseTimer
     """The run's newest checkpoint verified (a damaged one set aside), the room for the next one
     checked, and the piece's entry completed with what it is: a killed piece then says where it
     started and where its log is. Returns the piece's own log."""
-    from scratchflow.distributed import ranks_by_node
-
     newest = spec.store.newest_intact()
     spec.store.check_space_for_the_next(newest)
     piece_log = keep_piece_log(spec.log, entry.piece) if spec.log else None
