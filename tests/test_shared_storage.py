@@ -75,3 +75,42 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
     with pytest.raises(RuntimeError):
         trainer.train()
     assert written[-1] == 101
+
+
+def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_path, monkeypatch):
+    """The task's TensorBoard events are on scratch; a checkpoint on shared storage must find its
+    curves there: a piece killed between the two would leave a gap that the next piece, resuming
+    from that checkpoint (purge_step after it), never logs again."""
+    run_folder = tmp_path / "results" / "runs" / "r1"
+    spec = PieceSpec(
+        task="command",
+        run_id="r1",
+        identity={"dataset": {}, "training": {}},
+        model=None,
+        store=CheckpointStore(tmp_path / "checkpoints" / "r1", "COMPLETE"),
+        ledger=RunLedger(tmp_path / "checkpoints" / "r1"),
+        tracking_dir=run_folder / "tensorboard",
+        tracking="tensorboard",
+        save_every_steps=10,
+        stop_grace_seconds=1,
+        threads=1,
+        work_dir=tmp_path / "scratch",
+    )
+    events = spec.local_tracking_dir / "events.out.tfevents.1.vm.1.0"
+    events.parent.mkdir(parents=True)
+    events.write_bytes(b"the curves to step 10")
+    checkpoint = spec.checkpoint_dir / "checkpoint-10"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "COMPLETE").touch()
+    published = spec.tracking_dir / events.name
+    mirror = CheckpointStore.mirror
+    seen = []
+
+    def mirror_noting_the_curves(store, local):
+        seen.append(published.read_bytes() if published.exists() else None)
+        return mirror(store, local)
+
+    monkeypatch.setattr(CheckpointStore, "mirror", mirror_noting_the_curves)
+    Piece(spec).checkpoint_saved(checkpoint)
+    assert seen == [b"the curves to step 10"]
+    assert (spec.store.folder / "checkpoint-10" / "COMPLETE").is_file()

@@ -129,15 +129,16 @@ class RunLedger:
         (its shape, its log, a pause); an error that ends the block is its outcome, and an entry
         left running is finished. Called while holding the run: an earlier piece still listed as
         running was killed (no job holds the run), and is closed as such."""
-        self.close_killed_pieces(store)
-        self.note_requeue()
+        listed = self.pieces()  # read once: the run is held, no other job writes it now
+        close_killed_pieces(listed, store)
+        note_requeue(listed)
         started = time.time()
         entry = PieceRecord(
-            piece=len(self.pieces()) + 1,
+            piece=len(listed) + 1,
             **this_process(),
             started_at=time.strftime(TIME_FORMAT, time.localtime(started)),
         )
-        self.record(entry)
+        self._write([*listed, entry])
         try:
             yield entry
         except BaseException as error:
@@ -173,37 +174,36 @@ class RunLedger:
         progress = self.progress()
         return progress.get("step") if progress and progress.get("at", 0) >= started else None
 
-    def note_requeue(self) -> None:
-        """This job is one that Slurm requeued (a preemption, a lost node): the earlier piece ran in the
-        same job, and sacct lists an earlier run of it. That piece gets `requeued`, the cause
-        (`requeue_cause`). (SLURM_RESTART_COUNT would say so too, but no job step gets it.)"""
-        job_id, listed = os.environ.get("SLURM_JOB_ID"), self.pieces()
-        if not (listed and job_id):
-            return
-        earlier = listed[-1]
-        if earlier.slurm_job_id != job_id or earlier.requeued is not None:
-            return
-        cause = requeue_cause(job_id)
-        if cause:
-            earlier.requeued = cause
-            log.info("piece %s ended when Slurm requeued job %s: %s", earlier.piece, job_id, cause)
-            self._write(listed)
 
-    def close_killed_pieces(self, store: CheckpointStore) -> None:
-        """Pieces listed as running whose job is gone (killed outright: SIGKILL, a node failure)
-        become `killed`, with the step of the newest checkpoint, the last one they could write."""
-        listed = self.pieces()
-        killed = [entry for entry in listed if entry.outcome == RUNNING]
-        for entry in killed:
-            entry.outcome, entry.reached_step, entry.ended_at = KILLED, store.newest_step(), None
-            entry.last_checkpoint_at = _stamp(store.last_published_since(piece_time(entry.started_at)))
-            job = f"Slurm job {entry.slurm_job_id}" if entry.slurm_job_id else f"pid {entry.pid}"
-            log.warning(
-                "piece %s (%s on %s) was killed; the run goes on from step %s",
-                *(entry.piece, job, entry.host, entry.reached_step),
-            )
-        if killed:
-            self._write(listed)
+def note_requeue(listed: list[PieceRecord]) -> None:
+    """This job is one that Slurm requeued (a preemption, a lost node): the earlier piece ran in the
+    same job, and sacct lists an earlier run of it. That piece gets `requeued`, the cause
+    (`requeue_cause`). (SLURM_RESTART_COUNT would say so too, but no job step gets it.)"""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not (listed and job_id):
+        return
+    earlier = listed[-1]
+    if earlier.slurm_job_id != job_id or earlier.requeued is not None:
+        return
+    cause = requeue_cause(job_id)
+    if cause:
+        earlier.requeued = cause
+        log.info("piece %s ended when Slurm requeued job %s: %s", earlier.piece, job_id, cause)
+
+
+def close_killed_pieces(listed: list[PieceRecord], store: CheckpointStore) -> None:
+    """Pieces listed as running whose job is gone (killed outright: SIGKILL, a node failure)
+    become `killed`, with the step of the newest checkpoint, the last one they could write."""
+    for entry in listed:
+        if entry.outcome != RUNNING:
+            continue
+        entry.outcome, entry.reached_step, entry.ended_at = KILLED, store.newest_step(), None
+        entry.last_checkpoint_at = _stamp(store.last_published_since(piece_time(entry.started_at)))
+        job = f"Slurm job {entry.slurm_job_id}" if entry.slurm_job_id else f"pid {entry.pid}"
+        log.warning(
+            "piece %s (%s on %s) was killed; the run goes on from step %s",
+            *(entry.piece, job, entry.host, entry.reached_step),
+        )
 
 
 def _stamp(at: float | None) -> str | None:
