@@ -93,7 +93,7 @@ def prepare(work: Path, task_config: Callable[[Path, Path], dict]) -> Path:
     are made once per dataset, not per job)."""
     config = task_config(work, copy_articles(work))
     # Checkpoints every hour or so on a real job: none within this short one but the final one.
-    config["checkpointing"] = {"every_steps": 100_000, "keep": 2}
+    config["checkpointing"] = {"every_minutes": 10**4, "keep": 2}
     config["cluster"] = {"scratch_root": str(work / "scratch")}
     (work / "config").mkdir()
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))

@@ -92,7 +92,7 @@ SETTINGS: dict[str, tuple[Callable[[Path, int], dict[str, Any]], int]] = {
     "image": (image_setting, 150),
     "command": (command_setting, 40),
 }
-CHECKPOINTING = {"every_steps": 2000, "keep": 2, "stop_signal": "USR1", "stop_grace_seconds": 60}
+CHECKPOINTING = {"every_minutes": 10, "every_steps": 2000, "keep": 2, "stop_signal": "USR1", "stop_grace_seconds": 60}
 # The system calls counted, and what each is.
 KINDS = {
     "rename": "rename", "renameat": "rename", "renameat2": "rename",

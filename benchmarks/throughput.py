@@ -35,6 +35,7 @@ from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import label_names, labelled_files, load_examples, resolve_location, split_examples
 from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec
+from scratchflow.schedule import CheckpointInterval
 from scratchflow.tasks import image_classification, text_classification
 from scratchflow.tiny_model import build_tiny_resnet
 from transformers import (
@@ -94,7 +95,7 @@ def scratchflow_train(
         ledger=RunLedger(work / "shared"),
         tracking_dir=work / "tensorboard",
         tracking=tracking,
-        save_every_steps=10**6,
+        checkpoint_every=CheckpointInterval(minutes=10**6),
         stop_grace_seconds=60,
         threads=torch.get_num_threads(),
     )

@@ -218,13 +218,14 @@ def workflow_env() -> dict[str, str]:
     return env
 
 
-def long_run(workdir: Path, data: Path, model: Path, **overrides) -> Path:
-    """One run long enough to interrupt (280 steps, checkpoints every 20): config in `workdir`,
-    returns its scratch root. The fault tests compare their results with an uninterrupted one."""
+def long_run(workdir: Path, data: Path, model: Path, checkpointing: dict | None = None, **overrides) -> Path:
+    """One run long enough to interrupt (280 steps, checkpoints every 20 unless `checkpointing` says
+    otherwise): config in `workdir`, returns its scratch root. The fault tests compare their results
+    with an uninterrupted one."""
     scratch = workdir / "scratch"
     config = workflow_config(data, model, scratch, grid={"seed": [7]}, **overrides)
     config["training"].update(epochs=20, max_length=128)
-    config["checkpointing"] = {"every_steps": 20, "keep": 2}
+    config["checkpointing"] = checkpointing or {"every_steps": 20, "keep": 2}
     write_config(workdir, config)
     return scratch
 

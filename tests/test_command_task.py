@@ -18,6 +18,7 @@ from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
+from scratchflow.schedule import CheckpointInterval
 from scratchflow.tasks.command import (
     CommandFailed,
     check_settings,
@@ -133,7 +134,7 @@ def test_with_tracking_wandb_a_bare_wandb_init_logs_the_piece_offline_beside_its
         ledger=RunLedger(tmp_path / "checkpoints"),
         tracking_dir=run_folder / TENSORBOARD_FOLDER,
         tracking="wandb",
-        save_every_steps=10,
+        checkpoint_every=CheckpointInterval(steps=10),
         stop_grace_seconds=1,
         threads=1,
     )

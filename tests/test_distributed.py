@@ -33,6 +33,7 @@ from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec, Rank, Shape, Staging
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
+from scratchflow.schedule import CheckpointInterval
 from scratchflow.tracking import read_curves
 
 TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
@@ -203,7 +204,7 @@ def test_a_stop_that_comes_just_after_the_processes_agreed_is_counted_at_the_nex
         ledger=RunLedger(tmp_path / "checkpoints"),
         tracking_dir=tmp_path / "tensorboard",
         tracking="tensorboard",
-        save_every_steps=10,
+        checkpoint_every=CheckpointInterval(steps=10),
         stop_grace_seconds=1,
         threads=1,
     )
@@ -388,7 +389,7 @@ def test_a_piece_spec_names_the_jobs_node_as_slurm_does_and_reads_back_whole(tmp
         ledger=RunLedger(tmp_path / "checkpoints"),
         tracking_dir=tmp_path / "tensorboard",
         tracking="tensorboard",
-        save_every_steps=20,
+        checkpoint_every=CheckpointInterval(steps=20),
         stop_grace_seconds=60,
         threads=4,
         shape=Shape(2, 2),

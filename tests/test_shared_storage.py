@@ -15,6 +15,7 @@ from scratchflow import piece
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec
+from scratchflow.schedule import CheckpointInterval
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,7 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
         ledger=RunLedger(folder),
         tracking_dir=tmp_path / "tensorboard",
         tracking="tensorboard",
-        save_every_steps=10,
+        checkpoint_every=CheckpointInterval(steps=10),
         stop_grace_seconds=1,
         threads=1,
         work_dir=tmp_path / "scratch",
@@ -91,7 +92,7 @@ def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_pa
         ledger=RunLedger(tmp_path / "checkpoints" / "r1"),
         tracking_dir=run_folder / "tensorboard",
         tracking="tensorboard",
-        save_every_steps=10,
+        checkpoint_every=CheckpointInterval(steps=10),
         stop_grace_seconds=1,
         threads=1,
         work_dir=tmp_path / "scratch",

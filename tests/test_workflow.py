@@ -468,6 +468,46 @@ def test_scratch_too_small_stops_the_job_before_training_and_is_left_empty(
     assert not list(tmp_path.glob("results/runs/*/*"))
 
 
+def test_a_run_saving_by_time_killed_and_paused_ends_like_an_uninterrupted_run_and_records_each_checkpoints_cost(
+    tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    """checkpointing.every_minutes alone (0.12 s): the first checkpoint comes after 0.12 s of
+    training, each next once a hundred times the last one's cost has passed (checkpoints at most 1 %
+    of training). SIGKILL once the first is on shared storage, the same command resumes from it, a
+    USR1 pauses that piece, the retry resumes: the run ends with the results and curves of the
+    uninterrupted run, which saved every 20 steps (the interval is no part of a run's identity), and
+    each piece's entry says what each of its checkpoints cost to save and to publish."""
+    long_run(tmp_path, bbc_subset, tiny_model, checkpointing={"every_minutes": 0.002, "keep": 2})
+    workflow = start_workflow(tmp_path)
+    run_id = wait_for_first_checkpoint(tmp_path, workflow).name
+    os.killpg(workflow.pid, signal.SIGKILL)
+    workflow.wait()
+    assert not (tmp_path / "results" / "runs" / run_id / "record.json").exists(), "killed too late"
+
+    workflow = start_workflow(tmp_path)
+    wait_for_progress(tmp_path / "checkpoints" / run_id, workflow, 150)
+    os.kill(job_process(tmp_path), signal.SIGUSR1)
+    output = workflow.communicate(timeout=600)[0]
+    assert workflow.returncode == 0, output[-4000:]
+
+    assert same_results(tmp_path, uninterrupted_long_run) == []
+    assert different_curves(tmp_path, uninterrupted_long_run) == []
+    record = json.loads((tmp_path / "results" / "runs" / run_id / "record.json").read_text())
+    killed, paused, last = record["pieces"]
+    assert killed["outcome"] == "killed" and paused["resumed_from_step"] == killed["reached_step"] < 20
+    assert (paused["outcome"], last["resumed_from_step"]) == ("paused", paused["reached_step"])
+    for piece in (paused, last):
+        costs = piece["checkpoints"]
+        assert costs and all(cost["save_seconds"] > 0 and cost["publish_seconds"] > 0 for cost in costs), costs
+        steps = [cost["step"] for cost in costs]
+        assert steps == sorted(steps) and steps[-1] == piece["reached_step"]
+    assert [cost["step"] for cost in last["checkpoints"]][-1] == record["training"]["global_steps"] == 280
+    paused_log = (tmp_path / paused["log"]).read_text()
+    assert re.search(
+        r"checkpoint-\d+ saved in [\d.]+ s, published in [\d.]+ s; the next after [\d.]+ minutes", paused_log
+    )
+
+
 def test_a_checkpoint_of_other_parameters_is_refused_not_resumed(tmp_path, bbc_subset, tiny_model):
     config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", grid={"seed": [0, 1]})
     config["training"]["epochs"] = 2

@@ -289,12 +289,15 @@ class CheckpointMirroring:
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
         # Called before each checkpoint is copied: what must be on shared storage once it is there.
         self.before_publishing: Callable[[], None] | None = None
+        # Called once each is there, with its step and when its publication began (time.monotonic).
+        self.published: Callable[[int, float], None] | None = None
 
     def mirror_newest(self) -> Path | None:
         """The newest complete checkpoint on scratch, copied if it is new; None if there is none new."""
         newest = newest_complete_checkpoint(self.local_folder, self.run.marker)
         if newest is None or (self.mirrored_step is not None and step_of(newest) <= self.mirrored_step):
             return None
+        started = time.monotonic()
         if self.before_publishing is not None:
             self.before_publishing()
         try:
@@ -305,6 +308,8 @@ class CheckpointMirroring:
             return None  # the task pruned it while it was copied: a newer one is there
         self.mirrored_step = step_of(newest)
         log.info("checkpoint %s saved to %s", newest.name, self.run.folder)
+        if self.published is not None:
+            self.published(self.mirrored_step, started)
         return newest
 
     @contextlib.contextmanager

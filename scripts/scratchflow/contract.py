@@ -37,6 +37,7 @@ from scratchflow.config import ConfigError, configured_task, validate_config
 from scratchflow.dataset import WHOLE, DatasetError, data_sources, resolve_location
 from scratchflow.ledger import RunLedger
 from scratchflow.piece import Paused, Piece, PieceOutcome, PieceSpec, restore
+from scratchflow.schedule import CheckpointInterval
 from scratchflow.tasks import (
     PROGRESS_KEYS,
     TASK_NAMES,
@@ -186,7 +187,7 @@ def piece_spec(config: dict[str, Any], work: Path, piece: int, store: Checkpoint
         ledger=ProgressChecked(store.folder),
         tracking_dir=work / "tensorboard",
         tracking="tensorboard",
-        save_every_steps=config["checkpointing"]["every_steps"],
+        checkpoint_every=CheckpointInterval.of(config["checkpointing"]),
         stop_grace_seconds=30,
         threads=1,
         piece=piece,
@@ -201,7 +202,13 @@ def train_piece(spec: PieceSpec) -> PieceOutcome:
     restore(spec)
     trainer = Piece(spec)
     trainer.progress_interval = 0.0
-    return trainer.train()
+    outcome = trainer.train()
+    if not trainer.task.LAUNCHES_OWN_PROCESSES and trainer.schedule.costs and not trainer.schedule.asked:
+        raise ContractBroken(
+            f"{spec.task}: saved checkpoints without asking context.checkpoint_due(step) at a step's end: they "
+            "never follow checkpointing.every_minutes (a job killed loses all its training)"
+        )
+    return outcome
 
 
 def trained_piece(spec: PieceSpec) -> Trained:
@@ -226,14 +233,18 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
             if first.newest() is None:
                 raise ContractBroken(
                     f"{task}: trained to its end without a complete checkpoint handed to its piece: save "
-                    f"checkpoint-<step>/ every save_every_steps steps, {marker} in it last, then call "
+                    f"checkpoint-<step>/ when context.checkpoint_due(step) says, {marker} in it last, then call "
                     "context.checkpoint_saved(it)"
                 )
+            every_steps = config["checkpointing"]["every_steps"]
+            interval = (
+                f"has only a few steps more than checkpointing.every_steps ({every_steps}), lower it there"
+                if every_steps
+                else "saves by time alone (checkpointing.every_steps unset), set every_steps there to a few steps"
+            )
             raise ContractBroken(
                 f"{task}: trained to its end through a stop signal sent at its first checkpoint; if the contract "
-                f"config's training has only a few steps more than checkpointing.every_steps "
-                f"({config['checkpointing']['every_steps']}), lower every_steps there; else stop at the next step "
-                "once context.stop_requested() says so"
+                f"config's training {interval}; else stop at the next step once context.stop_requested() says so"
             )
         stopped_at = first.newest_step()
         if signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN:

@@ -133,8 +133,9 @@ def budget_step(max_steps: int, epochs: int, budget_epochs: int) -> int:
 
 
 class StopWhenAsked(TrainerCallback):
-    """Saves a checkpoint and stops at the end of the step at which the piece is asked to stop; also
-    saves one after the last step, so that a run whose job dies after training resumes from its end
+    """Saves a checkpoint at the end of a step when the piece says one is due, and stops after
+    saving one at the end of the step at which the piece is asked to stop; also saves one after the
+    last step, so that a run whose job dies after training resumes from its end
     instead of from zero. With `budget_epochs` (a halving search's rung), it stops the same way at
     the end of that epoch, its evaluation done."""
 
@@ -155,9 +156,10 @@ class StopWhenAsked(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         stopping = self.asked = self.context.stop_requested()  # every process, every step: they agree
+        due = self.context.checkpoint_due(state.global_step)  # the same
         if self.budget_step is not None and state.global_step >= self.budget_step:
             stopping = True  # the epoch's evaluation still runs: the Trainer stops after it
-        if stopping or state.global_step >= state.max_steps:
+        if stopping or due or state.global_step >= state.max_steps:
             control.should_save = True
         if stopping:
             control.should_training_stop = True
@@ -292,8 +294,7 @@ def training_arguments(context: TrainContext, has_validation: bool, **task_speci
         dataloader_persistent_workers=workers > 0,
         dataloader_pin_memory=on_gpu,
         eval_strategy="epoch" if has_validation else "no",
-        save_strategy="steps",
-        save_steps=context.save_every_steps,
+        save_strategy="no",  # StopWhenAsked saves: when the piece says a checkpoint is due, or a stop
         save_total_limit=context.keep_checkpoints,
         logging_steps=10,
         disable_tqdm=True,

@@ -26,6 +26,7 @@ from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import Paused, PieceSpec, Shape, Staging, TrainingStopped, finished, run_piece
 from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
 from scratchflow.record import PhaseTimer, code_record, environment_record, output_to_log, plain
+from scratchflow.schedule import CheckpointInterval
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
@@ -196,7 +197,7 @@ def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> Piece
         ledger=RunLedger(store.folder),
         tracking_dir=job.tracking_dir,
         tracking=job.tracking,
-        save_every_steps=job.checkpointing["every_steps"],
+        checkpoint_every=CheckpointInterval.of(job.checkpointing),
         stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
         threads=job.threads,
         shape=job.shape,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from scratchflow.files import read_json, write_json_atomically
 from scratchflow.lease import this_process
 from scratchflow.record import plain, typed
+from scratchflow.schedule import CheckpointCost
 from scratchflow.slurm_job import requeue_cause
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class PieceRecord:
     threads: int | None = None
     rung: int | None = None  # a halving search's rung it trained
     timings_seconds: dict[str, float] = field(default_factory=dict)  # its phases, as they ended
+    checkpoints: list[CheckpointCost] = field(default_factory=list)  # what each it published cost
 
 
 def piece_records(listed: list[dict[str, Any]]) -> list[PieceRecord]:

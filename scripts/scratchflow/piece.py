@@ -16,6 +16,9 @@ scratchflow.distributed launches them from the same spec):
 - **the stop signal** (`checkpointing.stop_signal`, and SIGTERM) is heard here while the task trains;
   the task asks `TrainContext.stop_requested()` at the end of each step, and with several processes
   they all learn there whether any was asked, so all stop at the same step;
+- **when to checkpoint**: the task asks `TrainContext.checkpoint_due(step)` at the end of each step;
+  the piece's `CheckpointSchedule` (scratchflow.schedule) answers by the minutes of training since
+  the last, bounded so that checkpoints cost at most 1 % of training, and times each one;
 - **mirroring**: after the task saves a checkpoint on scratch it calls
   `TrainContext.checkpoint_saved`, and the piece copies it whole to shared storage (with several
   processes: each node's part into a hidden assembly folder, published by rank 0 once every
@@ -56,6 +59,7 @@ from scratchflow.ledger import PAUSED, Phase, PieceRecord, RunLedger
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.record import PhaseTimer, keep_piece_log, plain, typed
+from scratchflow.schedule import CheckpointCost, CheckpointInterval, CheckpointSchedule
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import StagingError, copy_whole, scratch_directory, stage_in
 from scratchflow.tasks import TrainContext, Trained, load_task
@@ -68,6 +72,7 @@ log = logging.getLogger(__name__)
 # last one as it ends.
 PROGRESS_WRITE_SECONDS = 60.0
 CHECKPOINT_FOLDER = "checkpoints"  # in the piece's scratch folder: where the task saves its checkpoints
+CHECKPOINT_COSTS_FILE = "checkpoint-costs.json"  # there too: what each checkpoint cost, for the piece's entry
 # In a checkpoint of several processes, one per process, written once its part is: rank 0 publishes
 # the checkpoint only when every process's is there.
 PART_FILE = "part-{rank}"
@@ -144,7 +149,7 @@ class PieceSpec:
     ledger: RunLedger  # the run's pieces and progress on shared storage
     tracking_dir: Path  # the run's TensorBoard folder on shared storage (scratchflow.tracking)
     tracking: str  # config key tracking: "tensorboard", or "wandb" (W&B offline as well)
-    save_every_steps: int
+    checkpoint_every: CheckpointInterval
     stop_grace_seconds: float
     threads: int  # CPU threads of the job on each node; of each process in a training process
     shape: Shape = Shape()
@@ -261,8 +266,11 @@ def run_piece(spec: PieceSpec) -> PieceOutcome:
         if isinstance(node, Paused):
             return _ended(entry, node, piece_log)
         spec.store.check_scratch_space(scratch, spec.store.newest(), spec.model)
-        with timer.phase("train"):
-            outcome = distributed.train(node)
+        try:
+            with timer.phase("train"):
+                outcome = distributed.train(node)
+        finally:
+            entry.checkpoints = checkpoint_costs(scratch)
         if isinstance(outcome, Trained) and spec.model_out is not None:
             with timer.phase("sync"):
                 copy_whole(outcome.output, spec.model_out)
@@ -295,6 +303,12 @@ def _begin(spec: PieceSpec, entry: PieceRecord, scratch: Path, timer: PhaseTimer
         *(spec.run_id, entry.piece, scratch, spec.shape.nodes, spec.shape.processes_per_node),
     )
     return piece_log
+
+
+def checkpoint_costs(scratch: Path) -> list[CheckpointCost]:
+    """What each checkpoint the piece published cost, as its first process kept it on scratch."""
+    costs = scratch / CHECKPOINT_COSTS_FILE
+    return typed(list[CheckpointCost], read_json(costs)) if costs.is_file() else []
 
 
 def prepare_node(spec: PieceSpec, scratch: Path) -> PieceSpec | Paused:
@@ -385,6 +399,8 @@ class Piece:
         self.progress: dict[str, Any] | None = None  # the task's latest progress report, not yet written
         self.progress_written_at = time.monotonic()  # the piece's start: its first report after the interval
         self.progress_interval = PROGRESS_WRITE_SECONDS
+        self.schedule = CheckpointSchedule(spec.checkpoint_every)
+        self.mirroring.published = self._published
 
     def train(self) -> PieceOutcome:
         """Train the task from the checkpoint restored on this node (`restore`), listening for the
@@ -418,24 +434,32 @@ class Piece:
     # What the task's TrainContext asks for.
 
     def stop_requested(self) -> bool:
+        self.schedule.step_ended()
         if self.received is None and self.stop_file.exists():  # left before this process listened
             self.received = self.stop_file.read_text() or "a stop request"
-        if self.me.world_size == 1:
-            return self.received is not None
-        # A signal may reach one process, or one node, or all at different moments: every process
-        # learns whether any got one, so all stop at the same step.
-        import torch.distributed  # only a piece of several processes has them
-
-        device = f"cuda:{torch.cuda.current_device()}" if torch.distributed.get_backend() == "nccl" else "cpu"
-        anyone = torch.tensor([int(self.received is not None)], device=device)
-        torch.distributed.all_reduce(anyone, op=torch.distributed.ReduceOp.MAX)
-        if not anyone.item():
+        if not self._agreed(self.received is not None):
             # The agreed answer, even if this process's own signal came after it had answered: a
             # process that stopped alone would wait forever in its checkpoint's barrier while the
             # others trained on. Its signal is counted at the next step's end.
             return False
         self.received = self.received or "a stop signal to another process"
         return True
+
+    def checkpoint_due(self, step: int) -> bool:
+        return self._agreed(self.schedule.due(step))
+
+    def _agreed(self, mine: bool) -> bool:
+        """True if any of the piece's processes says True. A signal may reach one process, or one
+        node, or all at different moments, and each process has its own clock: every process asks
+        at the same steps and all get the same answer, so all stop, or save, at the same step."""
+        if self.me.world_size == 1:
+            return mine
+        import torch.distributed  # only a piece of several processes has them
+
+        device = f"cuda:{torch.cuda.current_device()}" if torch.distributed.get_backend() == "nccl" else "cpu"
+        anyone = torch.tensor([int(mine)], device=device)
+        torch.distributed.all_reduce(anyone, op=torch.distributed.ReduceOp.MAX)
+        return bool(anyone.item())
 
     def checkpoint_saved(self, checkpoint: Path) -> None:
         if self.me.world_size == 1:
@@ -444,6 +468,7 @@ class Piece:
             return
         import torch.distributed  # only a piece of several processes has them
 
+        started = self.schedule.clock()
         assembly = self.spec.store.assembly(checkpoint.name, self.spec.assembly_tag)
         (checkpoint / PART_FILE.format(rank=self.me.rank)).touch()  # after the task's own part
         torch.distributed.barrier()  # every process has written its part
@@ -460,6 +485,20 @@ class Piece:
             self.spec.store.publish(assembly, self.me.world_size)
             log.info("checkpoint %s of %d processes saved to %s", checkpoint.name, self.me.world_size, assembly.parent)
         self.saved_step = step_of(checkpoint)
+        self._published(self.saved_step, started)
+
+    def _published(self, step: int, started: float) -> None:
+        """A checkpoint is on shared storage: what it cost, kept on scratch for the piece's entry
+        (by the first process, which published it); the next one's interval counts from here."""
+        cost = self.schedule.published(step, started)
+        if self.me.rank != 0:
+            return
+        write_json_atomically(plain(self.schedule.costs), self.spec.work_dir / CHECKPOINT_COSTS_FILE, durable=False)
+        saving = f"saved in {cost.save_seconds:.2f} s, " if cost.save_seconds is not None else ""
+        log.info(
+            "checkpoint-%d %spublished in %.2f s; the next after %.1f minutes of training",
+            *(step, saving, cost.publish_seconds, self.schedule.seconds / 60),
+        )
 
     def report_progress(self, progress: dict[str, Any]) -> None:
         self.progress = progress

@@ -3,8 +3,9 @@ classifier for a folder-per-label text dataset (BBC News in the example config).
 
 What makes it fit the lifecycle (docs/tasks.md, "Your own training code"):
 - it reads its data from $SCRATCHFLOW_DATA_DIR and its parameters from the JSON file $SCRATCHFLOW_PARAMS;
-- every $SCRATCHFLOW_SAVE_EVERY_STEPS steps, and when asked to stop ($SCRATCHFLOW_STOP_SIGNAL, USR1
-  unless the config says otherwise, or SIGTERM), it saves
+- every $SCRATCHFLOW_SAVE_EVERY_SECONDS seconds of training (and every $SCRATCHFLOW_SAVE_EVERY_STEPS
+  steps, where set), and when asked to stop ($SCRATCHFLOW_STOP_SIGNAL, USR1 unless the config says
+  otherwise, or SIGTERM), it saves
   checkpoint-<step>/ under $SCRATCHFLOW_CHECKPOINT_DIR with everything that determines the rest of
   the run (weights, optimizer, step), and writes the file COMPLETE into it last;
 - it resumes from $SCRATCHFLOW_RESUME_FROM, and because batches depend only on (seed, epoch), a
@@ -22,6 +23,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -31,7 +33,8 @@ environment = os.environ
 params = json.loads(Path(environment["SCRATCHFLOW_PARAMS"]).read_text())
 checkpoints = Path(environment["SCRATCHFLOW_CHECKPOINT_DIR"])
 output = Path(environment["SCRATCHFLOW_OUTPUT_DIR"])
-save_every = int(environment["SCRATCHFLOW_SAVE_EVERY_STEPS"])
+save_every_seconds = float(environment["SCRATCHFLOW_SAVE_EVERY_SECONDS"])
+save_every_steps = int(environment.get("SCRATCHFLOW_SAVE_EVERY_STEPS") or 0)  # 0: by time alone
 # One thread, whatever the job has ($OMP_NUM_THREADS): this model's matrices are small, so one thread
 # is faster (13 s against 60 s for two epochs on a busy 2-core machine), and a CPU reduction split
 # over several threads may split differently from one run to the next (the math libraries may use
@@ -112,6 +115,7 @@ def save_checkpoint():
         old.rmdir()
 
 
+last_saved = time.monotonic()
 while step < stop_at:
     epoch, position = divmod(step, steps_per_epoch)
     order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(params["seed"] * 10_000 + epoch))
@@ -124,8 +128,10 @@ while step < stop_at:
     if step % 20 == 0:
         print(f"step {step}/{total_steps} loss {loss.item():.4f}", flush=True)
         curves.add_scalar("train/loss", loss.item(), step)
-    if step % save_every == 0 or step == stop_at or stop_requested:
+    due = time.monotonic() - last_saved >= save_every_seconds or (save_every_steps and step % save_every_steps == 0)
+    if due or step == stop_at or stop_requested:
         save_checkpoint()
+        last_saved = time.monotonic()
     if stop_requested:
         print(f"stopping at step {step}: checkpoint saved", flush=True)
         sys.exit(0)

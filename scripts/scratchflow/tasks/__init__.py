@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import yaml
 
 if TYPE_CHECKING:
     from scratchflow.piece import PieceSpec
+    from scratchflow.schedule import CheckpointInterval
 
 DEFAULT_TASK = "text-classification"
 # What a progress report holds, each a number: where training is, where this job stops, the loss,
@@ -47,6 +48,7 @@ class Lifecycle(Protocol):
     """What the piece does for a task while it trains (scratchflow.piece.Piece)."""
 
     def stop_requested(self) -> bool: ...
+    def checkpoint_due(self, step: int) -> bool: ...
     def checkpoint_saved(self, checkpoint: Path) -> None: ...
     def report_progress(self, progress: dict[str, Any]) -> None: ...
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]: ...
@@ -112,8 +114,17 @@ class TrainContext:
         return self._spec.store.keep
 
     @property
-    def save_every_steps(self) -> int:
-        return self._spec.save_every_steps
+    def checkpoint_every(self) -> CheckpointInterval:
+        """checkpointing.every_minutes and every_steps, for a task whose training is another
+        program (scratchflow.tasks.command passes them on); a task in Python asks `checkpoint_due`."""
+        return self._spec.checkpoint_every
+
+    @property
+    def save_every_steps(self) -> NoReturn:
+        raise AttributeError(
+            "TrainContext.save_every_steps is gone since scratchflow 0.3: save a checkpoint at the end of "
+            "a step when context.checkpoint_due(step) says so (docs/tasks.md)"
+        )
 
     @property
     def tracking_dir(self) -> Path:
@@ -153,6 +164,14 @@ class TrainContext:
         end of every step; with several training processes every process must ask at the same
         steps (they agree there), and all get the same answer."""
         return self.lifecycle.stop_requested()
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether to save a checkpoint at the end of `step`, the run's step just done: once
+        checkpointing.every_minutes of training have passed since the last (later if checkpoints
+        would take more than 1 % of training), and every checkpointing.every_steps steps if set.
+        Ask at the end of every step, after `stop_requested()`; with several training processes every
+        process asks at the same steps, and all get the same answer."""
+        return self.lifecycle.checkpoint_due(step)
 
     def checkpoint_saved(self, checkpoint: Path) -> None:
         """Call after saving `checkpoint` (checkpoint_dir/checkpoint-<step>, complete) in every
@@ -306,8 +325,8 @@ class Task(Protocol):
 
     def train(self, context: TrainContext) -> Trained | None:
         """Trains `context.params` on `context.data`, from `context.resume_from` when set (its weights,
-        optimizer, schedule, random states and step). Every `context.save_every_steps` steps, and
-        after the last, saves `checkpoint-<step>/` into `context.checkpoint_dir` (its marker last)
+        optimizer, schedule, random states and step). When `context.checkpoint_due(step)` says so,
+        and after the last step, saves `checkpoint-<step>/` into `context.checkpoint_dir` (its marker last)
         and calls `context.checkpoint_saved` with it. Asks `context.stop_requested()` after every
         step: when asked, saves a checkpoint the same way and returns None. With
         `context.budget_epochs`, stops the same way at the end of that epoch and returns

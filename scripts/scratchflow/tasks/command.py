@@ -13,7 +13,12 @@ directory. It learns where things are from environment variables (the contract t
     SCRATCHFLOW_RESUME_FROM       the newest complete checkpoint, copied in from shared storage ('' if none)
     SCRATCHFLOW_OUTPUT_DIR        synced back whole to results/runs/<run_id>/model/; must hold metrics.json
     SCRATCHFLOW_PARAMS            a JSON file of the run's parameters (the training keys but `command`)
-    SCRATCHFLOW_RUN_ID, SCRATCHFLOW_PIECE, SCRATCHFLOW_SAVE_EVERY_STEPS, SCRATCHFLOW_MODEL_DIR (if a model)
+    SCRATCHFLOW_SAVE_EVERY_SECONDS
+                                  checkpointing.every_minutes in seconds: save a checkpoint once this
+                                  much training has passed since the last (and after the last step)
+    SCRATCHFLOW_SAVE_EVERY_STEPS  checkpointing.every_steps, set only where the config sets it: save
+                                  every this many steps as well
+    SCRATCHFLOW_RUN_ID, SCRATCHFLOW_PIECE, SCRATCHFLOW_MODEL_DIR (if a model)
     SCRATCHFLOW_STOP_FILE         appears when the job is asked to stop (for code that cannot take signals)
     SCRATCHFLOW_BUDGET_EPOCHS     set in a halving search's rung job ('' otherwise): train until that many
                                   of the run's epochs are done (its schedule still that of all its
@@ -21,7 +26,8 @@ directory. It learns where things are from environment variables (the contract t
                                   (metric name -> number on the validation data) into
                                   SCRATCHFLOW_OUTPUT_DIR and exit 0. Resumed from a checkpoint already
                                   there, evaluate it and write validation.json without training
-    SCRATCHFLOW_TRACKING_DIR      the run's TensorBoard folder on shared storage, kept across pieces
+    SCRATCHFLOW_TRACKING_DIR      TensorBoard's folder, on scratch: published to the run's, kept across
+                                  pieces, with each checkpoint and as the piece ends
     WANDB_MODE, WANDB_DIR, WANDB_RUN_ID, ...
                                   with tracking: wandb, W&B's own variables (tracking.wandb_environment):
                                   a bare wandb.init() logs this piece offline beside the TensorBoard folder
@@ -204,7 +210,7 @@ def train(context: TrainContext) -> Trained | None:
         "SCRATCHFLOW_PARAMS": str(params_file),
         "SCRATCHFLOW_RUN_ID": context.run_id,
         "SCRATCHFLOW_PIECE": str(context.piece),
-        "SCRATCHFLOW_SAVE_EVERY_STEPS": str(context.save_every_steps),
+        "SCRATCHFLOW_SAVE_EVERY_SECONDS": str(context.checkpoint_every.minutes * 60),
         "SCRATCHFLOW_TRACKING_DIR": str(context.tracking_dir),
         "SCRATCHFLOW_STOP_FILE": str(context.work_dir / STOP_FILE_NAME),
         "SCRATCHFLOW_NODES": str(context.nodes),
@@ -212,6 +218,8 @@ def train(context: TrainContext) -> Trained | None:
         "SCRATCHFLOW_BUDGET_EPOCHS": str(context.budget_epochs or ""),
         **({"SCRATCHFLOW_MODEL_DIR": str(context.model)} if context.model else {}),
     }
+    if context.checkpoint_every.steps is not None:
+        env["SCRATCHFLOW_SAVE_EVERY_STEPS"] = str(context.checkpoint_every.steps)
     if context.tracking == "wandb":  # a bare wandb.init() in the program logs this piece offline
         env.update(tracking.wandb_environment(context.tracking_dir.parent, context.run_id, context.piece))
     argv = context.params["command"]

@@ -134,7 +134,8 @@ def train(context: TrainContext) -> Trained | None:
         optimizer.step()
         step += 1
         stop = context.stop_requested()
-        if stop or step % context.save_every_steps == 0 or step == end:
+        due = context.checkpoint_due(step)  # asked at every step, as stop_requested: processes agree
+        if stop or due or step == end:
             save_checkpoint(context, step, model, optimizer)
         if stop:
             return None
