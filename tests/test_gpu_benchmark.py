@@ -30,3 +30,8 @@ def test_the_gpu_benchmark_runs_every_part_on_the_cpu_and_says_there_is_no_gpu(t
     resumed = figures["resume"]["default"]
     assert resumed["stopped"].startswith("stopped on SIGUSR1 at step 2") and resumed["same_weights"]
     assert figures["throughput"]["bare HF Trainer"]["loop_ratio_to_bare"] == 1.0
+    by_steps, by_default, by_cost = figures["checkpoints"].values()
+    assert by_steps["steps"] == 45 and by_steps["checkpoints_in_loop"] == 2, "every 20 steps, then the final"
+    assert by_default["checkpoints_in_loop"] == 0, "ten minutes: the final checkpoint only"
+    assert by_cost["checkpoints_in_loop"] >= 1 and 0 < by_cost["share_of_loop"] < 1
+    assert all(cost["save_seconds"] > 0 and cost["publish_seconds"] > 0 for cost in by_cost["costs"])
