@@ -35,10 +35,11 @@ def test_a_checkpoint_is_due_every_interval_of_training_and_its_cost_is_kept():
     clock = Clock()
     schedule = CheckpointSchedule(CheckpointInterval(minutes=1), clock)
     saved = train_and_save(schedule, clock, steps=400, step_seconds=1.0, save=0.2, publish=0.3)
-    # 60 s of steps, then the save's 0.5 s counts towards the next interval's start no more.
-    assert saved == [60, 120, 180, 240, 300, 360]
+    # From the first step's end, 60 s of steps; the save's 0.5 s counts towards the next interval no more.
+    assert saved == [61, 121, 181, 241, 301, 361]
     first = schedule.costs[0]
-    assert (first.step, first.save_seconds, first.publish_seconds) == (60, 0.2, 0.3)
+    assert (first.step, first.save_seconds, first.publish_seconds) == (61, 0.2, 0.3)
+    assert not schedule.stretched
 
 
 def test_checkpoints_that_would_cost_more_than_a_hundredth_of_training_come_less_often():
@@ -46,7 +47,7 @@ def test_checkpoints_that_would_cost_more_than_a_hundredth_of_training_come_less
     clock = Clock()
     schedule = CheckpointSchedule(CheckpointInterval(minutes=1), clock)
     saved = train_and_save(schedule, clock, steps=1000, step_seconds=1.0, save=2.0, publish=1.0)
-    assert saved == [60, 360, 660, 960]
+    assert saved == [61, 361, 661, 961] and schedule.stretched
     trained = 1000.0
     assert sum(cost.save_seconds + cost.publish_seconds for cost in schedule.costs) / trained <= 0.012
 
@@ -65,3 +66,13 @@ def test_a_save_the_task_makes_unasked_costs_its_publication_alone():
     clock.now += 5
     schedule.published(40, clock.now - 0.25)
     assert (schedule.costs[0].save_seconds, schedule.costs[0].publish_seconds) == (None, 0.25)
+
+
+def test_the_clock_starts_at_the_first_steps_end_not_at_the_pieces_start_up():
+    """Loading data and model for ten minutes is no training a kill would lose: no checkpoint after
+    the first step for it."""
+    clock = Clock()
+    schedule = CheckpointSchedule(CheckpointInterval(minutes=1), clock)
+    clock.now += 600  # the task's start-up, before its first step ends
+    saved = train_and_save(schedule, clock, steps=70, step_seconds=1.0, save=0.0, publish=0.0)
+    assert saved == [61]

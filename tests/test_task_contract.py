@@ -206,6 +206,25 @@ def test_a_task_copied_from_another_that_forgot_a_name_is_refused_naming_it(tmp_
         configured_task(config)
 
 
+def test_a_labs_task_written_for_0_2_is_refused_at_start_up_naming_the_line_and_the_fix(tmp_path, monkeypatch):
+    """It saved every `context.save_every_steps` steps, which 0.3 replaced with checkpoints by time:
+    refused when the workflow starts, in one line, instead of failing its first train job."""
+    lab = shutil.copytree(REPO / "tests" / "plain_pytorch_lab" / "ourlab", tmp_path / "oldlab")
+    task = lab / "mlp.py"
+    source = task.read_text().replace("context.checkpoint_due(step)", "step % context.save_every_steps == 0")
+    task.write_text(source)
+    line = source[: source.index("save_every_steps")].count("\n") + 1
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = {"task": "oldlab.mlp", "dataset": {}, "training": {}, "grid": {}, "aggregate": {"metric": None}}
+    with pytest.raises(ConfigError) as refused:
+        configured_task(config)
+    assert str(refused.value) == (
+        f"config key task: 'oldlab.mlp' ({task}:{line}) uses context.save_every_steps, gone since scratchflow 0.3: "
+        "save a checkpoint at a step's end when context.checkpoint_due(step) says so "
+        '(docs/tasks.md, "What train does, and returns")'
+    )
+
+
 def test_the_contract_finds_a_model_shipped_in_a_package_as_the_workflow_does(tmp_path):
     """`model.source: package:…` (the demo's, which a lab copies first): the checks train the
     package's model, not a hub id of that name (before: transformers refused the name)."""

@@ -53,7 +53,9 @@ class CheckpointSchedule:
     costs: list[CheckpointCost] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.last_saved_at = self.clock()  # the piece's start counts as a save: nothing to lose yet
+        # When the last checkpoint was published; until then the end of the piece's first step (its
+        # start-up, loading data and model, is no training a kill would lose).
+        self.last_saved_at: float | None = None
         self.step_ended_at: float | None = None  # when the task last asked, at a step's end
         self.asked = 0  # how often the task asked whether a checkpoint was due
 
@@ -68,6 +70,13 @@ class CheckpointSchedule:
     def step_ended(self) -> None:
         """The task asks at a step's end (whether to stop, or to save): a save starts here."""
         self.step_ended_at = self.clock()
+        if self.last_saved_at is None:
+            self.last_saved_at = self.step_ended_at
+
+    @property
+    def stretched(self) -> bool:
+        """Whether the 1 % bound sets the interval, not every_minutes."""
+        return self.seconds > self.interval.minutes * 60
 
     def due(self, step: int) -> bool:
         """Whether the checkpoint at the end of `step` is due: every `interval.steps` steps, or once
@@ -76,7 +85,7 @@ class CheckpointSchedule:
         self.asked += 1
         if self.interval.steps is not None and step % self.interval.steps == 0:
             return True
-        assert self.step_ended_at is not None
+        assert self.step_ended_at is not None and self.last_saved_at is not None
         return self.step_ended_at - self.last_saved_at >= self.seconds
 
     def published(self, step: int, publish_started_at: float) -> CheckpointCost:

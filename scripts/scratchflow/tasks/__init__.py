@@ -15,6 +15,7 @@ scratchflow's).
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import json
@@ -122,8 +123,7 @@ class TrainContext:
     @property
     def save_every_steps(self) -> NoReturn:
         raise AttributeError(
-            "TrainContext.save_every_steps is gone since scratchflow 0.3: save a checkpoint at the end of "
-            "a step when context.checkpoint_due(step) says so (docs/tasks.md)"
+            f"TrainContext.save_every_steps is gone since scratchflow {GONE_FROM_THE_CONTEXT['save_every_steps']}"
         )
 
     @property
@@ -410,7 +410,27 @@ def load_task(task: str) -> ModuleType:
             f"config key task: {task!r} ({module.__file__}) is not a whole task; it lacks "
             f"{', '.join(missing)} (what a task defines: the Task protocol in scratchflow/tasks/__init__.py)"
         )
+    if is_lab_task(task):
+        refuse_what_is_gone(task, Path(module.__file__))
     return module
+
+
+# What a task's context no longer has, and what to write instead: a lab's task written for an older
+# release is refused at start-up, not when its first job trains.
+GONE_FROM_THE_CONTEXT = {
+    "save_every_steps": "0.3: save a checkpoint at a step's end when context.checkpoint_due(step) says so "
+    '(docs/tasks.md, "What train does, and returns")',
+}
+
+
+def refuse_what_is_gone(task: str, source: Path) -> None:
+    """UnknownTask naming the first use in `source` of a name GONE_FROM_THE_CONTEXT."""
+    for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        if isinstance(node, ast.Attribute) and node.attr in GONE_FROM_THE_CONTEXT:
+            raise UnknownTask(
+                f"config key task: {task!r} ({source}:{node.lineno}) uses context.{node.attr}, gone since "
+                f"scratchflow {GONE_FROM_THE_CONTEXT[node.attr]}"
+            )
 
 
 def loaded_file(task: str) -> Path:
