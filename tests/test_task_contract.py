@@ -221,7 +221,7 @@ def test_a_labs_task_written_for_0_2_is_refused_at_start_up_naming_the_line_and_
     assert str(refused.value) == (
         f"config key task: 'oldlab.mlp' ({task}:{line}) uses context.save_every_steps, gone since scratchflow 0.3: "
         "save a checkpoint at a step's end when context.checkpoint_due(step) says so "
-        '(docs/tasks.md, "What train does, and returns")'
+        '(docs/tasks.md, "What `train` does, and returns")'
     )
 
 

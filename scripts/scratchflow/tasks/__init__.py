@@ -419,7 +419,7 @@ def load_task(task: str) -> ModuleType:
 # release is refused at start-up, not when its first job trains.
 GONE_FROM_THE_CONTEXT = {
     "save_every_steps": "0.3: save a checkpoint at a step's end when context.checkpoint_due(step) says so "
-    '(docs/tasks.md, "What train does, and returns")',
+    '(docs/tasks.md, "What `train` does, and returns")',
 }
 
 
