@@ -3,7 +3,9 @@ from pathlib import Path
 
 from scratchflow.jobs import PredictJob, job_context, predict_job
 
-with job_context(snakemake.log[0], snakemake.threads) as cpus:
+# A packed run is not its Slurm job's last: its pack job is (rules/pack.smk).
+packed = snakemake.config["cluster"]["pack_runs"] > 1
+with job_context(snakemake.log[0], snakemake.threads, ends_its_slurm_job=not packed) as cpus:
     predict_job(
         PredictJob(
             run_id=snakemake.wildcards.run_id,

@@ -14,7 +14,9 @@ rung = (
     if rung_number is not None
     else None
 )
-with job_context(snakemake.log[0], snakemake.threads) as cpus:
+# A packed run is not its Slurm job's last: its pack job is (rules/pack.smk).
+packed = snakemake.config["cluster"]["pack_runs"] > 1
+with job_context(snakemake.log[0], snakemake.threads, ends_its_slurm_job=not packed) as cpus:
     train_job(
         TrainJob(
             run_id=snakemake.wildcards.run_id,

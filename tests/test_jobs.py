@@ -141,3 +141,25 @@ def test_a_sigterm_while_the_model_is_copied_back_pauses_the_piece_and_the_stop_
     paused = _terminated_while_syncing(tmp_path, trained)
     assert paused == Paused("SIGTERM", "syncing", 60)
     assert paused.line().startswith("stopped on SIGTERM while copying the trained model back, after")
+
+
+def test_a_packed_run_marks_its_slurm_jobs_end_only_if_it_fails_and_its_pack_job_does(tmp_path):
+    """A marker makes the submitting Snakemake check the grid's jobs within seconds. A packed run's
+    Slurm job goes on with the pack's next run: its marker only made checks every 2 s for 2 minutes
+    (18 squeue a minute on the test cluster, benchmarks/README.md section 20)."""
+    job = """
+import sys
+from scratchflow.jobs import job_context
+
+ends_its_slurm_job, fails = sys.argv[1] == "last", sys.argv[2] == "fails"
+with job_context("log", ends_its_slurm_job=ends_its_slurm_job):
+    if fails:
+        raise RuntimeError("the loss is NaN")
+"""
+    (tmp_path / "job.py").write_text(job)
+    marked = []
+    for number, (role, outcome) in enumerate([("packed", "trains"), ("packed", "fails"), ("last", "trains")]):
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SCRIPTS), "SLURM_JOB_ID": str(number)}
+        subprocess.run([sys.executable, "job.py", role, outcome], cwd=tmp_path, capture_output=True, env=env)
+        marked = sorted(path.name for path in (tmp_path / ".snakemake" / "scratchflow" / "job-ends").glob("*"))
+    assert marked == ["1", "2"], "the failed packed run ends its Slurm job's group; the pack job ends the Slurm job"

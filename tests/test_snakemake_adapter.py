@@ -91,3 +91,20 @@ def test_a_job_steps_snakemake_marks_the_job_end_as_it_exits_whatever_its_rule_d
     ended = subprocess.run([sys.executable, "-c", step], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ended.returncode == 1, ended.stderr
     assert (tmp_path / JOB_ENDS / "77").is_file()
+
+
+def test_the_slurm_plugin_asks_the_clusters_min_job_age_once_a_run_not_once_a_status_check(tmp_path, monkeypatch):
+    """Plugin 2.x runs `scontrol show config` before each squeue of the grid's jobs: two calls to the
+    controller a check, where one covers the grid."""
+    import snakemake_executor_plugin_slurm as plugin
+    from scratchflow.snakemake_adapter import ask_min_job_age_once
+
+    monkeypatch.setattr(plugin, "get_min_job_age", plugin.get_min_job_age)  # put back after the test
+    calls = tmp_path / "calls"
+    (tmp_path / "scontrol").write_text(f"#!/bin/sh\necho x >> {calls}\necho 'MinJobAge = 300 sec'\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    ask_min_job_age_once()
+    ask_min_job_age_once()  # a module's hooks and the host's: still once
+    assert [plugin.get_min_job_age() for _ in range(5)] == [300] * 5
+    assert calls.read_text().split() == ["x"]

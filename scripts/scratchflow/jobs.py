@@ -39,10 +39,11 @@ log = logging.getLogger("scratchflow")
 
 
 @contextlib.contextmanager
-def job_context(log_path: str, threads: int = 1) -> Iterator[int]:
+def job_context(log_path: str, threads: int = 1, ends_its_slurm_job: bool = True) -> Iterator[int]:
     """What every job needs: its output in the rule's log (first, the Python that runs it and, in a
     container, its image), SIGTERM that still cleans up, the CPUs it was given (yielded: on Slurm its
-    --cpus-per-task, else `threads`) and every library's threads set to them, and a
+    --cpus-per-task, else `threads`) and every library's threads set to them, its Slurm job's end
+    marked where it ends it (not a packed run's, whose pack job goes on: snakemake_adapter), and a
     failure told where people look. The rule's log gets the failure
     with its traceback (users read it first); the console (Snakemake's output, on a cluster the
     plugin's Slurm log) gets the failure in one line and where its log is, with no traceback first."""
@@ -67,7 +68,8 @@ def job_context(log_path: str, threads: int = 1) -> Iterator[int]:
             failure = error
         finally:
             with contextlib.suppress(OSError):  # only a speed-up: never a job's failure
-                mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
+                if ends_its_slurm_job or failure is not None:
+                    mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
     if isinstance(failure, TrainingStopped):
         # Still a failed job for Snakemake, whose retry resumes: said first, with the log that stays.
         paused = failure.paused

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -51,8 +52,8 @@ JOB_ENDS = Path(".snakemake") / "scratchflow" / "job-ends"
 POLL_SECONDS = 1.0
 # After a marker: time for the job's step and batch script to exit, and between two early checks.
 SETTLE_SECONDS = 2.0
-# A marked job the plugin still lists after this long (the next run of a pack in the same Slurm
-# job, a slow epilog) is left to the plugin's own interval.
+# A marked job the plugin still lists after this long (a slow epilog) is left to the plugin's own
+# interval. A packed run marks nothing unless it fails: the pack's next run goes on in its Slurm job.
 PATIENCE_SECONDS = 120.0
 
 
@@ -315,6 +316,22 @@ def notice_job_ends_at_once(workflow: Any) -> None:
         last_check[0] = time.time()
 
     executor.sleep = sleep
+
+
+def ask_min_job_age_once() -> None:
+    """The Slurm plugin (2.x) asks `scontrol show config` for the cluster's MinJobAge before each of
+    its status checks, a second call to the controller for every squeue of the whole grid; a
+    setting of the cluster that no run changes is asked once. Fails loudly where it moved."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    asked = getattr(plugin, "get_min_job_age", None)
+    if asked is None:
+        raise RuntimeError(
+            "scratchflow cannot spare the Slurm controller: snakemake_executor_plugin_slurm has no get_min_job_age "
+            "(scratchflow/snakemake_adapter.py knows the Slurm plugin 2.x)"
+        )
+    if not isinstance(asked, functools._lru_cache_wrapper):
+        plugin.get_min_job_age = functools.cache(asked)
 
 
 class HostReplacedHooks(RuntimeError):

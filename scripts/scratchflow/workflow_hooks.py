@@ -170,6 +170,7 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     warn_of_checkpoint_space(config, plan)
     if executor == "slurm":
         snakemake_adapter.notice_job_ends_at_once(workflow)
+        snakemake_adapter.ask_min_job_age_once()
 
 
 def warn_of_checkpoint_space(config: dict[str, Any], plan: Plan) -> None:
