@@ -149,6 +149,29 @@ def test_a_clone_without_release_tags_pins_its_commit_and_says_so(tmp_path):
     assert git(tmp_path / "ours" / "scratchflow", "rev-parse", "HEAD") == git(scratchflow, "rev-parse", "HEAD")
 
 
+def test_a_clone_past_its_release_pins_the_release_and_says_how_to_pin_the_clone(tmp_path):
+    """A lab reading main's docs in a clone of main gets the release main descends from: it is told
+    so, and how to pin what it read about (a newcomer's pipeline pinned v0.2.0 from a clone 56
+    commits later, whose tasks.md described what v0.2.0 lacks)."""
+    scratchflow = clone(REPO, tmp_path / "scratchflow")
+    subprocess.run([sys.executable, scratchflow / "scripts" / "tag_releases.py"], check=True, capture_output=True)
+    git(scratchflow, "commit", "--quiet", "--allow-empty", "--message", "later")
+    release = git(scratchflow, "describe", "--tags", "--abbrev=0", "HEAD")
+    after = git(scratchflow, "rev-list", "--count", f"{release}..HEAD")
+    made = subprocess.run(
+        [sys.executable, scratchflow / "scripts" / "new_pipeline.py", tmp_path / "ours", "--cluster", "narval"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    commit = git(scratchflow, "rev-parse", "--short=12", "HEAD")
+    assert (
+        f"new_pipeline.py: pinned {release}, the release this clone descends from; the clone is {after} commits "
+        f"after it (CHANGELOG.md, Unreleased), and its docs may say more than {release} does: --tag {commit} pins them"
+    ) in made.stdout.splitlines()
+    assert git(tmp_path / "ours" / "scratchflow", "describe", "--tags", "--exact-match") == release
+
+
 def test_a_cluster_of_the_labs_own_is_its_profile_copied_whole_with_its_facts(tmp_path, releases):
     """--cluster PATH: a profile of the lab's own (here Narval's, as a lab would start from it), its
     facts file beside it; the pipeline runs with it alone, and plans."""

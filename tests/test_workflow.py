@@ -113,8 +113,11 @@ def test_each_run_records_what_reproduces_it(finished):
         record = json.loads((run / "record.json").read_text())
         assert record["run_id"] == run.name
         assert record["run"]["training"] == json.loads((run / "params.json").read_text())
-        assert record["config"]["checkpointing"]["every_steps"] == 5  # the config as validated and resolved
-        assert record["config"]["aggregate"]["metric"] == "macro_f1"  # a default filled in
+        assert record["config"]["checkpointing"]["keep"] == 2  # the config as validated and resolved
+        assert record["config"]["checkpointing"]["every_minutes"] == 10  # a default filled in
+        assert record["config"]["aggregate"]["metric"] == "macro_f1"
+        (piece,) = record["pieces"]
+        assert [cost["step"] for cost in piece["checkpoints"]] == [record["training"]["global_steps"]], "the final"
         assert set(record["timings_seconds"]) == {"stage", "train", "sync", "cleanup"}
         assert record["data"]["files"] == 300
         assert record["environment"]["packages"]["torch"].startswith("2.13.0")

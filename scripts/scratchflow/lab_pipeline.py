@@ -279,6 +279,13 @@ def pin(checkout: Path, source: str, tag: str | None) -> Pin:
                 f"pinned commit {tag}, not a release: this clone of scratchflow has no release tags "
                 "(git fetch --tags; or give --tag vX.Y.Z)",
             )
+        elif after := int(git(SCRATCHFLOW_DIR, "rev-list", "--count", f"{tag}..HEAD")):
+            # Its docs may describe what the release lacks: say which the pipeline runs.
+            commit = git(SCRATCHFLOW_DIR, "rev-parse", "--short=12", "HEAD").strip()
+            notes = (
+                f"pinned {tag}, the release this clone descends from; the clone is {after} commits after it "
+                f"(CHANGELOG.md, Unreleased), and its docs may say more than {tag} does: --tag {commit} pins them",
+            )
     try:
         git(checkout, "checkout", "--quiet", tag)
     except subprocess.CalledProcessError:
