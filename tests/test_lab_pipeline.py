@@ -157,7 +157,7 @@ def test_a_clone_past_its_release_pins_the_release_and_says_how_to_pin_the_clone
     subprocess.run([sys.executable, scratchflow / "scripts" / "tag_releases.py"], check=True, capture_output=True)
     git(scratchflow, "commit", "--quiet", "--allow-empty", "--message", "later")
     release = git(scratchflow, "describe", "--tags", "--abbrev=0", "HEAD")
-    after = git(scratchflow, "rev-list", "--count", f"{release}..HEAD")
+    after = int(git(scratchflow, "rev-list", "--count", f"{release}..HEAD"))
     made = subprocess.run(
         [sys.executable, scratchflow / "scripts" / "new_pipeline.py", tmp_path / "ours", "--cluster", "narval"],
         capture_output=True,
@@ -165,8 +165,9 @@ def test_a_clone_past_its_release_pins_the_release_and_says_how_to_pin_the_clone
     )
     assert made.returncode == 0, made.stderr
     commit = git(scratchflow, "rev-parse", "--short=12", "HEAD")
+    commits = f"{after} commit{'s' * (after > 1)}"
     assert (
-        f"new_pipeline.py: pinned {release}, the release this clone descends from; the clone is {after} commits "
+        f"new_pipeline.py: pinned {release}, the release this clone descends from; the clone is {commits} "
         f"after it (CHANGELOG.md, Unreleased), and its docs may say more than {release} does: --tag {commit} pins them"
     ) in made.stdout.splitlines()
     assert git(tmp_path / "ours" / "scratchflow", "describe", "--tags", "--exact-match") == release

@@ -282,8 +282,9 @@ def pin(checkout: Path, source: str, tag: str | None) -> Pin:
         elif after := int(git(SCRATCHFLOW_DIR, "rev-list", "--count", f"{tag}..HEAD")):
             # Its docs may describe what the release lacks: say which the pipeline runs.
             commit = git(SCRATCHFLOW_DIR, "rev-parse", "--short=12", "HEAD").strip()
+            commits = f"{after} commit{'s' * (after > 1)}"
             notes = (
-                f"pinned {tag}, the release this clone descends from; the clone is {after} commits after it "
+                f"pinned {tag}, the release this clone descends from; the clone is {commits} after it "
                 f"(CHANGELOG.md, Unreleased), and its docs may say more than {tag} does: --tag {commit} pins them",
             )
     try:
