@@ -635,6 +635,7 @@ def halving_search(workdir: Path, data: Path, model: Path, scratch: Path | None)
     config["training"] = {"max_length": 64, "batch_size": 16}
     config["search"].update(trials=2, rungs=[10, 20])
     config["search"]["space"] = {"learning_rate": {"log_uniform": [3.0e-4, 3.0e-3]}}
+    config["checkpointing"] = {"every_steps": 10, "keep": 2}  # a checkpoint inside a rung, to cancel it after
     if scratch is None:
         del config["cluster"]  # a profile's cluster facts apply
     write_config(workdir, config)
