@@ -208,9 +208,11 @@ def test_a_full_checkpoint_filesystem_fails_with_the_figures_and_its_retry_fails
     sees there is no room for a checkpoint and fails at once, without training. With space freed,
     the same command resumes and ends with the uninterrupted run's weights."""
     config = command_config(bbc_subset, tmp_path / "scratch")
-    # Each checkpoint lives about 2 s before the program prunes it (it trains for about 5): the
-    # watcher, looking every second, copies the first and finds no room for the second for sure.
-    config["checkpointing"]["every_steps"] = 200
+    # Nothing pruned on scratch (9 checkpoints, 10 kept): the watcher, looking every second, copies
+    # the one it finds whole however fast the program trains (a checkpoint the program pruned
+    # mid-copy was skipped, and a fast program left the final one alone to copy, which fits), and the
+    # next copy, at the latest the final one's, finds no room.
+    config["checkpointing"].update(every_steps=100, keep=10)
     write_config(tmp_path, config)
     with small_filesystem(tmp_path / "checkpoints", "5m") as checkpoints:
         result = run_workflow(tmp_path, check=False)
