@@ -114,11 +114,7 @@ def test_a_clone_with_its_releases_tagged_pins_the_newest_which_holds_every_file
     scratchflow = clone(releases, tmp_path / "scratchflow")
     git(scratchflow, "checkout", "--quiet", PINNED)
     newest = f"v{changelog_releases(REPO)[0]}"
-    made = subprocess.run(
-        [sys.executable, scratchflow / "scripts" / "new_pipeline.py", tmp_path / "ours", "--cluster", "narval"],
-        capture_output=True,
-        text=True,
-    )
+    made = clones_new_pipeline(scratchflow, tmp_path / "ours")
     assert made.returncode == 0, made.stderr + made.stdout
     assert git(tmp_path / "ours" / "scratchflow", "describe", "--tags", "--exact-match") == newest
     assert (
@@ -134,15 +130,20 @@ def test_a_clone_with_its_releases_tagged_pins_the_newest_which_holds_every_file
     assert not (tmp_path / "old").exists()
 
 
+def clones_new_pipeline(scratchflow: Path, folder: Path) -> subprocess.CompletedProcess:
+    """A clone's own new_pipeline.py, as a lab runs it from its clone (Narval's profile)."""
+    return subprocess.run(
+        [sys.executable, scratchflow / "scripts" / "new_pipeline.py", folder, "--cluster", "narval"],
+        capture_output=True,
+        text=True,
+    )
+
+
 def test_a_clone_without_release_tags_pins_its_commit_and_says_so(tmp_path):
     scratchflow = clone(REPO, tmp_path / "scratchflow")
     for tag in git(scratchflow, "tag", "--list").split():
         git(scratchflow, "tag", "--delete", tag)
-    made = subprocess.run(
-        [sys.executable, scratchflow / "scripts" / "new_pipeline.py", tmp_path / "ours", "--cluster", "narval"],
-        capture_output=True,
-        text=True,
-    )
+    made = clones_new_pipeline(scratchflow, tmp_path / "ours")
     assert made.returncode == 0, made.stderr
     commit = git(scratchflow, "rev-parse", "--short=12", "HEAD")
     assert f"new_pipeline.py: pinned commit {commit}, not a release: " in made.stdout
@@ -158,11 +159,7 @@ def test_a_clone_past_its_release_pins_the_release_and_says_how_to_pin_the_clone
     git(scratchflow, "commit", "--quiet", "--allow-empty", "--message", "later")
     release = git(scratchflow, "describe", "--tags", "--abbrev=0", "HEAD")
     after = int(git(scratchflow, "rev-list", "--count", f"{release}..HEAD"))
-    made = subprocess.run(
-        [sys.executable, scratchflow / "scripts" / "new_pipeline.py", tmp_path / "ours", "--cluster", "narval"],
-        capture_output=True,
-        text=True,
-    )
+    made = clones_new_pipeline(scratchflow, tmp_path / "ours")
     assert made.returncode == 0, made.stderr
     commit = git(scratchflow, "rev-parse", "--short=12", "HEAD")
     commits = f"{after} commit{'s' * (after > 1)}"

@@ -27,6 +27,8 @@ from scratchflow.tasks import (
     grid_schema,
     is_lab_task,
     load_task,
+    loaded_file,
+    refuse_what_is_gone,
     task_file,
     training_schema,
 )
@@ -136,6 +138,8 @@ def configured_task(config: dict[str, Any]) -> Task:
     with lab_task_bugs_in_one_line(config["task"], "its module, as it was imported,"):
         try:
             task = load_task(config["task"])
+            if is_lab_task(config["task"]):
+                refuse_what_is_gone(config["task"], loaded_file(config["task"]))
         except UnknownTask as error:
             raise ConfigError(str(error)) from None
     fill_task_defaults(config, task)

@@ -410,13 +410,11 @@ def load_task(task: str) -> ModuleType:
             f"config key task: {task!r} ({module.__file__}) is not a whole task; it lacks "
             f"{', '.join(missing)} (what a task defines: the Task protocol in scratchflow/tasks/__init__.py)"
         )
-    if is_lab_task(task):
-        refuse_what_is_gone(task, Path(module.__file__))
     return module
 
 
 # What a task's context no longer has, and what to write instead: a lab's task written for an older
-# release is refused at start-up, not when its first job trains.
+# release is refused at start-up (scratchflow.config.configured_task), not when its first job trains.
 GONE_FROM_THE_CONTEXT = {
     "save_every_steps": "0.3: save a checkpoint at a step's end when context.checkpoint_due(step) says so "
     '(docs/tasks.md, "What `train` does, and returns")',
