@@ -154,9 +154,12 @@ def test_a_clone_past_its_release_pins_the_release_and_says_how_to_pin_the_clone
     """A lab reading main's docs in a clone of main gets the release main descends from: it is told
     so, and how to pin what it read about (a newcomer's pipeline pinned v0.2.0 from a clone 56
     commits later, whose tasks.md described what v0.2.0 lacks)."""
-    scratchflow = clone(REPO, tmp_path / "scratchflow")
-    subprocess.run([sys.executable, scratchflow / "scripts" / "tag_releases.py"], check=True, capture_output=True)
-    git(scratchflow, "commit", "--quiet", "--allow-empty", "--message", "later")
+    # Tagged upstream, as the lab's clone (and the submodule cloned from its origin) finds it: the
+    # checkout under test may hold no tags at all (CI's does not).
+    upstream = clone(REPO, tmp_path / "upstream")
+    subprocess.run([sys.executable, upstream / "scripts" / "tag_releases.py"], check=True, capture_output=True)
+    git(upstream, "commit", "--quiet", "--allow-empty", "--message", "later")
+    scratchflow = clone(upstream, tmp_path / "scratchflow")
     release = git(scratchflow, "describe", "--tags", "--abbrev=0", "HEAD")
     after = int(git(scratchflow, "rev-list", "--count", f"{release}..HEAD"))
     made = clones_new_pipeline(scratchflow, tmp_path / "ours")
