@@ -368,20 +368,37 @@ class LocalSlurm:
         while self._kill_processes_of(node):  # again: one killed late may have started another meanwhile
             time.sleep(0.1)
 
+    def stop_answering(self, node: str) -> list[int]:
+        """`node`'s slurmd dies (a crash, an upgrade, its OOM) while the node and its jobs' processes
+        live on: Slurm declares it DOWN after SlurmdTimeout and requeues its jobs, and nothing tells
+        those processes to stop. Their pids."""
+        pid_file = self._slurmd_pid_file(node)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)  # started by the process that keeps the cluster
+        pid_file.unlink()
+        return self.processes_of(node)
+
     def _kill_processes_of(self, node: str) -> int:
         """SIGKILL every process of `node`'s jobs now running, and return how many there were."""
-        marker = f"PATH={self.root / 'nodes' / node}{os.pathsep}".encode()
         killed = 0
+        for pid in self.processes_of(node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        return killed
+
+    def processes_of(self, node: str) -> list[int]:
+        """The processes of `node`'s jobs now running: their slurmstepd, which carries the node's
+        PATH, and what they run, which carries SLURMD_NODENAME."""
+        marker = f"PATH={self.root / 'nodes' / node}{os.pathsep}".encode()
+        found = []
         for pid in [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]:
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:  # ended meanwhile
                 continue
             if f"SLURMD_NODENAME={node}".encode() in environ or any(v.startswith(marker) for v in environ):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-        return killed
+                found.append(pid)
+        return found
 
     def restart_node(self, node: str) -> None:
         """`node` back: its slurmd starts again and registers, and the node returns by itself

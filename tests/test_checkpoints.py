@@ -340,3 +340,58 @@ def test_a_piece_whose_scratch_cannot_hold_its_checkpoints_fails_before_it_train
     run.check_scratch_space(tmp_path, newest, model=None)  # room enough
     first = CheckpointStore(tmp_path / "other-grid" / "run", MARKER, keep=2)
     first.check_scratch_space(small_disk, None, model=None)  # no checkpoint, no model: nothing said
+
+
+def fenced(folder, holder="a") -> tuple[CheckpointStore, RunLedger, lease.Fence]:
+    fence = lease.take_epoch(folder, {"host": holder, "pid": 1, "slurm_job_id": "7"})
+    return CheckpointStore(folder, MARKER, keep=1, fence=fence), RunLedger(folder, fence), fence
+
+
+def test_each_holder_takes_the_next_epoch_and_an_older_one_is_superseded_by_it(tmp_path):
+    _store, _ledger, first = fenced(tmp_path)
+    first.check()
+    _store, _ledger, second = fenced(tmp_path, holder="b")
+    assert (first.epoch, second.epoch) == (1, 2)
+    second.check()
+    with pytest.raises(lease.Superseded, match=r"a newer piece holds the run \(epoch 2: Slurm job 7 on b\)"):
+        first.check()
+    CheckpointStore(tmp_path, MARKER).release()
+    with pytest.raises(lease.Superseded, match="is gone"):
+        second.check()
+
+
+def test_a_superseded_store_publishes_nothing_and_touches_none_of_the_newer_pieces_checkpoints(tmp_path):
+    """The older piece's checkpoint copied whole under its partial name is not renamed into place once
+    a newer epoch exists: neither over the newer piece's checkpoint of the same step, nor a new one,
+    and it prunes nothing. Each published checkpoint says its epoch (contents.json, published.jsonl)."""
+    scratch, shared = tmp_path / "scratch", tmp_path / "shared"
+    shared.mkdir()
+    older, _ledger, _fence = fenced(shared)
+    older.mirror(make_checkpoint(scratch / "old", 10))
+    newer, _ledger, _fence = fenced(shared, holder="b")
+    newer.mirror(make_checkpoint(scratch / "new", 20))
+    before = {path: path.read_bytes() for path in shared.rglob("*") if path.is_file()}
+    for step in (20, 30):
+        with pytest.raises(lease.Superseded):
+            older.mirror(make_checkpoint(scratch / "old", step))
+    assert {path: path.read_bytes() for path in shared.rglob("*") if path.is_file()} == before
+    assert [step for step, _ in newer.complete()] == [20]
+    assert json.loads((shared / "checkpoint-20" / "contents.json").read_text())["epoch"] == 2
+    assert [line["epoch"] for line in newer.published()] == [1, 2]
+
+
+def test_a_superseded_piece_notes_its_end_beside_its_epoch_and_the_ledger_reads_it(tmp_path):
+    """Its ledger writes are refused (pieces.json is the newer piece's), its end is noted in its own
+    file, and every reader of the ledger sees it superseded at its last checkpoint."""
+    store, ledger, _fence = fenced(tmp_path)
+    with pytest.raises(lease.Superseded), ledger.piece(store) as entry:
+        store.mirror(make_checkpoint(tmp_path / "scratch", 40))
+        _newer_store, newer_ledger, _newer = fenced(tmp_path, holder="b")
+        with newer_ledger.piece(_newer_store):
+            pass
+        entry.resumed_from_step = 20
+        ledger.record(entry)
+    old, newer = RunLedger(tmp_path).pieces()
+    assert (old.outcome, old.epoch, old.reached_step, newer.epoch) == ("superseded", 1, 40, 2)
+    assert old.ended_at and old.last_checkpoint_at
+    assert newer.outcome == "finished"

@@ -29,6 +29,7 @@ from conftest import (
     image_config,
     job_process,
     live_pieces,
+    long_run,
     run_workflow,
     same_results,
     same_weights,
@@ -39,6 +40,8 @@ from conftest import (
 from scratchflow.checkpoints import CheckpointStore, checkpoint_damage
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.files import NoSpace
+from scratchflow.lease import LEASE_FOLDER, take_epoch
+from scratchflow.ledger import RunLedger, piece_records
 from scratchflow.processes import StopForwarder, child_pids, run_program
 
 pytestmark = pytest.mark.slow
@@ -185,6 +188,51 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_o
     (last_piece_log,) = (tmp_path / "logs" / "train").glob("??????????.log")
     assert f"{newest.name} is damaged (model.safetensors has" in last_piece_log.read_text()
     assert same_results(tmp_path, uninterrupted_image_run) == [], "metrics, predictions and weights, byte for byte"
+
+
+def test_a_piece_whose_run_a_newer_piece_took_over_writes_nothing_more_and_the_run_ends_whole(
+    tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+):
+    """Once its first checkpoint is on shared storage, a training's run is taken over by hand, as a
+    Slurm job requeued while its node had stopped answering takes it (a newer epoch, from another
+    node, which no lease can see alive) while the old piece trains on. At its next write the old
+    piece stops: superseded, in one line, not failed; after the newer epoch began it wrote nothing to
+    the run's shared folders (no checkpoint, ledger, progress, curves, model or record), and its end
+    is noted beside its epoch, which the ledger reads. The next piece resumes from its last
+    checkpoint and ends with the uninterrupted run's weights, metrics and predictions."""
+    long_run(tmp_path, bbc_subset, tiny_model)
+    workflow = start_workflow(tmp_path, "--retries", "0")
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob(f"checkpoints/*/checkpoint-*/{TRAINER_CHECKPOINT_MARKER}")):
+        assert workflow.poll() is None and time.monotonic() < deadline, workflow.communicate()[0][-3000:]
+        time.sleep(0.05)
+    (run,) = (tmp_path / "checkpoints").iterdir()
+    newer = take_epoch(run, {"host": "another-node", "pid": 4242, "slurm_job_id": "17"})
+    took_over = (run / LEASE_FOLDER / f"{newer.epoch:06d}").stat().st_mtime
+    output = workflow.communicate(timeout=300)[0]
+    assert workflow.returncode != 0, output[-3000:]
+    assert (
+        "scratchflow: superseded, not failed: a newer piece holds the run (epoch 2: Slurm job 17 on another-node)"
+        in output
+    ), output[-3000:]
+    (piece,) = RunLedger(run).pieces()
+    published = CheckpointStore(run, TRAINER_CHECKPOINT_MARKER).published()
+    assert (piece.outcome, piece.epoch) == ("superseded", 1), piece
+    assert piece.reached_step == int(published[-1]["checkpoint"].split("-")[1]) > 0
+    assert all(line["epoch"] == 1 and line["at"] <= took_over for line in published)
+    results = tmp_path / "results" / "runs" / run.name
+    written_after = [
+        path
+        for path in (*run.rglob("*"), *results.rglob("*"))
+        if path.is_file() and path.parent.name != LEASE_FOLDER and path.stat().st_mtime > took_over
+    ]
+    assert written_after == [], "the superseded piece wrote after the newer one held the run"
+    assert not (results / "model").exists()
+
+    run_workflow(tmp_path)  # the newer piece's part, here the next piece on this machine
+    superseded, resumed = piece_records(pieces_of(tmp_path))
+    assert superseded.outcome == "superseded" and resumed.resumed_from_step == piece.reached_step
+    assert same_results(tmp_path, uninterrupted_long_run) == [], "metrics, predictions and weights, byte for byte"
 
 
 @contextlib.contextmanager

@@ -653,39 +653,54 @@ def preempt_the_training(slurm, workflow: subprocess.Popen, workdir: Path) -> st
 
 @pytest.mark.xdist_group("fragile")  # one worker runs both: each loses n3, which no other test uses
 @pytest.mark.usefixtures("fragile_node")
-def test_a_training_whose_node_is_lost_is_requeued_and_resumes_on_another_node(
+def test_a_training_whose_nodes_slurmd_dies_is_requeued_and_its_old_piece_training_on_is_superseded(
     slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
-    """The node of a training powers off: its slurmd and the job's every process SIGKILLed (n3, of
-    the test cluster's `fragile` partition, n1 to n3, which takes n3 first; no other test's job is
-    on n3). Slurm declares it DOWN after SlurmdTimeout, ends the job NODE_FAIL and requeues it under
-    its id; it starts on another node, resumes from the newest checkpoint on shared storage, and ends with the
-    uninterrupted run's results, byte for byte, spending no retry. The lost piece is recorded killed,
-    by a node failure. The dead run's scratch is removed by the next job on that machine (here, one
-    machine holds every node: the resumed job); n3 comes back by itself when its slurmd starts."""
+    """The slurmd of a training's node dies and its job's processes live on (n3, of the test
+    cluster's `fragile` partition, n1 to n3, which takes n3 first; no other test's job is on n3),
+    frozen until the requeued job holds the run, as by a hung filesystem. Slurm declares n3 DOWN
+    after SlurmdTimeout, ends the job NODE_FAIL and requeues it under its id; it starts on another
+    node, takes the run's next epoch and resumes from the newest checkpoint. The old piece, thawed,
+    trains on until its next write, finds the newer epoch, and ends superseded: nothing it wrote is
+    dated after the newer piece held the run, its job's Snakemake removes none of the newer piece's
+    outputs, and the run ends with the uninterrupted run's results, byte for byte, spending no retry."""
     configure_long_run(tmp_path, bbc_subset, tiny_model)
     profile = fragile_profile(PROFILE, tmp_path / "profile")
     workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile))
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     (job,) = active_jobs(slurm, tmp_path, "train")
     assert slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip() == "n3"
+    run = first_checkpoint(tmp_path)
 
     lost_at = time.time()
-    slurm.lose_node("n3")
-    (dead_scratch,) = scratch_named_in_logs(tmp_path)
+    old_piece = slurm.stop_answering("n3")
+    for pid in old_piece:
+        os.kill(pid, signal.SIGSTOP)
     wait_until(
         lambda: requeued_off(slurm, job, "n3"), workflow, tmp_path, "the job requeued", timeout=LOST_NODE_SECONDS
     )
-    start_now_if_held(slurm, job)
+    if pending_again(slurm, job):
+        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+    newer_epoch = run / "lease" / "000002"
+    wait_until(newer_epoch.exists, workflow, tmp_path, "the requeued job's piece holding the run", timeout=240)
+    took_over = newer_epoch.stat().st_mtime
+    for pid in old_piece:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    superseded_end = run / "lease" / "000001.superseded"
+    wait_until(superseded_end.exists, workflow, tmp_path, "the old piece to find the newer epoch", timeout=240)
+    published = [json.loads(line) for line in (run / "published.jsonl").read_text().splitlines()]
+    assert [line for line in published if line["epoch"] == 1 and line["at"] > took_over] == []
+    assert "superseded (trained on after a newer piece took the run over)" in grid_status(slurm, tmp_path)
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
     assert declared_down_since(slurm, "n3", lost_at), slurm.node_state("n3")
-    lost, resumed = pieces_of(tmp_path)
-    assert lost["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
-    assert (lost["outcome"], lost["requeued"]) == ("killed", "node failure")
-    assert "n3" not in resumed["ranks"] and resumed["resumed_from_step"] == lost["reached_step"] > 0
-    assert not dead_scratch.exists(), "removed by the next job on that machine"
+    old, resumed = pieces_of(tmp_path)
+    assert old["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
+    assert (old["outcome"], old["epoch"], old["requeued"]) == ("superseded", 1, "node failure"), old
+    assert "n3" not in resumed["ranks"] and resumed["resumed_from_step"] == old["reached_step"] > 0
     assert same_results(tmp_path, uninterrupted_long_run) == []
+    assert not [pid for pid in old_piece if Path(f"/proc/{pid}").exists()], "the old piece's processes ended"
     slurm.restart_node("n3")  # raises unless n3 comes back (answers, schedulable) within 90 s
 
 

@@ -14,7 +14,11 @@ its own. Each checkpoint carries `contents.json`, its files' sizes and sha256, w
 published: a job verifies the newest before resuming from it, and sets a damaged one aside
 (`checkpoint-<step>.damaged`, with `damage.txt` saying what was wrong) to resume from the one
 before. `published.jsonl` has a line per checkpoint published: when a piece that ended unfinished
-last saved (scratchflow.accounting counts what it trained after as lost).
+last saved (scratchflow.accounting counts what it trained after as lost), and by which epoch.
+
+A store a piece holds carries the piece's `Fence` (scratchflow.lease): each of its writes (a
+publication, the pruning after it, a damaged checkpoint set aside) happens only while no newer piece
+holds the run, and each checkpoint records the epoch that published it in its contents.json.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from scratchflow.files import (
     require_free_space,
     write_json_atomically,
 )
+from scratchflow.lease import Fence
 from scratchflow.staging import StagingError, copy_whole, tree_bytes
 
 log = logging.getLogger(__name__)
@@ -89,14 +94,15 @@ def step_of(checkpoint: Path) -> int:
     return int(named.group(1))
 
 
-def write_contents(checkpoint: Path) -> None:
-    """Record each file of `checkpoint` with its size and sha256, in the checkpoint itself."""
+def write_contents(checkpoint: Path, epoch: int | None = None) -> None:
+    """Record each file of `checkpoint` with its size and sha256, and the epoch of the piece that
+    publishes it, in the checkpoint itself."""
     files = {
         str(path.relative_to(checkpoint)): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
         for path in sorted(checkpoint.rglob("*"))
         if path.is_file() and path.name != CONTENTS_FILE
     }
-    write_json_atomically({"files": files}, checkpoint / CONTENTS_FILE)
+    write_json_atomically({"files": files, "epoch": epoch}, checkpoint / CONTENTS_FILE)
 
 
 def checkpoint_damage(checkpoint: Path, read_bytes: bool = True) -> str | None:
@@ -136,6 +142,16 @@ class CheckpointStore:
     folder: Path
     marker: str
     keep: int = 2
+    fence: Fence | None = None  # the holding piece's: every write checks it (None: no piece holds it here)
+
+    def check_fence(self) -> None:
+        """Raise Superseded where a newer piece than this store's holds the run."""
+        if self.fence is not None:
+            self.fence.check()
+
+    @property
+    def epoch(self) -> int | None:
+        return self.fence.epoch if self.fence else None
 
     def complete(self) -> list[tuple[int, Path]]:
         return complete_checkpoints(self.folder, self.marker)
@@ -155,6 +171,7 @@ class CheckpointStore:
             if damage is None:
                 return checkpoint
             aside = checkpoint.with_name(checkpoint.name + DAMAGED_SUFFIX)
+            self.check_fence()
             if aside.exists():
                 remove_whole(aside)
             os.rename(checkpoint, aside)
@@ -230,27 +247,41 @@ class CheckpointStore:
         """Copy a checkpoint the task just wrote on scratch into the shared folder, whole or not at
         all, then drop all but the newest `keep` complete ones."""
         destination = self.folder / local_checkpoint.name
-        write_contents(local_checkpoint)
-        copy_whole(local_checkpoint, destination)
+        write_contents(local_checkpoint, self.epoch)
+        copy_whole(local_checkpoint, destination, before_rename=self.check_fence)
         self._note_published(destination)
-        for _step, old in self.complete()[: -self.keep]:
-            remove_whole(old)
+        self._prune()
         return destination
+
+    def _prune(self) -> None:
+        """All but the newest `keep` complete checkpoints removed."""
+        for _step, old in self.complete()[: -self.keep]:
+            self.check_fence()
+            remove_whole(old)
 
     def _note_published(self, checkpoint: Path) -> None:
         """A line in published.jsonl: appended whole (one short write), from whichever process
         published, without a lock."""
         with open(self.folder / PUBLISHED_FILE, "a") as out:
-            out.write(json.dumps({"checkpoint": checkpoint.name, "at": time.time()}) + "\n")
+            out.write(json.dumps({"checkpoint": checkpoint.name, "at": time.time(), "epoch": self.epoch}) + "\n")
 
     def last_published_since(self, since: float) -> float | None:
         """When the newest checkpoint published at or after `since` was published (None: none was)."""
+        times = [line["at"] for line in self.published()]
+        return max((at for at in times if at >= since), default=None)
+
+    def last_published_by(self, epoch: int) -> tuple[int, float] | None:
+        """The step of the last checkpoint the piece of `epoch` published, and when (None: none)."""
+        mine = [line for line in self.published() if line.get("epoch") == epoch]
+        return (step_of(Path(mine[-1]["checkpoint"])), mine[-1]["at"]) if mine else None
+
+    def published(self) -> list[dict]:
+        """published.jsonl's lines, oldest first."""
         try:
             lines = (self.folder / PUBLISHED_FILE).read_text().splitlines()
         except FileNotFoundError:
-            return None
-        times = [json.loads(line)["at"] for line in lines if line.strip()]
-        return max((at for at in times if at >= since), default=None)
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
 
     def assembly(self, name: str, tag: str) -> Path:
         """Where the parts of checkpoint `name`, written by several processes on several nodes, are
@@ -262,14 +293,14 @@ class CheckpointStore:
         """Give an assembled checkpoint its name, with the number of processes that wrote it, then
         drop all but the newest `keep` complete ones."""
         write_json_atomically({"world_size": world_size}, assembly / WORLD_FILE)
-        write_contents(assembly)
+        write_contents(assembly, self.epoch)
         destination = self.folder / assembly.name[1:].split(".assembling")[0]
+        self.check_fence()
         if destination.exists():
             remove_whole(destination)
         os.rename(assembly, destination)
         self._note_published(destination)
-        for _step, old in self.complete()[: -self.keep]:
-            remove_whole(old)
+        self._prune()
         return destination
 
     def release(self) -> None:

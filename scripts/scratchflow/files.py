@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,13 @@ def process_may_live(host: str, pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def written_whole(path: Path, needed: int | None = None) -> Iterator[Path]:
+def written_whole(
+    path: Path, needed: int | None = None, before_rename: Callable[[], None] | None = None
+) -> Iterator[Path]:
     """Yield a hidden partial name to write `path` under; rename it into place only if the writing
-    succeeds. Readers see the old file or the whole new one, never a part. A full filesystem or
-    quota is raised as NoSpace, with the figures (`needed`: the bytes the writing takes, if known)."""
+    succeeds (and `before_rename`, called last, raises nothing: a piece's fence). Readers see the
+    old file or the whole new one, never a part. A full filesystem or quota is raised as NoSpace,
+    with the figures (`needed`: the bytes the writing takes, if known)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial{OWNER_TAG}")
     try:
@@ -49,6 +52,12 @@ def written_whole(path: Path, needed: int | None = None) -> Iterator[Path]:
         if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
             raise NoSpace(no_space_line(path.parent, needed, f"writing {path.name} there")) from error
         raise
+    if before_rename is not None:
+        try:
+            before_rename()
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
     os.replace(partial, path)
 
 
@@ -91,10 +100,17 @@ def filesystem_of(path: Path) -> tuple[str, str]:
     return found
 
 
-def write_json_atomically(data: Any, path: Path, sort_keys: bool = True, durable: bool = True) -> None:
+def write_json_atomically(
+    data: Any,
+    path: Path,
+    sort_keys: bool = True,
+    durable: bool = True,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
     """`data` as JSON in `path`, whole or not at all; `durable`: on disk before it is renamed into
-    place (an fsync: a round trip to a shared filesystem's servers, spared for what a crash may lose)."""
-    with written_whole(path) as partial, open(partial, "w") as out:
+    place (an fsync: a round trip to a shared filesystem's servers, spared for what a crash may lose);
+    `before_rename`: as `written_whole`'s."""
+    with written_whole(path, before_rename=before_rename) as partial, open(partial, "w") as out:
         json.dump(data, out, indent=2, sort_keys=sort_keys)
         out.write("\n")
         if durable:

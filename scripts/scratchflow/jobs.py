@@ -21,6 +21,7 @@ from scratchflow import accounting, aggregation, halving, report, signals, slurm
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
 from scratchflow.files import read_json, write_json_atomically, written_whole
+from scratchflow.lease import Superseded
 from scratchflow.ledger import PieceRecord, RunLedger
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import Paused, PieceSpec, Shape, Staging, TrainingStopped, finished, run_piece
@@ -63,14 +64,22 @@ def job_context(log_path: str, threads: int = 1, ends_its_slurm_job: bool = True
         except TrainingStopped as stopped:  # planned: no traceback, and not an error
             log.info("%s", paused_line(stopped.paused))
             failure = stopped
+        except Superseded as superseded:  # not an error of this job's: a newer piece trains the run
+            log.warning("superseded, not failed: %s", superseded)
+            failure = superseded
         except BaseException as error:
             log.exception("job failed: %s", describe_failure(error))
             failure = error
         finally:
             with contextlib.suppress(OSError):  # only a speed-up: never a job's failure
-                if ends_its_slurm_job or failure is not None:
+                # A superseded piece's Slurm job id is the newer piece's now: its end is not this one's.
+                if (ends_its_slurm_job or failure is not None) and not isinstance(failure, Superseded):
                     mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
-    if isinstance(failure, TrainingStopped):
+    if isinstance(failure, Superseded):
+        print(f"scratchflow: superseded, not failed: {failure}", file=sys.stderr, flush=True)
+        # Seeing its script fail, the job's own Snakemake would remove the rule's outputs: the newer piece's.
+        slurm_job.end_the_jobs_own_snakemake()
+    elif isinstance(failure, TrainingStopped):
         # Still a failed job for Snakemake, whose retry resumes: said first, with the log that stays.
         paused = failure.paused
         kept_log = paused.log or Path(log_path).resolve()
@@ -168,8 +177,10 @@ def train_job(job: TrainJob) -> None:
     data = read_json(job.manifest)
     store = CheckpointStore(job.shared_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
     spec = piece_spec(job, store, data["sha256"])
-    trained = finished(run_piece(spec))
+    outcome, fence = run_piece(spec)
+    trained = finished(outcome)
     pieces = spec.ledger.pieces()
+    fence.check()  # the records too are the newer piece's, where one holds the run now
     if isinstance(job.ends_with, halving.Rung):
         halving.write_rung_record(job.run_id, job.identity["training"], job.ends_with, trained.metrics, pieces)
         return
@@ -182,7 +193,7 @@ def train_job(job: TrainJob) -> None:
         environment=environment_record(job.workflow_dir),
         code=code,
     )
-    write_json_atomically(plain(record), job.ends_with.record)
+    write_json_atomically(plain(record), job.ends_with.record, before_rename=fence.check)
     log.info("run %s trained; phases (s): %s", job.run_id, pieces[-1].timings_seconds)
 
 

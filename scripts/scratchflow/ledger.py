@@ -5,13 +5,17 @@ A piece's entry is a `PieceRecord`, written when the piece starts (a piece that 
 where it started and where its log is) and again when it ends: finished, paused (the stop signal,
 the phase it paused in, the step the next piece resumes from), or the error that ended it. An entry
 still "running" whose job is gone was killed outright (SIGKILL, a node failure): the next piece
-closes it. Entries written by scratchflow 0.1 and 0.2, which said a pause in a sentence, read as
-today's (`piece_records`).
+closes it. A piece that a newer one took the run from while it still trained (its job requeued
+while its node had stopped answering) is `superseded`: it cannot write these files, the newer piece's
+now, and notes its end beside its epoch (scratchflow.lease), which `pieces` reads into its entry.
+Entries written by scratchflow 0.1 and 0.2, which said a pause in a sentence, read as today's
+(`piece_records`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from scratchflow.files import read_json, write_json_atomically
-from scratchflow.lease import this_process
+from scratchflow.lease import Fence, Superseded, superseded_ends, this_process
 from scratchflow.record import plain, typed
 from scratchflow.schedule import CheckpointCost
 from scratchflow.slurm_job import requeue_cause
@@ -38,7 +42,7 @@ PIECES_FILE = "pieces.json"
 PROGRESS_FILE = "progress.json"
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a piece's times, as its entry holds them
 # A piece's outcome, besides the error that ended it and "killed by <signal>" (outcome_of).
-RUNNING, FINISHED, PAUSED, KILLED = "running", "finished", "paused", "killed"
+RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED = "running", "finished", "paused", "killed", "superseded"
 # What a paused piece was doing when the stop came.
 Phase = Literal["staging", "training", "syncing"]
 
@@ -57,7 +61,7 @@ class PieceRecord:
     host: str | None = None  # where its job ran: the host, the process, the Slurm job
     pid: int | None = None
     slurm_job_id: str | None = None
-    outcome: str = RUNNING  # RUNNING, FINISHED, PAUSED, KILLED, "killed by SIG...", or the error
+    outcome: str = RUNNING  # RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED, "killed by SIG...", or the error
     ended_at: str | None = None
     signal: str | None = None  # paused: the stop signal it heard
     phase: Phase | None = None  # paused: what it was doing when the stop came
@@ -75,6 +79,7 @@ class PieceRecord:
     rung: int | None = None  # a halving search's rung it trained
     timings_seconds: dict[str, float] = field(default_factory=dict)  # its phases, as they ended
     checkpoints: list[CheckpointCost] = field(default_factory=list)  # what each it published cost
+    epoch: int | None = None  # its epoch of the run (scratchflow.lease; None: written before 0.4)
 
 
 def piece_records(listed: list[dict[str, Any]]) -> list[PieceRecord]:
@@ -112,25 +117,35 @@ class RunLedger:
     """The pieces of one run and its progress, in the run's shared folder."""
 
     folder: Path
+    fence: Fence | None = None  # the holding piece's: every write checks it (None: no piece holds it here)
+
+    def check_fence(self) -> None:
+        """Raise Superseded where a newer piece than this ledger's holds the run."""
+        if self.fence is not None:
+            self.fence.check()
 
     def pieces(self) -> list[PieceRecord]:
-        """The pieces that have trained this run so far, oldest first."""
+        """The pieces that have trained this run so far, oldest first; a superseded one as it noted
+        its end."""
         path = self.folder / PIECES_FILE
-        return piece_records(read_json(path)) if path.is_file() else []
+        listed = piece_records(read_json(path)) if path.is_file() else []
+        ends = superseded_ends(self.folder)
+        return [_as_it_ended(entry, ends[entry.epoch]) if entry.epoch in ends else entry for entry in listed]
 
     def record(self, entry: PieceRecord) -> None:
         """Add or update (same number) a piece's entry."""
         self._write([listed for listed in self.pieces() if listed.piece != entry.piece] + [entry])
 
     def _write(self, entries: list[PieceRecord]) -> None:
-        write_json_atomically(plain(entries), self.folder / PIECES_FILE)
+        write_json_atomically(plain(entries), self.folder / PIECES_FILE, before_rename=self.check_fence)
 
     @contextlib.contextmanager
     def piece(self, store: CheckpointStore) -> Iterator[PieceRecord]:
         """This job's entry, recorded now and when the block ends: the caller sets what it knows
         (its shape, its log, a pause); an error that ends the block is its outcome, and an entry
         left running is finished. Called while holding the run: an earlier piece still listed as
-        running was killed (no job holds the run), and is closed as such."""
+        running was killed (no job holds the run), and is closed as such. A piece superseded
+        meanwhile notes its end beside its epoch instead (Fence.note_superseded)."""
         listed = self.pieces()  # read once: the run is held, no other job writes it now
         close_killed_pieces(listed, store)
         note_requeue(listed)
@@ -139,29 +154,57 @@ class RunLedger:
             piece=len(listed) + 1,
             **this_process(),
             started_at=time.strftime(TIME_FORMAT, time.localtime(started)),
+            epoch=self.fence.epoch if self.fence else None,
         )
         self._write([*listed, entry])
         try:
             yield entry
         except BaseException as error:
-            entry.outcome = outcome_of(error)
+            entry.outcome = SUPERSEDED if isinstance(error, Superseded) else outcome_of(error)
             raise
         finally:
             if entry.outcome == RUNNING:
                 entry.outcome = FINISHED
-            if entry.outcome != FINISHED:
-                if entry.reached_step is None:
-                    entry.reached_step = store.newest_step()
-                trained_to = self._progress_step_since(started)
-                if trained_to is not None and trained_to > (entry.reached_step or 0):
-                    entry.trained_to_step = trained_to  # the steps since its newest checkpoint are lost
-            entry.ended_at = time.strftime(TIME_FORMAT)
-            entry.last_checkpoint_at = _stamp(store.last_published_since(started))
+            try:
+                if entry.outcome != SUPERSEDED:
+                    self._end(entry, store, started)
+            finally:
+                if entry.outcome == SUPERSEDED:
+                    self._end_superseded(entry, store)
+
+    def _end(self, entry: PieceRecord, store: CheckpointStore, started: float) -> None:
+        """The entry of a piece that held the run to its end, recorded (or, superseded as it was
+        recorded, noted as such and raised)."""
+        if entry.outcome != FINISHED:
+            if entry.reached_step is None:
+                entry.reached_step = store.newest_step()
+            trained_to = self._progress_step_since(started)
+            if trained_to is not None and trained_to > (entry.reached_step or 0):
+                entry.trained_to_step = trained_to  # the steps since its newest checkpoint are lost
+        entry.ended_at = time.strftime(TIME_FORMAT)
+        entry.last_checkpoint_at = _stamp(store.last_published_since(started))
+        try:
             self.record(entry)
+        except Superseded:
+            entry.outcome = SUPERSEDED
+            raise
+
+    def _end_superseded(self, entry: PieceRecord, store: CheckpointStore) -> None:
+        """A superseded piece's end, noted beside its epoch: where its own last checkpoint is (what it
+        trained after is lost, like the rest of its time once the newer piece held the run)."""
+        assert self.fence is not None, "only a fenced ledger's piece is superseded"
+        last = store.last_published_by(self.fence.epoch)
+        entry.reached_step = last[0] if last else entry.resumed_from_step
+        entry.last_checkpoint_at = _stamp(last[1]) if last else None
+        entry.trained_to_step = None  # progress.json is the newer piece's now
+        entry.ended_at = time.strftime(TIME_FORMAT)
+        self.fence.note_superseded(plain(entry))
+        log.warning("piece %s superseded: it wrote nothing to the run after a newer piece held it", entry.piece)
 
     def report_progress(self, progress: dict[str, Any]) -> None:
         """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at):
-        whole, not durable (a crash loses a report the next one replaces)."""
+        whole, not durable (a crash loses a report the next one replaces). Not fenced here: the piece
+        that reports looks once for this and what it writes with it (Piece._before_publishing)."""
         write_json_atomically(progress, self.folder / PROGRESS_FILE, durable=False)
 
     def progress(self) -> dict[str, Any] | None:
@@ -206,6 +249,13 @@ def close_killed_pieces(listed: list[PieceRecord], store: CheckpointStore) -> No
             "piece %s (%s on %s) was killed; the run goes on from step %s",
             *(entry.piece, job, entry.host, entry.reached_step),
         )
+
+
+def _as_it_ended(listed: PieceRecord, noted: dict[str, Any]) -> PieceRecord:
+    """A superseded piece's entry as it noted its end, with what the next piece learned of it (why
+    its job was requeued)."""
+    ended = typed(PieceRecord, noted)
+    return dataclasses.replace(ended, requeued=ended.requeued or listed.requeued)
 
 
 def _stamp(at: float | None) -> str | None:

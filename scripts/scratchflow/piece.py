@@ -1,13 +1,15 @@
 """A training piece: one job's share of a run's training, and every duty around a task's `train`.
 
-`run_piece` owns a train job's sequence, in order: it holds the run (scratchflow.lease) and its entry
-in the run's ledger (scratchflow.ledger), a scratch folder and the stop file; verifies the newest
+`run_piece` owns a train job's sequence, in order: it holds the run (scratchflow.lease: its epoch,
+whose fence every write to the run's shared folders checks) and its entry in the run's ledger
+(scratchflow.ledger), a scratch folder and the stop file; verifies the newest
 checkpoint (scratchflow.checkpoints); prepares the node (`prepare_node`: stage the data in, then
 restore the newest checkpoint; each node's launcher calls it too); trains; and syncs the trained
 model back. It returns how the piece ended, a `PieceOutcome`: `Trained`, or `Paused` (the stop
 signal, the phase it came in, the step the next piece resumes from), recorded as such in the
 ledger; the job ends a paused piece with `finished`, whose TrainingStopped gives the job its exit
-status (scratchflow.jobs.job_context).
+status (scratchflow.jobs.job_context). A piece that finds a newer one holding the run raises
+`Superseded` from the write it was about to make, wherever it is, and ends.
 
 A task only trains (scratchflow.tasks, the `Task` protocol); `Piece` does the rest, in each process
 that runs the task (the job's own with one training process, or each one torchrun starts;
@@ -54,7 +56,7 @@ from scratchflow import signals, slurm_job, tracking
 from scratchflow.checkpoints import CheckpointStore, newest_complete_checkpoint, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
-from scratchflow.lease import RunLease
+from scratchflow.lease import Fence, RunLease, Superseded
 from scratchflow.ledger import PAUSED, Phase, PieceRecord, RunLedger
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
@@ -187,6 +189,15 @@ class PieceSpec:
         """On scratch: where the task writes its curves (the piece publishes them to tracking_dir)."""
         return self.work_dir / TENSORBOARD_FOLDER
 
+    def fenced(self, fence: Fence) -> PieceSpec:
+        """The spec of the piece that holds the run with `fence`: its checkpoints and ledger write
+        only while no newer piece holds it."""
+        return dataclasses.replace(
+            self,
+            store=dataclasses.replace(self.store, fence=fence),
+            ledger=dataclasses.replace(self.ledger, fence=fence),
+        )
+
     def write(self, path: Path) -> None:
         write_json_atomically(plain(self), path)
 
@@ -244,18 +255,23 @@ def finished(outcome: PieceOutcome) -> Trained:
     return outcome
 
 
-def run_piece(spec: PieceSpec) -> PieceOutcome:
+def run_piece(spec: PieceSpec) -> tuple[PieceOutcome, Fence]:
     """One job's piece of the run, in order: hold the run and its entry in the ledger, a scratch
     folder and the stop file (a stop before the piece listens, or after, is not lost); verify the
     newest checkpoint and that the next fits; prepare the node; train; sync the model back.
-    What it returns is recorded in the ledger as how the piece ended."""
-    from scratchflow import distributed  # which imports this module to launch the processes
-
+    What it returns is recorded in the ledger as how the piece ended; with it, the piece's fence,
+    which the job's last writes (its records) check too."""
     lease, timer = RunLease(spec.store.folder), PhaseTimer()
     lease.claim({"run_id": spec.run_id, **spec.identity, "data_sha256": spec.data_sha256})
+    with lease.held() as fence:
+        return _held_piece(spec.fenced(fence), timer), fence
+
+
+def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome:
+    from scratchflow import distributed  # which imports this module to launch the processes
+
     scratch_root = spec.staging.scratch_root if spec.staging else None
     with (
-        lease.held(),
         spec.ledger.piece(spec.store) as entry,
         scratch_directory(scratch_root, f"train-{spec.run_id}", timer) as scratch,
         signals.leaving_stop_file(scratch / STOP_FILE_NAME),
@@ -269,11 +285,14 @@ def run_piece(spec: PieceSpec) -> PieceOutcome:
         try:
             with timer.phase("train"):
                 outcome = distributed.train(node)
+        except Exception:
+            spec.store.check_fence()  # a process superseded ends the others with it: said as such
+            raise
         finally:
             entry.checkpoints = checkpoint_costs(scratch)
         if isinstance(outcome, Trained) and spec.model_out is not None:
             with timer.phase("sync"):
-                copy_whole(outcome.output, spec.model_out)
+                copy_whole(outcome.output, spec.model_out, before_rename=spec.store.check_fence)
             outcome = _terminated_while_syncing(scratch, outcome)
         return _ended(entry, outcome, piece_log)
 
@@ -415,9 +434,13 @@ class Piece:
             try:
                 trained = self.task.train(TrainContext(self.spec, self.resume_from, self))
             except BaseException:
-                self._write_progress()  # how far it trained: the ledger records what its failure lost
+                with contextlib.suppress(Superseded):  # the progress file is the newer piece's now
+                    self.spec.store.check_fence()
+                    self._write_progress()  # how far it trained: the ledger records what its failure lost
                 raise
             finally:
+                if self.me.rank == 0:
+                    self.spec.store.check_fence()  # superseded: the curves there are the newer piece's
                 self._publish_curves(ending=True)
         if trained is not None:
             # The task saves a checkpoint after its last step: the newest one is where it ended.
@@ -473,6 +496,7 @@ class Piece:
         (checkpoint / PART_FILE.format(rank=self.me.rank)).touch()  # after the task's own part
         torch.distributed.barrier()  # every process has written its part
         if self.me.local_rank == 0:
+            self.spec.store.check_fence()
             shutil.copytree(checkpoint, assembly, dirs_exist_ok=True)
         torch.distributed.barrier()  # every node's part is on shared storage
         if self.me.rank == 0:
@@ -506,11 +530,13 @@ class Piece:
     def report_progress(self, progress: dict[str, Any]) -> None:
         self.progress = progress
         if time.monotonic() - self.progress_written_at >= self.progress_interval:
+            self.spec.store.check_fence()
             self._write_progress()
 
     def _before_publishing(self) -> None:
         """What goes to shared storage with a checkpoint, before it: the curves to its step (a
         checkpoint there has its curves there), and the latest progress report."""
+        self.spec.store.check_fence()  # one look for both: the files they replace are a newer piece's otherwise
         self._publish_curves()
         self._write_progress()
 

@@ -16,6 +16,7 @@ import pandas as pd
 from scratchflow.accounting import GridCost, described
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import written_whole
+from scratchflow.ledger import SUPERSEDED
 from scratchflow.record import SHORT, difference_lines
 from scratchflow.search import HALVING
 
@@ -162,7 +163,7 @@ def write_summary_page(
 Best single run: <b>{html.escape(run["run_id"])}</b> ({run["value"]:.4f}).
 The best is highlighted; click a column's head to sort by it.</p>
 <p id="cost">What the grid cost: {html.escape(cost.line())}.{rungs_cost}
-An empty cost cell: a figure this site does not record.</p>
+An empty cost cell: a figure this site does not record.{superseded_sentence(records)}</p>
 <h2>Settings (seeds as replicates)</h2>
 {_table(settings, "settings", {" ".join(setting["run_ids"])}, "run_ids")}
 <h2>Runs</h2>
@@ -175,6 +176,23 @@ An empty cost cell: a figure this site does not record.</p>
 """
     with written_whole(path) as partial:
         partial.write_text(page)
+
+
+def superseded_sentence(records: dict[str, dict[str, Any]]) -> str:
+    """Which runs had a piece superseded (it trained on after a newer piece took its run over: its
+    Slurm job requeued while its node had stopped answering), as the cost counts it; empty if none."""
+    pieces = [
+        f"{html.escape(run_id)} (piece {piece['piece']})"
+        for run_id, record in records.items()
+        for piece in record.get("pieces", [])
+        if piece.get("outcome") == SUPERSEDED
+    ]
+    if not pieces:
+        return ""
+    return (
+        f"<br>Superseded: {', '.join(pieces)}; each trained on after a newer piece took its run over, wrote "
+        "nothing after that, and what it trained after its last checkpoint counts as lost."
+    )
 
 
 def plot_confusion_matrix(metrics: dict[str, Any], run_id: str, path: Path) -> None:

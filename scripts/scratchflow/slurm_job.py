@@ -17,8 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 # What makes a job's libraries start as many threads as it has CPUs: OpenMP (torch's CPU kernels),
@@ -90,3 +92,27 @@ def requeue_cause(job_id: str) -> str | None:
     states = [line.split()[0] for line in (listed or "").splitlines() if line.strip()]
     cause = next((REQUEUE_CAUSES[state] for state in reversed(states) if state in REQUEUE_CAUSES), None)
     return cause or ("requeued" if len(states) > 1 else None)
+
+
+# In the command line of the Snakemake a Slurm job runs its rule's job with (none in a local run's).
+JOBS_OWN_SNAKEMAKE_ARGUMENT = b"--target-jobs"
+
+
+def end_the_jobs_own_snakemake() -> int | None:
+    """SIGKILL the Snakemake that runs this job's rule (the nearest ancestor started with
+    --target-jobs), so that it cannot act on the job's end: a superseded piece's, whose Slurm job
+    runs a newer piece now, and whose Snakemake would remove the rule's outputs as a failed job's.
+    Its pid, or None where no such Snakemake runs this job (a local run's jobs run in the user's)."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if JOBS_OWN_SNAKEMAKE_ARGUMENT in argv:
+            log.warning("ending this job's own Snakemake (pid %d): the rule's outputs are a newer piece's", pid)
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        pid = parent
+    return None

@@ -23,7 +23,7 @@ import string
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -490,9 +490,10 @@ def remove_leftovers(folder: Path, prefix: str = "") -> list[Path]:
     return removed
 
 
-def copy_whole(source: Path, destination: Path) -> None:
+def copy_whole(source: Path, destination: Path, before_rename: Callable[[], None] | None = None) -> None:
     """rsync a file or directory to `destination` (scratch to shared storage, or back), then rename
-    it into place once it matches the source (every file, size and time).
+    it into place once it matches the source (every file, size and time) and `before_rename` (a
+    piece's fence) raised nothing.
 
     Until the rename, the result exists only under a hidden partial name, so a killed copy never
     looks finished. A copy that fails removes its partial; one left by a dead process is removed first.
@@ -503,6 +504,8 @@ def copy_whole(source: Path, destination: Path) -> None:
     partial = destination.with_name(f".{destination.name}.partial{OWNER_TAG}")
     try:
         _copy_until_whole(source, partial)
+        if before_rename is not None:
+            before_rename()
     except BaseException:
         _remove_partial(partial)
         raise

@@ -25,7 +25,7 @@ from typing import Any
 from scratchflow.accounting import grid_cost
 from scratchflow.checkpoints import CheckpointStore, checkpoint_damage, step_of
 from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, holder_is_alive
-from scratchflow.ledger import KILLED, PAUSED, PIECES_FILE, RUNNING, PieceRecord, RunLedger, piece_time
+from scratchflow.ledger import KILLED, PAUSED, PIECES_FILE, RUNNING, SUPERSEDED, PieceRecord, RunLedger, piece_time
 from scratchflow.piece import Paused
 from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
 from scratchflow.record import difference_lines
@@ -207,11 +207,29 @@ def _training_status(
     active_jobs: dict[str, SlurmJob] | None,
     now: float,
 ) -> RunStatus:
+    pieces = _read_pieces(RunLedger(run.folder))
+    if not pieces:
+        queued = f" ({job.describe()})" if job else ""
+        return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
+    status = _last_piece_status(run, run_id, pieces, train_log, job, active_jobs, now)
+    superseded = [str(piece.piece) for piece in pieces if piece.outcome == SUPERSEDED]
+    if superseded:
+        note = f"; piece {', '.join(superseded)} superseded (trained on after a newer piece took the run over)"
+        return RunStatus(run_id, status.state, status.detail + note, status.log)
+    return status
+
+
+def _last_piece_status(
+    run: CheckpointStore,
+    run_id: str,
+    pieces: list[PieceRecord],
+    train_log: str,
+    job: SlurmJob | None,
+    active_jobs: dict[str, SlurmJob] | None,
+    now: float,
+) -> RunStatus:
     folder = run.folder
     queued = f" ({job.describe()})" if job else ""
-    pieces = _read_pieces(RunLedger(folder))
-    if not pieces:
-        return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
     last = pieces[-1]
     holder = _read(folder / HOLDER_FILE)
     if last.outcome == RUNNING and holder is not None and _holder_trains(holder, active_jobs):
