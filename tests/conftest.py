@@ -787,6 +787,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # A lab's own task (docs/lab-pipeline.md): scratchflow's text task under the lab's name, a module
 # beside the lab's Snakefile.
 LAB_TASK = "ourlab.texts"
+# A lab's plain-PyTorch task (ourlab.mlp) and its data, as a lab writes one from docs/tasks.md.
+PLAIN_PYTORCH_LAB = REPO / "tests" / "plain_pytorch_lab"
 LAB_TASK_SOURCE = '''"""Our lab's text classifier (scratchflow's, under our name)."""
 from scratchflow.tasks.text_classification import *  # noqa: F403
 '''
@@ -803,13 +805,17 @@ def git(folder: Path, *args: str) -> str:
 def lab_pipeline(folder: Path, cluster: str, config: dict, source: Path = REPO, tag: str = "HEAD") -> Path:
     """A lab's pipeline as scripts/new_pipeline.py makes it (scratchflow from `source` at `tag`), with
     `config` and the lab's own code, committed: for a command task, its program (the command example)
-    as the repository's train.py, run from there; otherwise the lab's own task (LAB_TASK)."""
+    as the repository's train.py, run from there; for ourlab.mlp, the plain-PyTorch lab's task and
+    data (PLAIN_PYTORCH_LAB); otherwise the lab's own task (LAB_TASK)."""
     from scratchflow.lab_pipeline import make_pipeline
 
     make_pipeline(folder, cluster, str(source), tag)
     if config.get("task") == "command":
         shutil.copy(COMMAND_EXAMPLE, folder / "train.py")
         config = {**config, "training": {**config["training"], "command": ["python", "train.py"]}}
+    elif config.get("task") == "ourlab.mlp":
+        for code_or_data in ("ourlab", "data"):
+            shutil.copytree(PLAIN_PYTORCH_LAB / code_or_data, folder / code_or_data)
     else:
         (folder / "ourlab").mkdir()
         (folder / "ourlab" / "texts.py").write_text(LAB_TASK_SOURCE)

@@ -40,13 +40,13 @@ NETWORK_NAMESPACE = "scratchflow-slurm"
 FAKE_GPUS = 4
 GPU_TYPE = "a100"
 # Two nodes on this host, so that multi-node training runs for real (each its own slurmd and port),
-# and a third in no partition but `fragile`, which a test loses (LocalSlurm.lose_node) with no other
-# test's job on it.
-NODES = ("n1", "n2", "n3")
-# `fragile` holds it and the others, where its jobs go while it is lost (a job of two nodes too, with
-# no wait for it to come back); it is taken first (lower Weight).
-FRAGILE_NODE, FRAGILE_NODE_WEIGHT = "n3", 1
-FRAGILE = f"PartitionName=fragile Nodes=n1,n2,{FRAGILE_NODE} State=UP PreemptMode=OFF"
+# and two more in no partition but `fragile`, which the tests lose (LocalSlurm.lose_node,
+# stop_answering) with no other test's job on them: a job of two nodes can lose both.
+NODES = ("n1", "n2", "n3", "n4")
+# `fragile` holds them and the others, where its jobs go while they are lost (a job of two nodes
+# too, with no wait for them to come back); they are taken first (lower Weight).
+FRAGILE_NODES, FRAGILE_NODE_WEIGHT = ("n3", "n4"), 1
+FRAGILE = f"PartitionName=fragile Nodes=n1,n2,{','.join(FRAGILE_NODES)} State=UP PreemptMode=OFF"
 # How soon Slurm declares a node whose slurmd stopped answering DOWN (real clusters: minutes).
 SLURMD_TIMEOUT_SECONDS = 20
 FIRST_SLURMD_PORT = 17001
@@ -198,7 +198,7 @@ class LocalSlurm:
             """)
             + "".join(
                 f"NodeName={node} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={FIRST_SLURMD_PORT + index} "
-                f"Weight={FRAGILE_NODE_WEIGHT if node == FRAGILE_NODE else 2} CPUs={NODE_CPUS} "
+                f"Weight={FRAGILE_NODE_WEIGHT if node in FRAGILE_NODES else 2} CPUs={NODE_CPUS} "
                 f"RealMemory={NODE_MEMORY_MB} Gres=gpu:{GPU_TYPE}:{FAKE_GPUS} State=UNKNOWN\n"
                 for index, node in enumerate(NODES)
             )
@@ -361,10 +361,11 @@ class LocalSlurm:
     def lose_node(self, node: str) -> None:
         """`node` powers off: its slurmd and every process of its jobs (their slurmstepd, which
         carries the node's PATH, and what they run, which carries SLURMD_NODENAME) SIGKILLed at
-        once. Slurm declares it DOWN after SlurmdTimeout."""
+        once (its slurmd may be gone already: stop_answering). Slurm declares it DOWN after SlurmdTimeout."""
         pid_file = self._slurmd_pid_file(node)
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)  # started by the process that keeps the cluster
-        pid_file.unlink()
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)  # started by the process that keeps the cluster
+            pid_file.unlink()
         while self._kill_processes_of(node):  # again: one killed late may have started another meanwhile
             time.sleep(0.1)
 

@@ -51,7 +51,7 @@ from conftest import (
     two_node_config,
     write_config,
 )
-from local_slurm import FRAGILE_NODE
+from local_slurm import FRAGILE_NODES
 from scratchflow import __version__
 from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
@@ -651,70 +651,112 @@ def preempt_the_training(slurm, workflow: subprocess.Popen, workdir: Path) -> st
     return job
 
 
-@pytest.mark.xdist_group("fragile")  # one worker runs both: each loses n3, which no other test uses
-@pytest.mark.usefixtures("fragile_node")
-def test_a_training_whose_nodes_slurmd_dies_is_requeued_and_its_old_piece_training_on_is_superseded(
-    slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
+@pytest.mark.xdist_group("fragile")  # one worker runs them: each loses n3 or n4, which no other test uses
+@pytest.mark.usefixtures("fragile_nodes")
+def test_a_labs_training_whose_nodes_slurmd_dies_and_whose_old_piece_trains_on_at_another_rate_ends_whole(
+    slurm, tmp_path
 ):
-    """The slurmd of a training's node dies and its job's processes live on (n3, of the test
-    cluster's `fragile` partition, n1 to n3, which takes n3 first; no other test's job is on n3),
-    frozen until the requeued job holds the run, as by a hung filesystem. Slurm declares n3 DOWN
-    after SlurmdTimeout, ends the job NODE_FAIL and requeues it under its id; it starts on another
-    node, takes the run's next epoch and resumes from the newest checkpoint. The old piece, thawed,
-    trains on until its next write, finds the newer epoch, and ends superseded: nothing it wrote is
-    dated after the newer piece held the run, its job's Snakemake removes none of the newer piece's
-    outputs, and the run ends with the uninterrupted run's results, byte for byte, spending no retry."""
-    configure_long_run(tmp_path, bbc_subset, tiny_model)
-    profile = fragile_profile(PROFILE, tmp_path / "profile")
-    workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile))
-    wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
-    (job,) = active_jobs(slurm, tmp_path, "train")
+    """A lab's pipeline with its own plain-PyTorch task (ourlab.mlp) trains on n3 (the `fragile`
+    partition takes it first; no other test's job is there) when n3's slurmd dies and the job's
+    processes live on, frozen until the requeued job holds the run, as by a hung filesystem. Slurm
+    declares n3 DOWN after SlurmdTimeout, ends the job NODE_FAIL and requeues it under its id; it
+    starts on another node, takes the run's next epoch and resumes from the newest checkpoint. The
+    old piece, thawed with another learning rate given by hand (so that anything it wrote would
+    differ), trains on until its next write, finds the newer epoch and ends superseded: nothing it
+    wrote is dated after the newer piece held the run, its job's own Snakemake removes none of the
+    newer piece's outputs, the lab's `make status` says so, and the run ends with the weights and
+    metrics of the same pipeline run uninterrupted beside it, spending no retry."""
+    config = {
+        "task": "ourlab.mlp",
+        "dataset": {"name": "numbers", "path": "data/numbers.csv", "format": "csv", "label_column": "label"},
+        "training": {"hidden": 8, "epochs": 200},
+        "grid": {"seed": [0]},
+        "checkpointing": {"every_steps": 100, "keep": 2},
+    }
+    reference = lab_pipeline(tmp_path / "uninterrupted", PROFILE, config)
+    lab = lab_pipeline(tmp_path / "ourlab", PROFILE, config)
+    layer = lab / "profiles" / PROFILE / "config.v8+.yaml"
+    fragile = yaml.safe_load((fragile_profile(PROFILE, tmp_path / "fragile") / "config.v8+.yaml").read_text())
+    layer.write_text(layer.read_text() + yaml.safe_dump({"set-resources": fragile["set-resources"]}))
+    uninterrupted = start(slurm, reference, pipeline=True)
+    workflow = start(slurm, lab, "--retries", "0", pipeline=True)
+    wait_until(lambda: first_checkpoint(lab, "COMPLETE"), workflow, lab, "a first checkpoint")
+    (job,) = active_jobs(slurm, lab, "train")
     assert slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip() == "n3"
-    run = first_checkpoint(tmp_path)
+    run = first_checkpoint(lab, "COMPLETE")
+    (old_scratch,) = scratch_named_in_logs(lab)
 
-    lost_at = time.time()
-    old_piece = slurm.stop_answering("n3")
-    for pid in old_piece:
-        os.kill(pid, signal.SIGSTOP)
-    wait_until(
-        lambda: requeued_off(slurm, job, "n3"), workflow, tmp_path, "the job requeued", timeout=LOST_NODE_SECONDS
-    )
-    if pending_again(slurm, job):
-        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
-    newer_epoch = run / "lease" / "000002"
-    wait_until(newer_epoch.exists, workflow, tmp_path, "the requeued job's piece holding the run", timeout=240)
-    took_over = newer_epoch.stat().st_mtime
-    for pid in old_piece:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+    def another_learning_rate() -> None:
+        (old_scratch / "learning-rate").write_text("0.7")  # the run's is 0.1
+
+    old_piece, took_over = requeued_beside_its_old_piece(slurm, workflow, lab, job, ("n3",), another_learning_rate)
     superseded_end = run / "lease" / "000001.superseded"
-    wait_until(superseded_end.exists, workflow, tmp_path, "the old piece to find the newer epoch", timeout=240)
-    published = [json.loads(line) for line in (run / "published.jsonl").read_text().splitlines()]
-    assert [line for line in published if line["epoch"] == 1 and line["at"] > took_over] == []
-    assert "superseded (trained on after a newer piece took the run over)" in grid_status(slurm, tmp_path)
-    returncode, output = finish(workflow, tmp_path)
+    wait_until(superseded_end.exists, workflow, lab, "the old piece to find the newer epoch", timeout=240)
+    assert nothing_written_by_the_old_piece_after(run, took_over)
+    status = slurm.run("make", "-C", str(lab), "--old-file=setup", "status", f"PYTHON={sys.executable}").stdout
+    assert "piece 1 superseded (trained on after a newer piece took the run over)" in status, status
+    returncode, output = finish(workflow, lab)
     assert returncode == 0, output[-6000:]
-    assert declared_down_since(slurm, "n3", lost_at), slurm.node_state("n3")
-    old, resumed = pieces_of(tmp_path)
+    assert finish(uninterrupted, reference)[0] == 0
+    old, resumed = pieces_of(lab)
     assert old["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
     assert (old["outcome"], old["epoch"], old["requeued"]) == ("superseded", 1, "node failure"), old
     assert "n3" not in resumed["ranks"] and resumed["resumed_from_step"] == old["reached_step"] > 0
-    assert same_results(tmp_path, uninterrupted_long_run) == []
+    assert same_weights(lab, reference, "model.pt") and same_metrics(lab, reference)
     assert not [pid for pid in old_piece if Path(f"/proc/{pid}").exists()], "the old piece's processes ended"
-    slurm.restart_node("n3")  # raises unless n3 comes back (answers, schedulable) within 90 s
 
 
-@pytest.mark.xdist_group("fragile")  # one worker runs both: each loses n3, which no other test uses
-@pytest.mark.usefixtures("fragile_node")
+def requeued_beside_its_old_piece(
+    slurm, workflow: subprocess.Popen, workdir: Path, job: str, nodes: tuple[str, ...], meanwhile=None
+) -> tuple[list[int], float]:
+    """The slurmd of each of `nodes` (all of `job`'s) dies and the job's processes there live on,
+    frozen (SIGSTOP) as by a hung filesystem; Slurm requeues the job under its id, and it starts on
+    other nodes. Once its piece holds the run (the run's epoch 2), `meanwhile` is done and the old
+    processes thaw. Their pids, and when the newer piece took the run over."""
+    before = slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
+    lost_at = time.time()
+    old_piece = [pid for node in nodes for pid in slurm.stop_answering(node)]
+    for pid in old_piece:
+        os.kill(pid, signal.SIGSTOP)
+    wait_until(
+        lambda: requeued_off(slurm, job, before), workflow, workdir, "the job requeued", timeout=LOST_NODE_SECONDS
+    )
+    if pending_again(slurm, job):  # not in the two minutes Slurm may hold it: the old piece waits frozen
+        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+    (run,) = (workdir / "checkpoints").iterdir()
+    newer_epoch = run / "lease" / "000002"
+    wait_until(newer_epoch.exists, workflow, workdir, "the requeued job's piece holding the run", timeout=240)
+    if meanwhile is not None:
+        meanwhile()
+    for pid in old_piece:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    for node in nodes:
+        assert declared_down_since(slurm, node, lost_at), slurm.node_state(node)
+    return old_piece, newer_epoch.stat().st_mtime
+
+
+def nothing_written_by_the_old_piece_after(run: Path, took_over: float) -> bool:
+    """Whether the run's folder holds nothing the first epoch published after `took_over`: no line of
+    published.jsonl, no checkpoint (each says its epoch in contents.json)."""
+    published = [json.loads(line) for line in (run / "published.jsonl").read_text().splitlines()]
+    late = [line for line in published if line["epoch"] == 1 and line["at"] > took_over]
+    contents = [json.loads(path.read_text()) | {"path": path} for path in run.glob("checkpoint-*/contents.json")]
+    late += [content for content in contents if content["epoch"] == 1 and content["path"].stat().st_mtime > took_over]
+    assert late == [], late
+    return True
+
+
+@pytest.mark.xdist_group("fragile")  # one worker runs them: each loses n3 or n4, which no other test uses
+@pytest.mark.usefixtures("fragile_nodes")
 def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_on_two_others(
     slurm, tmp_path, bbc_subset, tiny_model, two_node_run
 ):
-    """2 nodes x 2 processes (the OSCER profile) on the `fragile` partition, which takes n3 and, as
-    the batch host, n1 or n2 (whichever has two GPUs free beside the other tests' jobs); the second
-    node, n3, powers off mid-training (its slurmd, its launcher and ranks 2 and 3 SIGKILLed), while
-    ranks 0 and 1 on the batch host wait in a collective that never completes. Slurm declares n3
-    DOWN after SlurmdTimeout, ends the job NODE_FAIL (SIGTERM to what is left on the batch host)
-    and requeues it under its id; it starts on n1 and n2, resumes from the newest checkpoint on
+    """2 nodes x 2 processes (the OSCER profile) on the `fragile` partition, which takes n3, the
+    batch host, and n4; the second node, n4, powers off mid-training (its slurmd, its launcher and
+    ranks 2 and 3 SIGKILLed), while ranks 0 and 1 on the batch host wait in a collective that never
+    completes. Slurm declares n4 DOWN after SlurmdTimeout, ends the job NODE_FAIL (SIGTERM to what is
+    left on the batch host) and requeues it under its id; it starts on n1 and n2, resumes from the newest checkpoint on
     shared storage, spending no retry, and ends with the uninterrupted two-node run's results, byte
     for byte; no node keeps any scratch."""
     workdir = tmp_path.resolve()
@@ -724,20 +766,20 @@ def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_o
     wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
     (job,) = active_jobs(slurm, workdir, "train")
     nodes = slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
-    assert nodes in ("n[1,3]", "n[2-3]"), "n3 second, after whichever of n1 and n2 has two GPUs free"
+    assert nodes == "n[3-4]", "the fragile nodes, taken first"
 
     lost_at = time.time()
-    slurm.lose_node("n3")
+    slurm.lose_node("n4")
     wait_until(
         lambda: requeued_off(slurm, job, nodes), workflow, workdir, "the job requeued", timeout=LOST_NODE_SECONDS
     )
     start_now_if_held(slurm, job)
     returncode, output = finish(workflow, workdir)
     assert returncode == 0, output[-6000:]
-    assert declared_down_since(slurm, "n3", lost_at), slurm.node_state("n3")
+    assert declared_down_since(slurm, "n4", lost_at), slurm.node_state("n4")
     lost, resumed = pieces_of(workdir)
     assert lost["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
-    # What is left on the batch host ends the piece in one of three ways, whichever comes first: srun sees n3's
+    # What is left on the batch host ends the piece in one of three ways, whichever comes first: srun sees n4's
     # launcher gone ("TrainingFailed: the nodes' launchers (srun) exited …"), or Slurm's SIGTERM
     # reaches it in training (paused, unable to save) or outside it ("killed by SIGTERM"). The
     # next piece resumes from the last checkpoint all the same.
@@ -748,13 +790,52 @@ def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_o
     assert same_results(workdir, reference) == []
 
 
+@pytest.mark.xdist_group("fragile")  # one worker runs them: each loses n3 or n4, which no other test uses
+@pytest.mark.usefixtures("fragile_nodes")
+def test_a_two_node_training_whose_slurmds_die_and_whose_old_piece_trains_on_ends_as_the_uninterrupted_run(
+    slurm, tmp_path, bbc_subset, tiny_model, two_node_run
+):
+    """2 nodes x 2 processes (the OSCER profile) on the `fragile` nodes n3 and n4, whose slurmds both
+    die while the nodes and every process of the job live on, frozen until the requeued job holds the
+    run. Slurm declares them DOWN, ends the job NODE_FAIL and requeues it under its id; it starts on
+    n1 and n2, takes the run's next epoch and resumes. The old piece's four ranks, thawed, train on
+    together until their next write, which the fence refuses: the piece ends superseded, writing
+    nothing dated after the newer piece held the run, and the run ends with the uninterrupted
+    two-node run's results, byte for byte, spending no retry."""
+    workdir = tmp_path.resolve()
+    two_node_config(workdir, bbc_subset, tiny_model)
+    profile = fragile_profile("oscer", workdir / "profile")
+    workflow = start(slurm, workdir, "--retries", "0", profile=str(profile))
+    wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
+    (job,) = active_jobs(slurm, workdir, "train")
+    assert slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip() == "n[3-4]"
+    (run,) = (workdir / "checkpoints").iterdir()
+
+    old_piece, took_over = requeued_beside_its_old_piece(slurm, workflow, workdir, job, ("n3", "n4"))
+    wait_until((run / "lease" / "000001.superseded").exists, workflow, workdir, "the old piece superseded", 240)
+    assert nothing_written_by_the_old_piece_after(run, took_over)
+    returncode, output = finish(workflow, workdir)
+    assert returncode == 0, output[-6000:]
+    old, resumed = pieces_of(workdir)
+    assert old["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
+    assert (old["outcome"], old["epoch"], old["requeued"]) == ("superseded", 1, "node failure"), old
+    assert resumed["ranks"] == {"n1": [0, 1], "n2": [2, 3]}
+    assert resumed["resumed_from_step"] == old["reached_step"] > 0
+    reference, _output = two_node_run
+    assert same_results(workdir, reference) == []
+    assert not [pid for pid in old_piece if Path(f"/proc/{pid}").exists()], "the old piece's processes ended"
+
+
 @pytest.fixture
-def fragile_node(slurm):
-    """The node the lost-node tests lose (n3), back after the test, also where it failed half-way,
-    so that the next of them finds it."""
+def fragile_nodes(slurm):
+    """The nodes the lost-node tests lose (n3, n4), back after the test, also where it failed
+    half-way (what is left of their jobs' processes killed first, frozen ones too), so that the
+    next of them finds them."""
     yield
-    if slurm.is_lost(FRAGILE_NODE):
-        slurm.restart_node(FRAGILE_NODE)
+    for node in FRAGILE_NODES:
+        if slurm.is_lost(node):
+            slurm.lose_node(node)
+            slurm.restart_node(node)
 
 
 # How long a lost node's job may take to be requeued: SlurmdTimeout is 20 s (about 45 s from the

@@ -3,7 +3,9 @@ from docs/tasks.md, "Adding a task". The CSV has number columns and a label colu
 (dataset.label_column) holding each row's class, 0, 1, 2, ...
 
 Its batches depend on (seed, epoch) alone and a checkpoint holds the weights, the optimizer and the
-step, so a resumed run trains as an uninterrupted one would.
+step, so a resumed run trains as an uninterrupted one would. A learning rate can be given by hand
+to a piece while it trains: a number in the file `learning-rate` of its scratch folder, read at each
+step (how we nudge a run we watch; scratchflow's tests give one to a piece that must write nothing).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ METRICS = ("accuracy", "loss")
 WRITES_PREDICTIONS = True
 LAUNCHES_OWN_PROCESSES = False
 REPORT_EVERY_SECONDS = 5.0
+LEARNING_RATE_BY_HAND = "learning-rate"
 
 
 def check_settings(config: dict[str, Any]) -> None:
@@ -124,7 +127,11 @@ def train(context: TrainContext) -> Trained | None:
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
     started, reported = time.time(), 0.0
+    by_hand = context.work_dir / LEARNING_RATE_BY_HAND
     while step < end:
+        if by_hand.is_file():
+            for group in optimizer.param_groups:
+                group["lr"] = float(by_hand.read_text())
         epoch, batch = divmod(step, steps_per_epoch)
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(params["seed"] * 1000 + epoch))
         rows = order[batch * params["batch_size"] : (batch + 1) * params["batch_size"]]
