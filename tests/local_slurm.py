@@ -278,7 +278,8 @@ class LocalSlurm:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, process in self.daemons.items():
-                if process.poll() is not None:
+                lost = name.startswith("slurmd-") and self.is_lost(name.removeprefix("slurmd-"))
+                if process.poll() is not None and not lost:
                     raise RuntimeError(f"{name} exited ({process.returncode}); see {self.root / 'log'}")
             if ready():
                 return

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from scratchflow import piece
+from scratchflow import checkpoints, piece
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec
@@ -104,14 +104,17 @@ def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_pa
     checkpoint.mkdir(parents=True)
     (checkpoint / "COMPLETE").touch()
     published = spec.tracking_dir / events.name
-    mirror = CheckpointStore.mirror
+    copy_whole = checkpoints.copy_whole
     seen = []
 
-    def mirror_noting_the_curves(store, local):
-        seen.append(published.read_bytes() if published.exists() else None)
-        return mirror(store, local)
+    def copy_noting_the_curves_as_it_is_renamed(source, destination, before_rename=None):
+        def then():
+            before_rename()
+            seen.append(published.read_bytes() if published.exists() else None)
 
-    monkeypatch.setattr(CheckpointStore, "mirror", mirror_noting_the_curves)
+        return copy_whole(source, destination, before_rename=then)
+
+    monkeypatch.setattr(checkpoints, "copy_whole", copy_noting_the_curves_as_it_is_renamed)
     Piece(spec).checkpoint_saved(checkpoint)
-    assert seen == [b"the curves to step 10"]
+    assert seen == [b"the curves to step 10"], "the curves were there when the checkpoint was renamed into place"
     assert (spec.store.folder / "checkpoint-10" / "COMPLETE").is_file()

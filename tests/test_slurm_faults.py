@@ -654,7 +654,7 @@ def preempt_the_training(slurm, workflow: subprocess.Popen, workdir: Path) -> st
 @pytest.mark.xdist_group("fragile")  # one worker runs them: each loses n3 or n4, which no other test uses
 @pytest.mark.usefixtures("fragile_nodes")
 def test_a_labs_training_whose_nodes_slurmd_dies_and_whose_old_piece_trains_on_at_another_rate_ends_whole(
-    slurm, tmp_path
+    slurm, tmp_path, tmp_path_factory
 ):
     """A lab's pipeline with its own plain-PyTorch task (ourlab.mlp) trains on n3 (the `fragile`
     partition takes it first; no other test's job is there) when n3's slurmd dies and the job's
@@ -673,10 +673,11 @@ def test_a_labs_training_whose_nodes_slurmd_dies_and_whose_old_piece_trains_on_a
         "grid": {"seed": [0]},
         "checkpointing": {"every_steps": 100, "keep": 2},
     }
-    reference = lab_pipeline(tmp_path / "uninterrupted", PROFILE, config)
-    lab = lab_pipeline(tmp_path / "ourlab", PROFILE, config)
+    reference = lab_pipeline(tmp_path_factory.mktemp("uninterrupted") / "ourlab", PROFILE, config)
+    lab = lab_pipeline(tmp_path, PROFILE, config)
     layer = lab / "profiles" / PROFILE / "config.v8+.yaml"
-    fragile = yaml.safe_load((fragile_profile(PROFILE, tmp_path / "fragile") / "config.v8+.yaml").read_text())
+    fragile_settings = fragile_profile(PROFILE, tmp_path_factory.mktemp("fragile") / PROFILE) / "config.v8+.yaml"
+    fragile = yaml.safe_load(fragile_settings.read_text())
     layer.write_text(layer.read_text() + yaml.safe_dump({"set-resources": fragile["set-resources"]}))
     uninterrupted = start(slurm, reference, pipeline=True)
     workflow = start(slurm, lab, "--retries", "0", pipeline=True)
@@ -722,6 +723,8 @@ def requeued_beside_its_old_piece(
         lambda: requeued_off(slurm, job, before), workflow, workdir, "the job requeued", timeout=LOST_NODE_SECONDS
     )
     if pending_again(slurm, job):  # not in the two minutes Slurm may hold it: the old piece waits frozen
+        # (Started within a second of its requeue, Slurm 22.05 gave the job no GPUs: seen in this test.)
+        time.sleep(REQUEUED_JOB_SETTLES_SECONDS)
         slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
     (run,) = (workdir / "checkpoints").iterdir()
     newer_epoch = run / "lease" / "000002"
@@ -734,6 +737,9 @@ def requeued_beside_its_old_piece(
     for node in nodes:
         assert declared_down_since(slurm, node, lost_at), slurm.node_state(node)
     return old_piece, newer_epoch.stat().st_mtime
+
+
+REQUEUED_JOB_SETTLES_SECONDS = 10
 
 
 def nothing_written_by_the_old_piece_after(run: Path, took_over: float) -> bool:
@@ -756,9 +762,9 @@ def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_o
     batch host, and n4; the second node, n4, powers off mid-training (its slurmd, its launcher and
     ranks 2 and 3 SIGKILLed), while ranks 0 and 1 on the batch host wait in a collective that never
     completes. Slurm declares n4 DOWN after SlurmdTimeout, ends the job NODE_FAIL (SIGTERM to what is
-    left on the batch host) and requeues it under its id; it starts on n1 and n2, resumes from the newest checkpoint on
-    shared storage, spending no retry, and ends with the uninterrupted two-node run's results, byte
-    for byte; no node keeps any scratch."""
+    left on the batch host) and requeues it under its id; it starts on two live nodes, resumes from
+    the newest checkpoint on shared storage, spending no retry, and ends with the uninterrupted
+    two-node run's results, byte for byte; no node keeps any scratch."""
     workdir = tmp_path.resolve()
     two_node_config(workdir, bbc_subset, tiny_model)
     profile = fragile_profile("oscer", workdir / "profile")
@@ -784,7 +790,7 @@ def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_o
     # reaches it in training (paused, unable to save) or outside it ("killed by SIGTERM"). The
     # next piece resumes from the last checkpoint all the same.
     assert lost["requeued"] == "node failure" and lost["outcome"] != "finished", lost
-    assert resumed["ranks"] == {"n1": [0, 1], "n2": [2, 3]}
+    assert "n4" not in resumed["ranks"] and sorted(resumed["ranks"].values()) == [[0, 1], [2, 3]]
     assert resumed["resumed_from_step"] == lost["reached_step"] > 0
     reference, _output = two_node_run
     assert same_results(workdir, reference) == []

@@ -243,20 +243,29 @@ class CheckpointStore:
         (on scratch) to this shared folder; `restored_step`: the step restored from here, if any."""
         return CheckpointMirroring(self, local_folder, restored_step)
 
-    def mirror(self, local_checkpoint: Path) -> Path:
+    def mirror(self, local_checkpoint: Path, with_it: Callable[[], None] | None = None) -> Path:
         """Copy a checkpoint the task just wrote on scratch into the shared folder, whole or not at
-        all, then drop all but the newest `keep` complete ones."""
+        all, then drop all but the newest `keep` complete ones. `with_it`: what goes to shared storage
+        with it, just before it is renamed into place (`publishing`)."""
         destination = self.folder / local_checkpoint.name
         write_contents(local_checkpoint, self.epoch)
-        copy_whole(local_checkpoint, destination, before_rename=self.check_fence)
+        copy_whole(local_checkpoint, destination, before_rename=lambda: self.publishing(with_it))
         self._note_published(destination)
         self._prune()
         return destination
 
+    def publishing(self, with_it: Callable[[], None] | None) -> None:
+        """Just before a checkpoint is renamed into place: the fence looked at (one listing a
+        publication: this piece's writes from here to the rename, `with_it`'s too, go only where no
+        newer piece held the run when it looked), then `with_it` written."""
+        self.check_fence()
+        if with_it is not None:
+            with_it()
+
     def _prune(self) -> None:
-        """All but the newest `keep` complete checkpoints removed."""
+        """All but the newest `keep` complete checkpoints removed (right after a publication, whose
+        look at the fence covers it)."""
         for _step, old in self.complete()[: -self.keep]:
-            self.check_fence()
             remove_whole(old)
 
     def _note_published(self, checkpoint: Path) -> None:
@@ -289,13 +298,13 @@ class CheckpointStore:
         on every node) lets a later job remove what a killed one left."""
         return self.folder / f".{name}.assembling{tag}"
 
-    def publish(self, assembly: Path, world_size: int) -> Path:
+    def publish(self, assembly: Path, world_size: int, with_it: Callable[[], None] | None = None) -> Path:
         """Give an assembled checkpoint its name, with the number of processes that wrote it, then
-        drop all but the newest `keep` complete ones."""
+        drop all but the newest `keep` complete ones. `with_it`: as `mirror`'s."""
         write_json_atomically({"world_size": world_size}, assembly / WORLD_FILE)
         write_contents(assembly, self.epoch)
         destination = self.folder / assembly.name[1:].split(".assembling")[0]
-        self.check_fence()
+        self.publishing(with_it)
         if destination.exists():
             remove_whole(destination)
         os.rename(assembly, destination)
@@ -318,8 +327,9 @@ class CheckpointMirroring:
         self.run, self.local_folder = run, local_folder
         self.failure: BaseException | None = None  # the watching thread's, once a copy failed
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
-        # Called before each checkpoint is copied: what must be on shared storage once it is there.
-        self.before_publishing: Callable[[], None] | None = None
+        # Called just before each checkpoint is renamed into place: what must be on shared storage
+        # once it is there.
+        self.with_each: Callable[[], None] | None = None
         # Called once each is there, with its step and when its publication began (time.monotonic).
         self.published: Callable[[int, float], None] | None = None
 
@@ -329,10 +339,8 @@ class CheckpointMirroring:
         if newest is None or (self.mirrored_step is not None and step_of(newest) <= self.mirrored_step):
             return None
         started = time.monotonic()
-        if self.before_publishing is not None:
-            self.before_publishing()
         try:
-            self.run.mirror(newest)
+            self.run.mirror(newest, self.with_each)
         except (StagingError, OSError):
             if newest.exists():
                 raise

@@ -136,8 +136,8 @@ class StopsAfterFirstCheckpoint(CheckpointStore):
     def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
         return QuickMirroring(self, local_folder, restored_step)
 
-    def mirror(self, local_checkpoint: Path) -> Path:
-        destination = super().mirror(local_checkpoint)
+    def mirror(self, local_checkpoint: Path, with_it: Callable[[], None] | None = None) -> Path:
+        destination = super().mirror(local_checkpoint, with_it)
         if self.stop and len(self.complete()) == 1:
             os.kill(os.getpid(), signals.stop_signal())
         return destination

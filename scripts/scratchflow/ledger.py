@@ -204,7 +204,7 @@ class RunLedger:
     def report_progress(self, progress: dict[str, Any]) -> None:
         """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at):
         whole, not durable (a crash loses a report the next one replaces). Not fenced here: the piece
-        that reports looks once for this and what it writes with it (Piece._before_publishing)."""
+        that reports looks once for this and what it writes with it (CheckpointStore.publishing)."""
         write_json_atomically(progress, self.folder / PROGRESS_FILE, durable=False)
 
     def progress(self) -> dict[str, Any] | None:

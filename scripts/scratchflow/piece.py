@@ -412,7 +412,7 @@ class Piece:
         # the task's curves to that step before it (a piece killed just after a checkpoint appeared
         # would otherwise leave a gap in them, which the next piece, resuming there, never fills).
         self.mirroring = spec.store.mirroring(spec.checkpoint_dir)
-        self.mirroring.before_publishing = self._before_publishing
+        self.mirroring.with_each = self._with_each_checkpoint
         self.curves_published: dict[str, int] = {}  # the size of each events file as last published
         self.saved_step: int | None = None  # the newest checkpoint's step: restored, then each saved
         self.progress: dict[str, Any] | None = None  # the task's latest progress report, not yet written
@@ -496,8 +496,7 @@ class Piece:
         (checkpoint / PART_FILE.format(rank=self.me.rank)).touch()  # after the task's own part
         torch.distributed.barrier()  # every process has written its part
         if self.me.local_rank == 0:
-            self.spec.store.check_fence()
-            shutil.copytree(checkpoint, assembly, dirs_exist_ok=True)
+            shutil.copytree(checkpoint, assembly, dirs_exist_ok=True)  # a hidden folder of this job's
         torch.distributed.barrier()  # every node's part is on shared storage
         if self.me.rank == 0:
             parts = (PART_FILE.format(rank=rank) for rank in range(self.me.world_size))
@@ -505,8 +504,7 @@ class Piece:
             marker = self.task.CHECKPOINT_MARKER
             if missing or not (assembly / marker).is_file():
                 raise RuntimeError(f"{assembly} lacks {', '.join(missing) or marker}: not published")
-            self._before_publishing()
-            self.spec.store.publish(assembly, self.me.world_size)
+            self.spec.store.publish(assembly, self.me.world_size, self._with_each_checkpoint)
             log.info("checkpoint %s of %d processes saved to %s", checkpoint.name, self.me.world_size, assembly.parent)
         self.saved_step = step_of(checkpoint)
         self._published(self.saved_step, started)
@@ -533,10 +531,10 @@ class Piece:
             self.spec.store.check_fence()
             self._write_progress()
 
-    def _before_publishing(self) -> None:
-        """What goes to shared storage with a checkpoint, before it: the curves to its step (a
-        checkpoint there has its curves there), and the latest progress report."""
-        self.spec.store.check_fence()  # one look for both: the files they replace are a newer piece's otherwise
+    def _with_each_checkpoint(self) -> None:
+        """What goes to shared storage with a checkpoint, just before it (the fence looked at for all
+        three: CheckpointStore.publishing): the curves to its step (a checkpoint there has its
+        curves there), and the latest progress report."""
         self._publish_curves()
         self._write_progress()
 
