@@ -112,6 +112,24 @@ def test_a_requeued_jobs_two_runs_each_go_to_the_piece_they_held_and_a_kill_lose
     assert second.gpu_hours == pytest.approx(1.0) and second.lost_gpu_hours == 0
 
 
+def test_a_superseded_piece_loses_what_followed_its_last_checkpoint_and_leaves_the_next_run_of_its_job_alone():
+    """Job 12's node stopped answering after an hour on 2 GPUs (NODE_FAIL), its piece having published
+    its last checkpoint at 45 minutes; it trained on, unbilled, past the requeued run's start, and
+    ended superseded. Slurm's hour is its (a quarter lost); the requeued run's half hour is the next
+    piece's alone."""
+    listed = sacct_lines(
+        ("12", "NODE_FAIL", T0, T0 + 3600, "cpu=4,gres/gpu=2,mem=8G,node=1", ""),
+        ("12", "COMPLETED", T0 + 3700, T0 + 5500, "cpu=4,gres/gpu=2,mem=8G,node=1", ""),
+    )
+    pieces = [
+        piece(1, "12", T0 + 5, T0 + 3900, "superseded", checkpoint_at=T0 + 5 + (3600 - 5) * 0.75),
+        piece(2, "12", T0 + 3705, T0 + 5495, "finished"),
+    ]
+    superseded, resumed = costs(training_uses("r1", pieces), parse_sacct(listed, TRACKING_GPUS)).values()
+    assert superseded.gpu_hours == pytest.approx(2.0) and superseded.lost_gpu_hours == pytest.approx(0.5, rel=0.01)
+    assert resumed.gpu_hours == pytest.approx(1.0) and resumed.lost_gpu_hours == 0
+
+
 def test_a_packed_jobs_time_is_shared_among_its_runs_by_the_time_each_ran():
     listed = sacct_lines(("30", "COMPLETED", T0, T0 + 3600, "cpu=8,gres/gpu=1,mem=8G,node=1", ""))
     uses = training_uses("a", [piece(1, "30", T0, T0 + 1200, "finished")])

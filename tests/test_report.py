@@ -63,6 +63,18 @@ def test_the_page_holds_every_run_and_setting_escaped_sortable_and_self_containe
     assert 'class="sortable"' in text and "addEventListener" in text
     assert "http" not in text, "no outside resources: it previews inside Snakemake's report"
     assert 'id="trained-by"' not in text, "one run: trained by nothing but its own code and packages"
+    assert "Superseded" not in text, "no piece was"
+
+
+def test_the_page_says_which_runs_had_a_piece_superseded_and_what_that_cost(tmp_path):
+    table, settings, chosen = grid(tmp_path)
+    records = {run_id: record("c0ffee", "n1") for run_id in ("aaa", "bbb", "ccc")}
+    records["bbb"]["pieces"] = [{"piece": 1, "outcome": "superseded"}, {"piece": 2, "outcome": "finished"}]
+    write_summary_page(settings, table, chosen, records, local_cost(list(records)), tmp_path / "page.html")
+    assert (
+        "Superseded: bbb (piece 1); each trained on after a newer piece took its run over, wrote nothing "
+        "after that, and what it trained after its last checkpoint counts as lost."
+    ) in (tmp_path / "page.html").read_text()
 
 
 def test_the_page_says_which_runs_other_packages_trained_and_how_to_train_them_again(tmp_path, monkeypatch):

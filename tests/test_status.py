@@ -406,3 +406,18 @@ def test_the_spend_so_far_and_what_the_rest_will_cost_at_the_finished_runs_mean(
         "spent so far: no Slurm accounting: GPU-hours not known, 5.13 CPU-hours (19% lost to faults)"
     )
     assert spend.endswith("the 2 run(s) not finished: about 3.13 CPU-hours more, at the finished runs' mean")
+
+
+def test_a_piece_a_newer_one_took_the_run_from_is_said_superseded_while_the_newer_trains(tmp_path):
+    """The superseded piece's own note (scratchflow.lease) is what the status reads: pieces.json is
+    the newer piece's, which closed the older as killed when it took the run."""
+    write_grid(tmp_path, {"taken00000": {}}, "accuracy", "max", "local")
+    folder, now = tmp_path / "checkpoints" / "taken00000", time.time()
+    write(folder / "pieces.json", [{**piece(1, "killed", now - 600), "epoch": 1}, piece(2, "running", now - 60)])
+    write(folder / "running.json", {"host": os.uname().nodename, "pid": os.getpid(), "slurm_job_id": None})
+    (status,) = statuses_in(tmp_path)
+    assert "superseded" not in status.detail, "killed, as far as anyone knows yet"
+    write(folder / "lease" / "000001.superseded", {**piece(1, "superseded", now - 600), "epoch": 1})
+    (status,) = statuses_in(tmp_path)
+    assert status.state == "trains"
+    assert status.detail.endswith("; piece 1 superseded (trained on after a newer piece took the run over)")
