@@ -796,7 +796,7 @@ def test_a_two_node_training_whose_second_node_is_lost_is_requeued_and_resumes_o
 def test_a_two_node_training_whose_slurmds_die_and_whose_old_piece_trains_on_ends_as_the_uninterrupted_run(
     slurm, tmp_path, bbc_subset, tiny_model, two_node_run
 ):
-    """2 nodes x 2 processes (the OSCER profile) on the `fragile` nodes n3 and n4, whose slurmds both
+    """2 nodes x 2 processes (the OSCER profile, on CPUs) on the `fragile` nodes n3 and n4, whose slurmds both
     die while the nodes and every process of the job live on, frozen until the requeued job holds the
     run. Slurm declares them DOWN, ends the job NODE_FAIL and requeues it under its id; it starts on
     n1 and n2, takes the run's next epoch and resumes. The old piece's four ranks, thawed, train on
@@ -806,11 +806,11 @@ def test_a_two_node_training_whose_slurmds_die_and_whose_old_piece_trains_on_end
     workdir = tmp_path.resolve()
     two_node_config(workdir, bbc_subset, tiny_model)
     profile = fragile_profile("oscer", workdir / "profile")
-    # Requeued after both its nodes failed, the job starts with no GPUs on the test cluster's Slurm
-    # 22.05 (slurmctld: "gres/gpu: job … dealloc of node n1 bad node_offset 0 count is 0"), which
-    # would make it 2 x 1 processes, and its piece refuse the run's 2 x 2 checkpoint (WorldSizeChanged).
-    # The test's CPU ranks need no GPU: the shape is set, as a profile may set it.
+    # CPU nodes: requeued after both its nodes failed, a job asking for GPUs starts with none on the
+    # test cluster's Slurm 22.05 (slurmctld: "gres/gpu: job … dealloc of node n1 bad node_offset 0
+    # count is 0"; srun: "Invalid generic resource (gres) specification"). The ranks train on CPU.
     settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
+    del settings["set-resources"]["train"]["gres"]
     settings["set-resources"]["train"]["processes_per_node"] = 2
     (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
     workflow = start(slurm, workdir, "--retries", "0", profile=str(profile))

@@ -180,7 +180,7 @@ def train_job(job: TrainJob) -> None:
     outcome, fence = run_piece(spec)
     trained = finished(outcome)
     pieces = spec.ledger.pieces()
-    fence.check()  # the records too are the newer piece's, where one holds the run now
+    fence.check()  # one look for the records below: they too are the newer piece's, where one holds the run now
     if isinstance(job.ends_with, halving.Rung):
         halving.write_rung_record(job.run_id, job.identity["training"], job.ends_with, trained.metrics, pieces)
         return
@@ -193,7 +193,7 @@ def train_job(job: TrainJob) -> None:
         environment=environment_record(job.workflow_dir),
         code=code,
     )
-    write_json_atomically(plain(record), job.ends_with.record, before_rename=fence.check)
+    write_json_atomically(plain(record), job.ends_with.record)
     log.info("run %s trained; phases (s): %s", job.run_id, pieces[-1].timings_seconds)
 
 

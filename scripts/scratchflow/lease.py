@@ -115,10 +115,15 @@ def take_epoch(folder: Path, holder: dict[str, Any]) -> Fence:
 
 def superseded_ends(folder: Path) -> dict[int, dict[str, Any]]:
     """The ends the superseded pieces of the run in `folder` noted (Fence.note_superseded), by epoch."""
+    try:
+        names = os.listdir(folder / LEASE_FOLDER)
+    except FileNotFoundError:
+        return {}
     ends = {}
-    for path in (folder / LEASE_FOLDER).glob(f"*{SUPERSEDED_SUFFIX}"):
-        with contextlib.suppress(OSError, ValueError):
-            ends[int(path.name.removesuffix(SUPERSEDED_SUFFIX))] = read_json(path)
+    for name in names:
+        if name.endswith(SUPERSEDED_SUFFIX):
+            with contextlib.suppress(OSError, ValueError):
+                ends[int(name.removesuffix(SUPERSEDED_SUFFIX))] = read_json(folder / LEASE_FOLDER / name)
     return ends
 
 
