@@ -38,6 +38,7 @@ from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR, signals
 from scratchflow.files import read_json, write_json_atomically
+from scratchflow.lease import Superseded
 from scratchflow.piece import (
     Paused,
     Piece,
@@ -230,7 +231,20 @@ def _node_torchrun(spec: PieceSpec, rendezvous: list[str], spec_file: Path) -> i
     stop = StopForwarder(spec.work_dir / STOP_FILE_NAME, to_children=True)
     grace = spec.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
     code, _tail = run_program(argv, launch_environment(spec.threads, spec.shape), stop, grace)
+    if code and superseded(spec):
+        # Ended quietly: srun, seeing a task fail, would kill the job's step by its id, which names
+        # the newer piece's step now (a requeued job keeps its id, and its steps start from 0 again).
+        log.warning("this node's processes ended: a newer piece holds the run")
+        return 0
     return 0 if stop.received else code
+
+
+def superseded(spec: PieceSpec) -> bool:
+    try:
+        spec.store.check_fence()
+    except Superseded:
+        return True
+    return False
 
 
 def main(spec_file: Path) -> None:
