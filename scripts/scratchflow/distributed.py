@@ -191,9 +191,14 @@ def seeing_in_image(environ: dict[str, str], scratch: Path) -> dict[str, str]:
     return {**environ, "PYXIS_CONTAINER_MOUNTS": ",".join(mounts)}
 
 
-def rendezvous_port(job_id: str) -> int:
-    """The same on every node of a job, and different for jobs that may share a node."""
-    return 20_000 + int(job_id) % 20_000
+def rendezvous_port(job_id: str, epoch: int | None) -> int:
+    """The same on every node of a piece, and different for jobs that may share a node, and for two
+    pieces of one requeued job (its id kept; the run's epoch not): an old piece that trains on where
+    Slurm can no longer reach it holds its port still."""
+    return 20_000 + (int(job_id) + EPOCH_PORT_STRIDE * (epoch or 0)) % 20_000
+
+
+EPOCH_PORT_STRIDE = 7919  # a prime: the ports of one job's pieces far apart, not those of its neighbouring ids
 
 
 def run_node(spec_file: Path) -> int:
@@ -209,7 +214,7 @@ def run_node(spec_file: Path) -> int:
         f"--nnodes={spec.shape.nodes}",
         f"--node-rank={node_rank}",
         f"--master-addr={os.environ['SLURM_LAUNCH_NODE_IPADDR']}",
-        f"--master-port={rendezvous_port(os.environ['SLURM_JOB_ID'])}",
+        f"--master-port={rendezvous_port(os.environ['SLURM_JOB_ID'], spec.store.epoch)}",
     ]
     if node_rank == 0:
         if node != spec.batch_node:
