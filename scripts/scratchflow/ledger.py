@@ -129,8 +129,8 @@ class RunLedger:
         its end."""
         path = self.folder / PIECES_FILE
         listed = piece_records(read_json(path)) if path.is_file() else []
-        # Only a piece that a later one closed as killed (or still lists running) can have been superseded.
-        if not any(entry.outcome in (RUNNING, KILLED) for entry in listed[:-1]):
+        # Only a piece still listed running, or closed as killed by a later one, can have been superseded.
+        if not any(entry.outcome in (RUNNING, KILLED) for entry in listed):
             return listed
         ends = superseded_ends(self.folder)
         return [_as_it_ended(entry, ends[entry.epoch]) if entry.epoch in ends else entry for entry in listed]
