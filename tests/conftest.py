@@ -327,8 +327,14 @@ def finished_workers() -> Path:
 
 def pytest_collection_modifyitems(items: list) -> None:
     """The tests that need the test cluster alone come last, once the others are done with it
-    (while one waits for it, no other Slurm test starts)."""
-    items.sort(key=lambda item: item.get_closest_marker("alone_on_the_cluster") is not None)
+    (while one waits for it, no other Slurm test starts); the lost-node tests first, one worker's
+    for about 10 minutes (their group), so that the alone tests never wait for them."""
+
+    def order(item) -> tuple[bool, bool]:
+        group = item.get_closest_marker("xdist_group")
+        return item.get_closest_marker("alone_on_the_cluster") is not None, not (group and group.args == ("fragile",))
+
+    items.sort(key=order)
 
 
 def pytest_sessionfinish(session) -> None:

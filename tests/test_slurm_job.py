@@ -61,3 +61,48 @@ def test_a_job_computes_on_its_rules_threads_never_more_than_slurm_gave_it(monke
     assert cpus == 1 and why.endswith("to compute on all 4, set the rule's set-threads to 4 in the profile")
     assert slurm_job.job_cpus(3, {}) == (3, "the rule's threads, 3, of this machine's 8")
     assert slurm_job.job_cpus(12, {}) == (8, "the rule's threads, 12, of this machine's 8")
+
+
+def test_a_superseded_job_ends_its_own_snakemakes_and_their_sruns_on_its_node_and_nothing_else(tmp_path, monkeypatch):
+    """Real processes of Slurm job 77 on node n3, as a requeued job's old batch host holds them: its
+    batch step's Snakemake, the srun it starts the rule's job step with (srun first: seeing its task
+    killed it would have Slurm end the step by its number), the step's Snakemake. Left alone: the
+    user's own Snakemake in the same allocation (no --target-jobs), an srun of the user's, the same
+    job's processes on another node (the newer piece's, where the requeued job runs)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    srun = tmp_path / "srun"
+    srun.symlink_to(sys.executable)
+    sleep = "import time; time.sleep(60)"
+
+    def started(arguments: list[str], node: str, with_an_srun: bool = False) -> subprocess.Popen:
+        """A process with `arguments` in its command line, with job 77's environment on `node`, and
+        with an srun (a Python named srun) as its child."""
+        script = f"import subprocess; subprocess.Popen([{str(srun)!r}, '-c', {sleep!r}]); {sleep}"
+        environ = {**os.environ, "SLURM_JOB_ID": "77", "SLURMD_NODENAME": node}
+        return subprocess.Popen([sys.executable, "-c", script if with_an_srun else sleep, *arguments], env=environ)
+
+    batch = started(["--target-jobs", "train:run_id=r1"], "n3", with_an_srun=True)
+    step = started(["--target-jobs", "train:run_id=r1"], "n3")
+    users = started(["--cores", "all"], "n3", with_an_srun=True)
+    newer = started(["--target-jobs", "train:run_id=r1"], "n1", with_an_srun=True)
+    processes = [batch, step, users, newer]
+    try:
+        time.sleep(1)  # the sruns started
+        monkeypatch.setenv("SLURM_JOB_ID", "77")
+        monkeypatch.setenv("SLURMD_NODENAME", "n3")
+        ended = slurm_job.end_the_jobs_own_snakemakes()
+        for process in (batch, step):
+            assert process.wait(timeout=10) == -signal.SIGKILL
+        assert batch.pid in ended and step.pid in ended and len(ended) == 3, "the two Snakemakes and the batch's srun"
+        assert ended.index(batch.pid) > 0, "the srun first"
+        for process in (users, newer):
+            assert process.poll() is None
+    finally:
+        for process in processes:
+            process.kill()
+        subprocess.run(["pkill", "-KILL", "-f", f"^{srun} -c"], check=False)

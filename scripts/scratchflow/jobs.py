@@ -78,7 +78,7 @@ def job_context(log_path: str, threads: int = 1, ends_its_slurm_job: bool = True
     if isinstance(failure, Superseded):
         print(f"scratchflow: superseded, not failed: {failure}", file=sys.stderr, flush=True)
         # Seeing its script fail, the job's own Snakemake would remove the rule's outputs: the newer piece's.
-        slurm_job.end_the_jobs_own_snakemake()
+        slurm_job.end_the_jobs_own_snakemakes()
     elif isinstance(failure, TrainingStopped):
         # Still a failed job for Snakemake, whose retry resumes: said first, with the log that stays.
         paused = failure.paused

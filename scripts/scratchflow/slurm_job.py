@@ -14,6 +14,7 @@ to Slurm; its next piece reads the cause from sacct.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -94,25 +95,50 @@ def requeue_cause(job_id: str) -> str | None:
     return cause or ("requeued" if len(states) > 1 else None)
 
 
-# In the command line of the Snakemake a Slurm job runs its rule's job with (none in a local run's).
+# In the command lines of the Snakemakes a Slurm job runs its rule's job with (the batch step's, and
+# the job step's it starts with srun); none in a local run.
 JOBS_OWN_SNAKEMAKE_ARGUMENT = b"--target-jobs"
 
 
-def end_the_jobs_own_snakemake() -> int | None:
-    """SIGKILL the Snakemake that runs this job's rule (the nearest ancestor started with
-    --target-jobs), so that it cannot act on the job's end: a superseded piece's, whose Slurm job
-    runs a newer piece now, and whose Snakemake would remove the rule's outputs as a failed job's.
-    Its pid, or None where no such Snakemake runs this job (a local run's jobs run in the user's)."""
-    pid = os.getppid()
-    while pid > 1:
+def end_the_jobs_own_snakemakes() -> list[int]:
+    """SIGKILL, on this node, the Snakemakes that run this Slurm job's rule and the sruns between them,
+    the sruns first, so that none acts on the job's end: a superseded piece's, whose job id runs a
+    newer piece now. Seeing its script fail, a Snakemake would remove the rule's outputs (the newer
+    piece's); seeing its task killed, srun would have Slurm end the job's step by its number, which
+    may name the newer piece's step (a requeued job numbers its steps from 0 again). Their pids;
+    none outside a Slurm job, or for a local run's jobs, which run in the user's Snakemake."""
+    job, node = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURMD_NODENAME")
+    if not job:
+        return []
+    parents, argvs = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
         try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            argvs[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
-            return None
-        if JOBS_OWN_SNAKEMAKE_ARGUMENT in argv:
-            log.warning("ending this job's own Snakemake (pid %d): the rule's outputs are a newer piece's", pid)
+            continue
+        if f"SLURM_JOB_ID={job}".encode() not in environ or (
+            node and f"SLURMD_NODENAME={node}".encode() not in environ
+        ):
+            del argvs[int(entry.name)]
+    snakemakes = {pid for pid, argv in argvs.items() if JOBS_OWN_SNAKEMAKE_ARGUMENT in argv}
+
+    def under_a_snakemake(pid: int) -> bool:
+        while pid in parents and pid > 1:
+            pid = parents[pid]
+            if pid in snakemakes:
+                return True
+        return False
+
+    sruns = [pid for pid, argv in argvs.items() if Path(argv[0].decode()).name == "srun" and under_a_snakemake(pid)]
+    ended = []
+    for pid in [*sruns, *snakemakes]:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-            return pid
-        pid = parent
-    return None
+            ended.append(pid)
+    if ended:
+        log.warning("ended this job's own Snakemakes and sruns (%s): the rule's outputs are a newer piece's", ended)
+    return ended
