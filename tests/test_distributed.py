@@ -243,8 +243,8 @@ def test_a_stop_reaches_the_launchers_workers_and_the_launcher_itself_ignores_us
 
 def two_process_config(workdir: Path, data: Path, model: Path) -> None:
     config = workflow_config(data, model, workdir / "scratch", grid={"seed": [7]})
-    config["training"].update(epochs=8, max_length=128)  # 112 steps: a kill at 20, a stop at 40, then the rest
-    config["checkpointing"] = {"every_steps": 20, "keep": 2}
+    config["training"].update(epochs=4, max_length=128)  # 56 steps: a kill at 10, a stop at 20, then the rest
+    config["checkpointing"] = {"every_steps": 10, "keep": 2}
     write_config(workdir, config)
 
 
@@ -289,7 +289,7 @@ def test_two_processes_killed_stopped_and_resumed_end_like_an_uninterrupted_run(
     one_fault_at_a_time = ("--retries", "0")  # each fault is followed by hand, not by the profile's retry
 
     workflow = start_workflow(tmp_path, *TWO_PROCESSES, *one_fault_at_a_time)
-    wait_for_step(tmp_path, workflow, 20)
+    wait_for_step(tmp_path, workflow, 10)
     os.kill(training_processes(tmp_path)[1], signal.SIGKILL)
     killed_at = time.monotonic()
     output = workflow.communicate(timeout=120)[0]
@@ -305,7 +305,7 @@ def test_two_processes_killed_stopped_and_resumed_end_like_an_uninterrupted_run(
     assert "was written by 2 training process(es), and this job trains with 1" in train_log(tmp_path)
 
     workflow = start_workflow(tmp_path, *TWO_PROCESSES, *one_fault_at_a_time)
-    wait_for_step(tmp_path, workflow, 40)
+    wait_for_step(tmp_path, workflow, 20)
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=120)[0]
     stopped = live_pieces(tmp_path)[2]

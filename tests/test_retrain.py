@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, jobs_run, lab_pipeline, workflow_config, workflow_env
+from conftest import REPO, jobs_run, lab_pipeline, workflow_env
 from scratchflow.plan import COMPARISON_OUTPUTS, Plan
 from scratchflow.record import code_record, difference_lines, retrain_line
 
@@ -260,29 +260,32 @@ def test_make_retrain_runs_the_script_with_the_grids_directory_and_a_clusters_pr
 
 
 @pytest.mark.slow
-def test_editing_a_labs_task_flags_the_runs_it_trained_and_the_line_given_retrains_those_only(
-    tmp_path, bbc_subset, tiny_model
-):
-    """A lab's grid of two runs, its final checkpoints kept; its task's module edited. The status
-    flags both runs with the line that trains them again; that line for the first run alone trains
-    it from zero (not from its final checkpoint), with the task as it is now, and nothing else: the
-    other run's record stays byte for byte, and the status then flags it alone."""
-    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch")
-    config["training"]["epochs"] = 1
-    config["checkpointing"]["keep_after_training"] = True
+def test_editing_a_labs_task_flags_the_runs_it_trained_and_the_line_given_retrains_those_only(tmp_path):
+    """A lab's grid of two runs of its own plain-PyTorch task, their final checkpoints kept; the
+    task's module edited. The status flags both runs with the line that trains them again; that line
+    for the first run alone trains it from zero (not from its final checkpoint), with the task as it
+    is now, and nothing else: the other run's record stays byte for byte, and the status then flags
+    it alone."""
+    config = {
+        "task": "ourlab.mlp",
+        "dataset": {"name": "numbers", "path": "data/numbers.csv", "format": "csv", "label_column": "label"},
+        "grid": {"learning_rate": [0.1, 0.2]},
+        "checkpointing": {"keep_after_training": True},
+        "cluster": {"scratch_root": str(tmp_path / "scratch")},
+    }
     lab = lab_pipeline(tmp_path / "lab", "narval", config)
     first = subprocess.run(
         [lab / "scratchflow" / "scripts" / "run_local.sh"], cwd=lab, capture_output=True, text=True, env=workflow_env()
     )
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    module = lab / "ourlab" / "texts.py"
+    module = lab / "ourlab" / "mlp.py"
     module.write_text(module.read_text() + "# tuned\n")
     # Run from the lab's parent folder: the line holds the grid's directory (a lab's Makefile may have a
     # retrain target, whose line is `make retrain RUNS=…`).
     shown = status_of(lab, cwd=tmp_path)
     flagged, line = shown[-2], shown[-1]
     runs = flagged.rsplit(": ", 1)[1].split(", ")
-    assert len(runs) == 2 and flagged.startswith("  ourlab/texts.py as it was before (sha256 ")
+    assert len(runs) == 2 and flagged.startswith("  ourlab/mlp.py as it was before (sha256 ")
     command = line.split("again from zero, and nothing else: ", 1)[1]
     script = lab / "scratchflow" / "scripts" / "retrain.py"
     assert shlex.split(command) == [sys.executable, str(script), *runs, "--dir", str(lab)]
@@ -298,7 +301,7 @@ def test_editing_a_labs_task_flags_the_runs_it_trained_and_the_line_given_retrai
     assert retrained.returncode == 0, retrained.stdout[-3000:] + retrained.stderr[-3000:]
     assert jobs_run(retrained.stdout + retrained.stderr) == {"train": 1, "predict": 1, "aggregate": 1, "all": 1}
     record = json.loads((lab / "results" / "runs" / runs[0] / "record.json").read_text())
-    assert record["code"]["files"]["ourlab/texts.py"] == hashlib.sha256(module.read_bytes()).hexdigest()
+    assert record["code"]["files"]["ourlab/mlp.py"] == hashlib.sha256(module.read_bytes()).hexdigest()
     assert [piece["resumed_from_step"] for piece in record["pieces"]] == [None], "from zero, not its final checkpoint"
     assert (lab / "results" / "runs" / runs[1] / "record.json").read_bytes() == kept
     assert status_of(lab, cwd=tmp_path)[-1].endswith(
