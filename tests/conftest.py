@@ -24,7 +24,7 @@ from scratchflow.dataset import load_examples, resolve_location, split_examples
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.tracking import read_curves
 
-# A folder that the two pytest processes of one `make test` share (tests/run_all.sh sets it): the
+# A folder that the pytest processes of one `make test` share (tests/run_all.sh sets it): the
 # data, model and reference runs both need are built there once (built_once).
 SHARED = os.environ.get("SCRATCHFLOW_TEST_SHARED")
 # Set by pytest-xdist in its workers: how many there are.
