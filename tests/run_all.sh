@@ -9,12 +9,12 @@
 #   share are built once (conftest.built_once);
 # - once the others end, or the Slurm tests are down to those that need the cluster alone (the
 #   last: one test runs where three did), a core is free: `once_a_core_frees` (the config checks,
-#   the lab pipeline's and retraining's tests, which start many Snakemakes and train little, and
-#   benchmarks/gpu.py's check on the CPU: 27 s alone, 1½ to 3 minutes beside the Slurm tests;
-#   about 6 minutes in all) runs beside what is left, instead of in them;
+#   the lab pipeline's, retraining's and search tests, which start many Snakemakes and train little,
+#   and benchmarks/gpu.py's check on the CPU: 27 s alone, 1½ to 3 minutes beside the Slurm tests;
+#   about 8 minutes in all) runs beside what is left, instead of in them;
 # - once the others or the Slurm tests end, another core is free: `once_a_side_ends` (the
-#   two-process and search tests, about 4 minutes that would otherwise run last in the others' lane,
-#   on one core while the other had nothing left to do) runs beside what is left;
+#   two-process tests, about 2½ minutes that would otherwise run last in the others' lane, on one
+#   core while the other had nothing left to do) runs beside what is left;
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
 #   go beside them says nothing (rsync 0.36 s against stage-in 0.89 s beside an image build).
 # Options (not test paths) go to every one.
@@ -24,8 +24,11 @@ python=${PYTHON:-.venv/bin/python}
 slurm_tests=(tests/test_slurm.py tests/test_slurm_faults.py)
 slurm_workers=3
 alone=(tests/test_benchmarks.py)
-once_a_core_frees=(tests/test_config_validation.py tests/test_lab_pipeline.py tests/test_retrain.py tests/test_gpu_benchmark.py)
-once_a_side_ends=(tests/test_distributed.py tests/test_search.py)
+once_a_core_frees=(
+    tests/test_config_validation.py tests/test_lab_pipeline.py tests/test_retrain.py tests/test_search.py
+    tests/test_gpu_benchmark.py
+)
+once_a_side_ends=(tests/test_distributed.py)
 # Threads that wait for a partner sleep instead of spinning: both cores are busy for all of the suite,
 # and torch's default (OpenMP spinning) made a 2-thread process beside others take a core its partner
 # needed (benchmarks/README.md, section 12: the same weights, bit for bit, in less time).
