@@ -116,14 +116,13 @@ def end_the_jobs_own_snakemakes() -> list[int]:
             continue
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
-            argvs[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")
             parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if f"SLURM_JOB_ID={job}".encode() in environ and (
+                not node or f"SLURMD_NODENAME={node}".encode() in environ
+            ):
+                argvs[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
             continue
-        if f"SLURM_JOB_ID={job}".encode() not in environ or (
-            node and f"SLURMD_NODENAME={node}".encode() not in environ
-        ):
-            del argvs[int(entry.name)]
     snakemakes = {pid for pid, argv in argvs.items() if JOBS_OWN_SNAKEMAKE_ARGUMENT in argv}
 
     def under_a_snakemake(pid: int) -> bool:
