@@ -36,7 +36,7 @@ from scratchflow.containers import check_rule_image_rules, set_job_step_image, s
 from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location, share_package_locations
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
-from scratchflow.software import job_software_problem
+from scratchflow.software import default_requirements_variable, job_software_problem, pipeline_requirements
 from scratchflow.tasks import Task, find_lab_tasks_in
 from scratchflow.tracking import wandb_sync_command
 
@@ -104,9 +104,11 @@ def check_before_any_job(workflow: Any, config: dict[str, Any], plan: Plan) -> N
     """Run in every run once its jobs are known, before anything is submitted: a dry run (-n) and
     --no-hooks included, which run no onstart (`snakemake_adapter.run_once_jobs_are_known`). Every
     check again, now with the executor and --retries known: packing (which needs a cluster) and, on
-    Slurm, the live cluster (unless `preflight: False`); each refusal is one message and exit 1.
-    A dry run where Slurm does not answer says so in one line and plans on. --no-hooks is refused
-    where jobs need onstart (a container cluster's image)."""
+    Slurm, where jobs are to be submitted (unless `preflight: False`), the live cluster and then the
+    jobs' software (`scratchflow.software`, against the pipeline's requirements file, which the
+    jobs install by default); each refusal is one message and exit 1. A dry run where Slurm does
+    not answer says so in one line, checks neither, and plans on. --no-hooks is refused where jobs
+    need onstart (a container cluster's image)."""
     executor = snakemake_adapter.executor_name(workflow)
     dry_run = snakemake_adapter.is_dry_run(workflow)
     cluster = config["cluster"]
@@ -122,23 +124,33 @@ def check_before_any_job(workflow: Any, config: dict[str, Any], plan: Plan) -> N
         check_packing(plan.pack_runs, executor, runtimes, cluster)
     except ConfigError as mistake:  # raised here, Snakemake would print Python's traceback after it
         refuse(f"ConfigError: {mistake}")
-    if executor == "slurm" and config["preflight"]:
-        try:
-            check_against_cluster(workflow, plan, requests.runtimes)
-        except SlurmDidNotAnswer as unanswered:
-            if not dry_run:
-                refuse(
-                    f"scratchflow preflight: Slurm did not answer ({unanswered}), so nothing was checked or "
-                    "submitted: run from the cluster's login node (or skip the check: --config preflight=False)"
-                )
-            print(
-                f"scratchflow preflight: Slurm did not answer ({unanswered}), so this dry run could not ask the "
-                "cluster whether it would run these jobs (on its login node, the dry run asks it)",
-                file=sys.stderr,
-                flush=True,
+    if executor != "slurm":
+        return
+    requirements = pipeline_requirements(Path(workflow.basedir))
+    default_requirements_variable(cluster, requirements, os.environ)
+    if not config["preflight"] or not snakemake_adapter.rules_to_submit(workflow):
+        return
+    try:
+        check_against_cluster(workflow, plan, requests.runtimes)
+    except SlurmDidNotAnswer as unanswered:
+        if not dry_run:
+            refuse(
+                f"scratchflow preflight: Slurm did not answer ({unanswered}), so nothing was checked or "
+                "submitted: run from the cluster's login node (or skip the check: --config preflight=False)"
             )
-        except preflight.PreflightError as refused:
-            refuse(str(refused))
+        print(
+            f"scratchflow preflight: Slurm did not answer ({unanswered}), so this dry run could not ask the "
+            "cluster whether it would run these jobs, nor check their software (on its login node, the dry run "
+            "does both)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    except preflight.PreflightError as refused:
+        refuse(str(refused))
+    lacking = job_software_problem(cluster, snakemake_adapter.job_precommand(workflow), requirements)
+    if lacking:
+        refuse(lacking)
 
 
 def refuse(message: str) -> NoReturn:
@@ -148,15 +160,10 @@ def refuse(message: str) -> NoReturn:
 
 
 def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
-    """Snakemake's onstart, once the checks passed (`check_before_any_job`): on Slurm, the jobs'
-    software (`scratchflow.software`, unless `preflight: False`) and the job steps' container image
-    where the cluster has one; the grid file for the status; a warning where the
+    """Snakemake's onstart, once the checks passed (`check_before_any_job`): on Slurm, the job steps'
+    container image where the cluster has one; the grid file for the status; a warning where the
     checkpoints may not fit; and on Slurm, the next job of a run sent seconds after the last one ends."""
     executor = snakemake_adapter.executor_name(workflow)
-    if executor == "slurm" and config["preflight"]:
-        lacking = job_software_problem(config["cluster"], snakemake_adapter.job_precommand(workflow))
-        if lacking:
-            refuse(lacking)
     if executor == "slurm":
         set_job_step_image(
             config["cluster"],
