@@ -5,8 +5,10 @@
 DIR gets git, scratchflow as the submodule scratchflow/ at the tag (default: the release this clone
 is, or its commit where it has no release tags), a Snakefile that uses it as a module,
 config/config.yaml (the release's demo grid, to start from), a layer over the cluster's profile (or,
-with --cluster PATH, the lab's own profile copied whole with its facts file), a Makefile (run,
-submit, cluster, status, test), .gitignore and a README, staged for the first commit.
+with --cluster PATH, the lab's own profile copied whole with its facts file), requirements.txt
+(scratchflow's, and the lab's packages to add), a Makefile (run, submit, cluster, status, retrain,
+test, with the Python environment the lab activated), .gitignore and a README, staged for the first
+commit.
 """
 
 import argparse

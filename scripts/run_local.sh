@@ -10,9 +10,13 @@
 # this script is active here: only then is a leftover lock lifted, and the run resumes.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-snakemake=snakemake
-# The project's venv first on PATH, so that a command task's `python` is the one with its packages.
-[ -x "$repo/.venv/bin/snakemake" ] && snakemake="$repo/.venv/bin/snakemake" && export PATH="$repo/.venv/bin:$PATH"
+# The snakemake of the environment first on PATH (a lab's Makefile puts its environment there, and
+# `make demo` scratchflow's .venv), else scratchflow's .venv, put first on PATH too: a command task's
+# `python` is then the one with its packages.
+if ! snakemake=$(command -v snakemake); then
+    snakemake="$repo/.venv/bin/snakemake"
+    export PATH="$repo/.venv/bin:$PATH"
+fi
 # A lab's pipeline (a Snakefile here that uses scratchflow as its module), or else scratchflow's own.
 snakefile="$repo/Snakefile"
 [ -f Snakefile ] && snakefile=Snakefile

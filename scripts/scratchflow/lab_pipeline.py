@@ -51,35 +51,70 @@ jobs: 100
 
 MAKEFILE = """\
 # Our pipeline: `make run` here, `make submit` on {cluster}'s login node, `make test` before a push.
+# Every command runs with the Python environment you activated, holding requirements.txt (on
+# {cluster}: the one {submodule}/docs/clusters.md sets up for it); or name one, here once
+# (PYTHON_ENV := /path/to/env) or per command (make status PYTHON_ENV=/path/to/env). With none
+# active, on a laptop, `make setup` builds .venv here, which `make run` does first.
+PYTHON_ENV ?= $(or $(VIRTUAL_ENV),$(CONDA_PREFIX),$(CURDIR)/.venv)
+PYTHON := $(PYTHON_ENV)/bin/python
+SNAKEMAKE := $(PYTHON_ENV)/bin/snakemake
+BUILT_HERE := $(filter $(CURDIR)/.venv,$(abspath $(PYTHON_ENV)))
 SCRATCHFLOW := {submodule}
-PYTHON := $(SCRATCHFLOW)/.venv/bin/python
-SNAKEMAKE := $(SCRATCHFLOW)/.venv/bin/snakemake
 PROFILE := {profile_arguments}
+# More for Snakemake (run, submit, test's cluster dry run): make submit ARGS="--unlock"
+ARGS ?=
 
-.PHONY: setup run submit cluster status retrain test
+.PHONY: setup environment run submit cluster status retrain test
 
-setup:  ## scratchflow's venv (its requirements and the demo's data and model) in $(SCRATCHFLOW)/.venv
-\t$(MAKE) -C $(SCRATCHFLOW) setup
+setup: .venv/.installed  ## a laptop's venv in .venv: requirements.txt at the versions scratchflow tests
 
-run: setup  ## the whole grid on this machine
-\t$(SCRATCHFLOW)/scripts/run_local.sh
+# Releases before 0.4 pin exact versions in requirements.txt and have no constraints.txt.
+.venv/.installed: requirements.txt $(SCRATCHFLOW)/requirements.txt
+\tpython3 -m venv .venv
+\t.venv/bin/python -m pip install --quiet --upgrade pip
+\t@echo "make setup: torch comes from PyPI, on Linux as its CUDA build (several GB); for the CPU build, first:" \\
+\t     ".venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+\t.venv/bin/python -m pip install --quiet $(addprefix --constraint ,$(wildcard $(SCRATCHFLOW)/constraints.txt)) \\
+\t    --requirement requirements.txt
+\ttouch $@
 
-submit: setup  ## the whole grid on {cluster}, from its login node
-\t$(SNAKEMAKE) $(PROFILE)
+environment:
+\t@[ -x "$(SNAKEMAKE)" ] || {{ echo "make: no snakemake in $(PYTHON_ENV): activate the environment you set up" \\
+\t    "($(SCRATCHFLOW)/docs/clusters.md), or install requirements.txt into it, or name another" \\
+\t    "(PYTHON_ENV=/path/to/env); on a laptop, make setup builds one here" >&2; exit 1; }}
 
-cluster: setup  ## what {cluster} offers our jobs: idle GPUs and pending jobs per partition; changes nothing
+run: $(if $(BUILT_HERE),setup) environment  ## the whole grid on this machine
+\tPATH="$(PYTHON_ENV)/bin:$$PATH" $(SCRATCHFLOW)/scripts/run_local.sh $(ARGS)
+
+submit: environment  ## the whole grid on {cluster}, from its login node, in tmux (Snakemake stays there)
+\t@[ -n "$$TMUX$$STY" ] || [ ! -t 0 ] || echo "make submit: not in tmux or screen, so the grid's Snakemake ends" \\
+\t    "with this login session (the grid resumes where it stopped when you run it again)" >&2
+\t$(SNAKEMAKE) $(PROFILE) $(ARGS)
+
+cluster: environment  ## what {cluster} offers our jobs: idle GPUs and pending jobs per partition; changes nothing
 \t$(PYTHON) $(SCRATCHFLOW)/scripts/cluster.py {profile_folders}
 
-status: setup  ## where every run stands
+status: environment  ## where every run stands
 \t$(PYTHON) $(SCRATCHFLOW)/scripts/status.py .
 
-retrain: setup  ## train the runs in RUNS again from zero, and nothing else (make status prints the line)
+retrain: environment  ## train the runs in RUNS again from zero, and nothing else (make status prints the line)
 \t$(PYTHON) $(SCRATCHFLOW)/scripts/retrain.py $(RUNS) -- $(SNAKEMAKE) $(PROFILE)
 
-test: setup  ## the grid plans, here and on {cluster}; our tasks keep scratchflow's task protocol
+test: environment  ## the grid plans here and on {cluster} (its jobs' software too); our tasks keep the protocol
 \t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/local --dry-run --quiet
-\t$(SNAKEMAKE) $(PROFILE) --dry-run --quiet
+\t$(SNAKEMAKE) $(PROFILE) --dry-run --quiet $(ARGS)
 \t$(if $(wildcard contract/*.yaml),$(PYTHON) $(SCRATCHFLOW)/scripts/check_task.py $(wildcard contract/*.yaml))
+"""
+
+REQUIREMENTS = """\
+# Our pipeline's Python packages: scratchflow's (the ranges it supports), then ours. The environment
+# we run snakemake from holds them ({submodule}/docs/clusters.md, {cluster}'s notes), every job
+# installs them where the cluster's jobs build a venv (SCRATCHFLOW_REQUIREMENTS names this file
+# unless set), an image is built from them ({submodule}/scripts/build_image.sh, run here), and
+# before anything is submitted they are checked against what the jobs get (make test on the login
+# node says so too).
+-r {submodule}/requirements.txt
+# Ours, a line each: a range, or a version the cluster's wheelhouse has (e.g. scikit-learn>=1.5).
 """
 
 GITIGNORE = """\
@@ -92,6 +127,8 @@ results/
 logs/
 __pycache__/
 slurm-*.out
+# `make setup`'s venv (a laptop's)
+.venv/
 """
 
 README = """\
@@ -101,17 +138,20 @@ Our experiments, on scratchflow {version}, pinned as the submodule `{submodule}/
 `{submodule}/docs/lab-pipeline.md`).
 
 ```bash
-git submodule update --init   # after cloning this repository
-make run                      # the grid in config/config.yaml on this machine
+git submodule update --init   # after cloning this repository (and after pulling an upgrade of it)
+make run                      # the grid in config/config.yaml on this machine (no env active: builds .venv)
 make cluster                  # what {cluster} offers our jobs (on its login node; changes nothing)
-make submit                   # the grid on {cluster}, from its login node
+make submit                   # the grid on {cluster}, from its login node, in tmux
 make status                   # where every run stands (and which runs other code trained)
 make retrain RUNS="…"         # train those runs again from zero, and nothing else
 make test                     # the grid plans, here and on {cluster}; our tasks pass check_task.py
 ```
 
-Our tasks live beside the Snakefile as Python modules (`task: ourlab.segmentation` is
-`ourlab/segmentation.py` and `ourlab/segmentation.schema.yaml`); {profile_sentence}
+Every command runs with the Python environment that is active (on {cluster}, the one
+`{submodule}/docs/clusters.md` sets up from our `requirements.txt`), or `PYTHON_ENV=/path/to/env`;
+on a laptop with none active, `make setup` builds `.venv` here. Our packages go in `requirements.txt`,
+under scratchflow's. Our tasks live beside the Snakefile as Python modules (`task: ourlab.segmentation`
+is `ourlab/segmentation.py` and `ourlab/segmentation.schema.yaml`); {profile_sentence}
 """
 
 
@@ -213,7 +253,13 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str | None = Non
         "profile_folders": target.profile_folders,
         "profile_sentence": target.profile_sentence,
     }
-    files = {"Snakefile": HOST_SNAKEFILE, "Makefile": MAKEFILE, ".gitignore": GITIGNORE, "README.md": README}
+    files = {
+        "Snakefile": HOST_SNAKEFILE,
+        "Makefile": MAKEFILE,
+        "requirements.txt": REQUIREMENTS,
+        ".gitignore": GITIGNORE,
+        "README.md": README,
+    }
     if not target.own:
         files[f"profiles/{target.name}/{PROFILE_FILE}"] = PROFILE_LAYER
     for name, template in files.items():
@@ -249,8 +295,8 @@ def copy_own_profile(name: str, own: Path, folder: Path) -> None:
 
 
 def named_files(cluster: Cluster) -> list[str]:
-    """The files of scratchflow's that the pipeline's Makefile, Snakefile and README name: the pinned
-    release must hold every one (its venv, which `make setup` builds, aside)."""
+    """The files of scratchflow's that the pipeline's files name: the pinned release must hold every
+    one, but those the Makefile takes only where they are there (`$(wildcard …)`)."""
     text = "".join(
         template.format(
             name="",
@@ -261,10 +307,11 @@ def named_files(cluster: Cluster) -> list[str]:
             profile_folders=cluster.profile_folders,
             profile_sentence="",
         )
-        for template in (HOST_SNAKEFILE, MAKEFILE, README)
+        for template in (HOST_SNAKEFILE, MAKEFILE, REQUIREMENTS, README)
     )
+    text = re.sub(r"\$\(wildcard \$\(SCRATCHFLOW\)/[^)]*\)", "", text)
     named = re.findall(rf"(?:\$\(SCRATCHFLOW\)|\b{SUBMODULE})/([\w.+/-]*\w)", text)
-    return [name for name in dict.fromkeys(named) if name.split("/")[0] != ".venv"]
+    return list(dict.fromkeys(named))
 
 
 def pin(checkout: Path, source: str, tag: str | None) -> Pin:
