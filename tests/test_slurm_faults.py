@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import (
+    ACTIVATED,
     REPO,
     SLOWING,
     USER,
@@ -507,7 +508,7 @@ def test_a_labs_own_program_cancelled_in_its_pipeline_is_paused_and_its_retry_re
     assert record["environment"]["pipeline_git"] == record["training"]["program_git"] == pipeline_commit
     assert record["environment"]["scratchflow_version"] == __version__
     # The lab's own `make status` (its Makefile's line; scratchflow's venv is this one)
-    status = slurm.run("make", "-C", str(lab), "--old-file=setup", "status", f"PYTHON={sys.executable}").stdout
+    status = slurm.run("make", "-C", str(lab), "status", env=ACTIVATED).stdout
     assert "1 run: 1 finished" in status, status
     assert re.search(r"spent so far: [0-9.e-]+ GPU-hours \(\d+% lost to faults\)", status), status
 
@@ -694,7 +695,7 @@ def test_a_labs_training_whose_nodes_slurmd_dies_and_whose_old_piece_trains_on_a
     superseded_end = run / "lease" / "000001.superseded"
     wait_until(superseded_end.exists, workflow, lab, "the old piece to find the newer epoch", timeout=240)
     assert nothing_written_by_the_old_piece_after(run, took_over)
-    status = slurm.run("make", "-C", str(lab), "--old-file=setup", "status", f"PYTHON={sys.executable}").stdout
+    status = slurm.run("make", "-C", str(lab), "status", env=ACTIVATED).stdout
     assert "piece 1 superseded (trained on after a newer piece took the run over)" in status, status
     returncode, output = finish(workflow, lab)
     assert returncode == 0, output[-6000:]

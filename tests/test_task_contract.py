@@ -488,7 +488,9 @@ def test_a_contract_config_whose_data_or_task_is_missing_is_one_line_naming_it(t
         f"contract/no-split.yaml: {not_run} dataset.splits.test: {lab}/data/t.csv is not there",
         "contract/import-fails.yaml: ourlab.broken: loaded, its settings checked: FAILED: its module, as it was "
         "imported, raised ModuleNotFoundError: "
-        f"No module named 'numbers_we_never_installed' (raised at {lab}/ourlab/broken.py:1 (in <module>))",
+        f"No module named 'numbers_we_never_installed' (raised at {lab}/ourlab/broken.py:1 (in <module>)): the "
+        f"environment of {sys.executable} lacks it; add the package that provides it to your pipeline's "
+        'requirements.txt and install that file there (docs/lab-pipeline.md, "Your environment and your packages")',
         "contract/empty.yaml: not a config scratchflow runs: it holds no mapping of config keys (task:, dataset:, "
         "grid:, ...)",
     ]

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import signal
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,15 @@ def lab_task_bugs_in_one_line(task: str, where: str) -> Iterator[None]:
     except Exception as error:
         if not is_lab_task(task):
             raise
-        raise LabTaskFailed(task, f"{where} raised {described(error, task_file(task))}") from None
+        failure = f"{where} raised {described(error, task_file(task))}"
+        missing = error.name if isinstance(error, ModuleNotFoundError) else None
+        if missing and missing.split(".")[0] != task.split(".")[0]:  # not a module of the lab's own folder
+            failure += (
+                f": the environment of {sys.executable} lacks it; add the package that provides it to your "
+                "pipeline's requirements.txt and install that file there (docs/lab-pipeline.md, \"Your environment "
+                'and your packages")'
+            )
+        raise LabTaskFailed(task, failure) from None
 
 
 def fill_task_defaults(config: dict[str, Any], task: Task) -> None:
