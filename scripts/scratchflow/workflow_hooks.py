@@ -33,7 +33,14 @@ from scratchflow.config import (
     cpu_flags,
 )
 from scratchflow.containers import check_rule_image_rules, set_job_step_image, start_job_steps_in_image
-from scratchflow.dataset import data_sources, fingerprint_sources, resolve_location, share_package_locations
+from scratchflow.dataset import (
+    DatasetError,
+    config_locations,
+    data_sources,
+    fingerprint_sources,
+    resolve_location,
+    share_package_locations,
+)
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
 from scratchflow.software import default_requirements_variable, job_software_problem, pipeline_requirements
@@ -60,7 +67,10 @@ def read_config(
     if planning_note and main_process:
         print(planning_note, file=sys.stderr, flush=True)
     if main_process:
-        share_package_locations(config_locations(config))
+        try:
+            share_package_locations(config_locations(config))
+        except DatasetError as error:
+            raise ConfigError(str(error)) from None
     check_paths(config, workflow_dir)
     check_split_fractions(config)
     check_tracking(config)
@@ -72,13 +82,6 @@ def read_config(
     else:
         start_job_steps_in_image(os.environ, job_rules)
     return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
-
-
-def config_locations(config: dict[str, Any]) -> list[str]:
-    """The data and model locations the config names, as written (`package:` ones among them)."""
-    dataset = config["dataset"]
-    locations = list((dataset.get("splits") or {}).values()) or [dataset["path"]]
-    return locations + ([config["model"]["source"]] if config.get("model") else [])
 
 
 def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests | None:
