@@ -34,5 +34,8 @@ for note in pinned.notes:
     print(f"new_pipeline.py: {note}")
 print(
     f"{arguments.folder}: a pipeline on scratchflow {pinned.tag}. Next:\n"
-    f"  cd {arguments.folder} && git commit -m 'Our pipeline on scratchflow {pinned.tag}' && make run"
+    f"  cd {arguments.folder} && git commit -m 'Our pipeline on scratchflow {pinned.tag}'\n"
+    "  on the cluster's login node: its environment from requirements.txt (scratchflow/docs/clusters.md), "
+    "then make test and make submit\n"
+    "  on a laptop: make run (with no environment active, it builds .venv here first)"
 )

@@ -110,14 +110,18 @@ def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_th
     )
 
 
-BUILDING = ("-m venv", "pip install")  # what building an environment runs
+BUILDING = ("python3 -m venv", "-m pip install")  # what building an environment runs
 
 
 def planned(lab: Path, target: str, **environment: str) -> list[str]:
     """The commands `make TARGET` runs in the lab's folder (make -n), with the environment variables
     given and no environment active otherwise."""
     made = subprocess.run(
-        ["make", "-n", target], cwd=lab, capture_output=True, text=True, env={**planned_env(), **environment}
+        ["make", "--no-print-directory", "-n", target],
+        cwd=lab,
+        capture_output=True,
+        text=True,
+        env={**planned_env(), **environment},
     )
     assert made.returncode == 0, made.stderr
     return made.stdout.replace("\\\n", " ").splitlines()
@@ -157,9 +161,18 @@ def test_every_command_runs_in_the_environment_the_lab_activated_and_builds_none
 
     nowhere = subprocess.run(["make", "status"], cwd=lab, capture_output=True, text=True, env=planned_env())
     assert nowhere.returncode != 0 and nowhere.stderr.splitlines()[0] == (
-        f"make: no snakemake in {lab}/.venv: activate the environment you set up (scratchflow/docs/clusters.md), or "
-        "install requirements.txt into it, or name another (PYTHON_ENV=/path/to/env); on a laptop, make setup builds "
-        "one here"
+        "make: no Python environment is active and there is no .venv here: activate the one you set up "
+        "(scratchflow/docs/clusters.md), or name it (PYTHON_ENV=/path/to/env); on a laptop, make setup builds .venv"
+    )
+    bare = tmp_path / "bare-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", bare], check=True)
+    lacking = subprocess.run(
+        ["make", "status"], cwd=lab, capture_output=True, text=True, env={**planned_env(), "VIRTUAL_ENV": str(bare)}
+    )
+    assert lacking.returncode != 0 and lacking.stderr.splitlines()[0] == (
+        f"make: the environment {bare} has no snakemake: install requirements.txt into it (pip install -r "
+        "requirements.txt, or as scratchflow/docs/clusters.md says for your cluster), or name another "
+        "(PYTHON_ENV=/path/to/env)"
     )
     assert not (lab / ".venv").exists() and not (lab / "scratchflow" / ".venv").exists()
 

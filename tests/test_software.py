@@ -80,6 +80,25 @@ def test_requirements_the_wheelhouse_holds_with_their_dependencies_pass(tmp_path
     assert check(requirements, environ, monkeypatch) is None
 
 
+def test_a_labs_own_package_in_a_folder_of_its_pipeline_is_found_where_its_requirements_name_it(
+    tmp_path, wheelhouse, monkeypatch
+):
+    """docs/lab-pipeline.md: a wheel of the lab's own in the pipeline's wheels/, named in its
+    requirements.txt with --find-links (relative to the file), beside the cluster's wheelhouse."""
+    (tmp_path / "wheels").mkdir()
+    tiny_wheel(tmp_path / "wheels", "ourlab_tools", "1.0")
+    lab = tmp_path / "requirements.txt"
+    lab.write_text("alpha>=1.0\n--find-links wheels\nourlab-tools==1.0\n")
+    assert check(lab, login_node(wheelhouse, lab), monkeypatch) is None
+    lab.write_text("alpha>=1.0\ngamma>=3\n--find-links wheels\nourlab-tools==1.0\n")  # gamma: the wheelhouse has 1.0
+    lacked = check(lab, login_node(wheelhouse, lab), monkeypatch)
+    assert "has no version of gamma>=3 (asked for in requirements.txt: the wheelhouse has 1.0); " in lacked, lacked
+    (tmp_path / "wheels" / "ourlab_tools-1.0-py3-none-any.whl").unlink()
+    assert "has no version of gamma>=3 (asked for in requirements.txt: the wheelhouse has 1.0), ourlab-tools==1.0 " in (
+        check(lab, login_node(wheelhouse, lab), monkeypatch)
+    )
+
+
 def test_the_pipelines_own_requirements_are_what_the_jobs_install_unless_the_variable_names_another(tmp_path):
     """A lab's requirements.txt beside its Snakefile, else scratchflow's; the variable set to it
     where the workflow starts, for the jobs it submits, unless set (to a file of the lab's choice)."""

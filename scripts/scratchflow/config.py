@@ -171,10 +171,10 @@ def lab_task_bugs_in_one_line(task: str, where: str) -> Iterator[None]:
         failure = f"{where} raised {described(error, task_file(task))}"
         missing = error.name if isinstance(error, ModuleNotFoundError) else None
         if missing and missing.split(".")[0] != task.split(".")[0]:  # not a module of the lab's own folder
+            guide = 'docs/lab-pipeline.md, "Your environment and your packages"'
             failure += (
                 f": the environment of {sys.executable} lacks it; add the package that provides it to your "
-                "pipeline's requirements.txt and install that file there (docs/lab-pipeline.md, \"Your environment "
-                'and your packages")'
+                f"pipeline's requirements.txt and install that file there ({guide})"
             )
         raise LabTaskFailed(task, failure) from None
 

@@ -79,9 +79,13 @@ setup: .venv/.installed  ## a laptop's venv in .venv: requirements.txt at the ve
 \ttouch $@
 
 environment:
-\t@[ -x "$(SNAKEMAKE)" ] || {{ echo "make: no snakemake in $(PYTHON_ENV): activate the environment you set up" \\
-\t    "($(SCRATCHFLOW)/docs/clusters.md), or install requirements.txt into it, or name another" \\
-\t    "(PYTHON_ENV=/path/to/env); on a laptop, make setup builds one here" >&2; exit 1; }}
+\t@[ -d "$(PYTHON_ENV)" ] || {{ echo "make: $(if $(BUILT_HERE),no Python environment is active and there is no" \\
+\t    ".venv here,the environment $(PYTHON_ENV) does not exist): activate the one you set up" \\
+\t    "($(SCRATCHFLOW)/docs/clusters.md), or name it (PYTHON_ENV=/path/to/env); on a laptop, make setup builds" \\
+\t    ".venv" >&2; exit 1; }}
+\t@[ -x "$(SNAKEMAKE)" ] || {{ echo "make: the environment $(PYTHON_ENV) has no snakemake: install requirements.txt" \\
+\t    "into it (pip install -r requirements.txt, or as $(SCRATCHFLOW)/docs/clusters.md says for your cluster)," \\
+\t    "or name another (PYTHON_ENV=/path/to/env)" >&2; exit 1; }}
 
 run: $(if $(BUILT_HERE),setup) environment  ## the whole grid on this machine
 \tPATH="$(PYTHON_ENV)/bin:$$PATH" $(SCRATCHFLOW)/scripts/run_local.sh $(ARGS)
@@ -342,6 +346,8 @@ def pin(checkout: Path, source: str, tag: str | None) -> Pin:
             f"{source} has no tag or commit {tag!r} (its releases: {', '.join(releases) or 'none tagged'}); "
             "give --tag a release's tag or a commit"
         ) from None
+    if tag not in releases_in(checkout):  # a branch or HEAD moves: name the commit it pinned
+        tag = git(checkout, "rev-parse", "--short=12", "HEAD").strip()
     return Pin(tag, notes)
 
 

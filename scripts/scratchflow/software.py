@@ -216,9 +216,10 @@ def lacking_requirements(requirements: Path, fresh: str, environ: Mapping[str, s
     has, in the file's order. pip may name one at a time: those found are left out of the next try,
     one pip per requirement lacking at most, and one more."""
     asked = requirement_sources(requirements)
+    links = [f"--find-links={folder}" for folder in find_links(requirements)]  # the files' own, as pip reads them
     remaining, lacked = {name: line for name, (line, _) in asked.items()}, {}
     while remaining:
-        tried = pip_dry_run(python, fresh, ["--no-deps", *remaining.values()], environ)
+        tried = pip_dry_run(python, fresh, [*links, "--no-deps", *remaining.values()], environ)
         # Alone, requirements conflict only with a constraint of pip's configuration, which pip tells
         # as a conflict, listing the projects with no file that matches.
         unmatched = {name: "no file in the wheelhouse matches it" for name in without_match(tried.stdout)}
@@ -328,6 +329,21 @@ def read_requirements(path: Path, include: bool = True) -> list[str]:
     """The requirement lines of a pip requirements file and, with `include`, of those it includes
     (-r), comments and other options left out."""
     return [line for line, source in _requirement_lines(path) if include or source == path]
+
+
+def find_links(path: Path) -> list[Path]:
+    """The folders a requirements file (and those it includes) names with --find-links, each
+    relative to its file, as pip reads them."""
+    folders = []
+    for line in path.read_text().splitlines():
+        line = re.sub(r"(^|\s)#.*", "", line).strip()
+        included = re.fullmatch(r"(?:-r|--requirement)(?:\s+|=)(\S+)", line)
+        link = re.fullmatch(r"(?:-f|--find-links)(?:\s+|=)(\S+)", line)
+        if included:
+            folders += find_links(path.parent / included[1])
+        elif link:
+            folders.append(path.parent / link[1] if "://" not in link[1] else Path(link[1]))
+    return folders
 
 
 def _requirement_lines(path: Path) -> list[tuple[str, Path]]:

@@ -277,7 +277,8 @@ def describe_results(plan: Plan, tracking: str) -> str:
         "scratchflow: done. The comparison of the runs:",
         *(f"  {path}" for path in found),
         f"Every run's curves, also while a grid trains: tensorboard --logdir {runs}",
-        "Its report, one HTML file: the same command with --report results/report.html",
+        "Its report, one HTML file: the same command with --report results/report.html "
+        '(a pipeline\'s make: ARGS="--report results/report.html")',
     ]
     if tracking == "wandb":
         lines.append(f"W&B (offline): upload the grid's runs from a login node with\n  {wandb_sync_command(runs)}")
