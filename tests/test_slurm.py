@@ -196,16 +196,25 @@ def lifecycle_config(profile: str, bbc_subset: Path, tiny_model: Path) -> dict:
     return config
 
 
-def narval_lab_and_login_environment(slurm, lab: Path, config: dict, alliance: Path) -> Path:
+def narval_lab_submitted(
+    slurm, lab: Path, config: dict, alliance: Path
+) -> tuple[subprocess.Popen, dict[str, subprocess.CompletedProcess]]:
     """A lab's pipeline on Narval as new_pipeline.py makes it, whose task imports the lab's own
-    package, which its requirements.txt adds; and its login environment, built as the docs say."""
+    package, which its requirements.txt adds; its login environment, built as the docs say; its
+    `make test` with the lab's package missing from the wheelhouse, then as it is; and its `make
+    submit`, started: (the submission, the tests' outputs by wheelhouse)."""
     lab_pipeline(lab, "narval", config)
     task = lab / "ourlab" / "texts.py"
     task.write_text(task.read_text() + f"import {LAB_PACKAGE[0]}  # our own package, from our requirements.txt\n")
     with (lab / "requirements.txt").open("a") as requirements:
         requirements.write(f"{LAB_PACKAGE[0].replace('_', '-')}>={LAB_PACKAGE[1]}\n")
     git(lab, "commit", "--quiet", "--all", "--message", "Our own package")
-    return login_environment(slurm, lab, alliance)
+    environment = login_environment(slurm, lab, alliance)
+    tested = {
+        wheelhouse: in_login_environment(slurm, lab, environment, alliance, wheelhouse, "test")
+        for wheelhouse in ("wheelhouse-without-ours", "wheelhouse")
+    }
+    return in_login_environment(slurm, lab, environment, alliance, "wheelhouse", "submit"), tested
 
 
 def in_login_environment(
@@ -238,9 +247,8 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
     """The lifecycle with each cluster profile, the four workflows side by side on the test cluster
     (their jobs fit at once: one GPU each, four in all): profile -> (its directory, its output).
     Narval's is a lab's pipeline run with its own Makefile from its login environment, which is
-    built (one pip, a core) while the container image is built and the others start; its `make
-    test` first, with the lab's package missing from the wheelhouse, then as it is: narval ->
-    (…, its `make test` outputs)."""
+    built (one pip, a core) while the others start; its `make test` first, with the lab's package
+    missing from the wheelhouse, then as it is: narval -> (…, its `make test` outputs)."""
     if shared := run_folder():  # one worker runs them (xdist_group); a second would run all four again
         ran = shared / "profile-lifecycles.ran"
         assert not ran.exists(), "the profiles' lifecycles ran twice: --dist loadgroup did not group their tests"
@@ -249,18 +257,13 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
         started = {}
         configs = {profile: lifecycle_config(profile, bbc_subset, tiny_model) for profile in PROFILES}
         narval = tmp_path_factory.mktemp("narval") / "ourlab-pipeline"
-        building = concurrent.futures.ThreadPoolExecutor(1).submit(
-            narval_lab_and_login_environment, slurm, narval, configs["narval"], alliance
+        # Narval's from its start to its submission, beside the others' starts and the images' builds
+        narval_lab = concurrent.futures.ThreadPoolExecutor(1).submit(
+            narval_lab_submitted, slurm, narval, configs["narval"], alliance
         )
         for profile in sorted(PROFILES, key=lambda name: (name == "narval", name in CONTAINER_PROFILES)):
             if profile == "narval":
-                environment = building.result()
-                tested = {
-                    wheelhouse: in_login_environment(slurm, narval, environment, alliance, wheelhouse, "test")
-                    for wheelhouse in ("wheelhouse-without-ours", "wheelhouse")
-                }
-                submitted = in_login_environment(slurm, narval, environment, alliance, "wheelhouse", "submit")
-                started[profile] = (narval, submitted, tested)
+                started[profile] = (narval, *narval_lab.result())
                 continue
             env: dict[str, str] = {}
             workdir = netscratch_directory() if profile == "dfki" else tmp_path_factory.mktemp(profile)
@@ -282,6 +285,9 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
 
 
 @pytest.mark.xdist_group("profile_lifecycles")  # one worker runs the four side by side (the fixture)
+# The first runs the fixture: Narval's lab builds its login environment and plans twice before it
+# submits (about 13 minutes beside the whole suite).
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
     profile, slurm, profile_lifecycles, scratchflow_image, scratchflow_cpu_image, alliance

@@ -135,7 +135,7 @@ def job_software_problem(
         return None
     if variable:
         return wheelhouse_problem(variable, environ, python) if installs_from(precommand, variable, environ) else None
-    return environment_problem(python, requirements, environ, "the jobs run")
+    return environment_problem(python, requirements, environ)
 
 
 def installs_from(precommand: str, variable: str, environ: Mapping[str, str]) -> bool:
@@ -191,7 +191,6 @@ def wheelhouse_problem(variable: str, environ: Mapping[str, str], python: str) -
                 "version the wheelhouse has in the file named (avail_wheels NAME --all-versions lists them), or ask "
                 f"your cluster's support for the wheel ({checked_with}); nothing was submitted"
             )
-        dependencies = [f"{requirement} ({detail})" for requirement, detail in not_found(checked.stdout).values()]
         modules = module_stand_ins(checked.stdout)
         if modules:
             return (
@@ -199,6 +198,7 @@ def wheelhouse_problem(variable: str, environ: Mapping[str, str], python: str) -
                 "load it before the venv is made, in your login shell and in the profile's precommand "
                 f"(module load …; {NOTES}); nothing was submitted"
             )
+        dependencies = [f"{requirement} ({detail})" for requirement, detail in not_found(checked.stdout).values()]
         if dependencies:
             return (
                 f"{stated} lacks a dependency of what it asks for: {', '.join(dependencies)}; every job's pip install "
@@ -286,14 +286,12 @@ def without_match(pip_output: str) -> list[str]:
     return [distribution_name(name) for listed in NO_CANDIDATES.findall(pip_output) for name in listed.split()]
 
 
-def environment_problem(
-    python: str, requirements: Path, environ: Mapping[str, str], role: str = "the jobs run"
-) -> str | None:
-    """The interpreter `python` holds what `requirements` asks for (with the files it includes),
-    versions included: None, or what it lacks, in one line. Installed distributions are looked
-    up, not imported: one short process. `role`: what runs that interpreter, as the line says it."""
+def environment_problem(python: str, requirements: Path, environ: Mapping[str, str]) -> str | None:
+    """The interpreter the jobs run, `python`, holds what `requirements` asks for (with the files
+    it includes), versions included: None, or what it lacks, in one line. Installed distributions
+    are looked up, not imported: one short process."""
     lines = [line for line, _ in requirement_sources(requirements).values()]
-    where = f"scratchflow: {role} {python}" + (", the Python snakemake runs with" if role == "the jobs run" else "")
+    where = f"scratchflow: the jobs run {python}, the Python snakemake runs with"
     try:
         looked = subprocess.run(
             [python, "-c", LACKING_DISTRIBUTIONS, *lines],
