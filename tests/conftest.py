@@ -205,6 +205,18 @@ def job_process(workdir: Path) -> int:
     raise AssertionError("no train job process")
 
 
+def wait_until_gone(pid: int, seconds: float) -> None:
+    """Until process `pid` has ended (failing after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} still runs after {seconds} s")
+
+
 def _cwd_of(pid: int) -> Path | None:
     """A process's working directory; None for one that ended meanwhile."""
     try:

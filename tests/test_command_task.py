@@ -4,6 +4,7 @@ environment a program gets."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -12,8 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wandb_offline_runs
+from conftest import (
+    command_config,
+    job_process,
+    processes_matching,
+    start_workflow,
+    wait_until_gone,
+    wandb_offline_runs,
+    write_config,
+)
 from scratchflow.checkpoints import CheckpointStore
+from scratchflow.files import read_json
 from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec
 from scratchflow.plan import TENSORBOARD_FOLDER
@@ -33,6 +43,22 @@ signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 print("ignoring", flush=True)
 pathlib.Path(sys.argv[1]).touch()
 time.sleep(60)
+"""
+
+
+# A program that trains silently: a step every 50 ms, a complete checkpoint every 20. Were it to print,
+# its next write to a closed pipe would end it; silent, and making its folders as it needs them (as
+# the HF Trainer does), only its process group's end does.
+SILENT_PROGRAM = """
+import os, pathlib, time
+checkpoints = pathlib.Path(os.environ["SCRATCHFLOW_CHECKPOINT_DIR"])
+step = 0
+while True:
+    time.sleep(0.05)
+    step += 1
+    if step % 20 == 0:
+        (checkpoints / f"checkpoint-{step}").mkdir(parents=True)
+        (checkpoints / f"checkpoint-{step}" / "COMPLETE").touch()
 """
 
 
@@ -155,3 +181,33 @@ def test_the_data_dir_is_always_a_folder_and_a_one_file_dataset_is_named_beside_
     assert data_locations({"all": tmp_path / "staged" / "train"}) == (tmp_path / "staged" / "train", None)
     splits = {"train": tmp_path / "staged" / "train", "test": tmp_path / "staged" / "test"}
     assert data_locations(splits) == (tmp_path / "staged", None)
+
+
+def test_ctrl_c_of_a_local_grid_leaves_no_process_of_a_silent_program_and_records_where_it_was(tmp_path, bbc_subset):
+    """A terminal's Ctrl-C reaches the workflow's process group, not the program's own session: the
+    piece ends the program's group as it ends, so nothing trains on as an orphan, holding its node's
+    GPU and writing into a scratch folder nobody removes."""
+    program = tmp_path / "silent_program.py"
+    program.write_text(SILENT_PROGRAM)
+    write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch", command=["python", str(program)]))
+    workflow = start_workflow(tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob("checkpoints/*/checkpoint-*/COMPLETE")):
+            assert time.monotonic() < deadline and workflow.poll() is None, workflow.communicate()[0][-4000:]
+            time.sleep(0.05)
+        assert processes_matching(str(program)), "the program trains"
+        job = job_process(tmp_path)
+        os.killpg(workflow.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: its foreground group
+        output = workflow.communicate(timeout=120)[0]
+        wait_until_gone(job, seconds=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # its group ended with it
+            os.killpg(workflow.pid, signal.SIGKILL)
+    leftovers = processes_matching(str(program))
+    with contextlib.suppress(ProcessLookupError):
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+    assert leftovers == {}, f"the program outlived its piece:\n{output[-4000:]}"
+    (record,) = read_json(next(tmp_path.glob("checkpoints/*/pieces.json")))
+    assert record["outcome"] == "interrupted" and record["reached_step"] >= 20, record

@@ -298,12 +298,13 @@ def test_a_stopped_or_killed_piece_points_at_its_own_log(tmp_path):
     assert (statuses["killed0000"].state, statuses["killed0000"].log) == ("interrupted", "L1")
 
 
-def test_a_piece_that_ctrl_c_ended_is_interrupted_and_the_next_resumes_from_its_newest_checkpoint(tmp_path):
+@pytest.mark.parametrize("outcome", ["interrupted", "KeyboardInterrupt: "])  # the second: records before 0.4
+def test_a_piece_that_ctrl_c_ended_is_interrupted_and_the_next_resumes_from_its_newest_checkpoint(tmp_path, outcome):
     """Ctrl-C on this machine reaches the training job too (one process group): its piece ends as
-    KeyboardInterrupt, its checkpoints on shared storage stay, and the same command resumes."""
+    interrupted, its checkpoints on shared storage stay, and the same command resumes."""
     write_grid(tmp_path, {"ctrlc00000": {}}, "accuracy", "max", "local")
     folder = tmp_path / "checkpoints" / "ctrlc00000"
-    write(folder / "pieces.json", [{**piece(1, "KeyboardInterrupt: ", time.time() - 60), "log": "L1"}])
+    write(folder / "pieces.json", [{**piece(1, outcome, time.time() - 60), "log": "L1"}])
     checkpoint(folder / "checkpoint-80")
     (status,) = statuses_in(tmp_path)
     assert (status.state, status.log) == ("interrupted", "L1")

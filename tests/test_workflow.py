@@ -28,6 +28,7 @@ from conftest import (
     run_workflow,
     same_results,
     start_workflow,
+    wait_until_gone,
     wandb_offline_runs,
     workflow_config,
     write_config,
@@ -445,17 +446,6 @@ def test_with_tracking_wandb_sigterm_to_every_process_of_a_job_still_pauses_it(t
     assert (piece["outcome"], piece["signal"], piece["phase"]) == ("paused", "SIGTERM", "training"), piece
     assert piece["reached_step"] is not None, "paused at a saved checkpoint"
     assert "WandbCallback stopped logging" in (tmp_path / piece["log"]).read_text()
-
-
-def wait_until_gone(pid: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"process {pid} still runs after {seconds} s")
 
 
 def test_scratch_too_small_stops_the_job_before_training_and_is_left_empty(

@@ -43,6 +43,7 @@ PROGRESS_FILE = "progress.json"
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a piece's times, as its entry holds them
 # A piece's outcome, besides the error that ended it and "killed by <signal>" (outcome_of).
 RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED = "running", "finished", "paused", "killed", "superseded"
+INTERRUPTED = "interrupted"  # by Ctrl-C on the machine it ran on (older records: "KeyboardInterrupt: ")
 # What a paused piece was doing when the stop came.
 Phase = Literal["staging", "training", "syncing"]
 
@@ -61,7 +62,7 @@ class PieceRecord:
     host: str | None = None  # where its job ran: the host, the process, the Slurm job
     pid: int | None = None
     slurm_job_id: str | None = None
-    outcome: str = RUNNING  # RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED, "killed by SIG...", or the error
+    outcome: str = RUNNING  # RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED, INTERRUPTED, "killed by SIG...", the error
     ended_at: str | None = None
     signal: str | None = None  # paused: the stop signal it heard
     phase: Phase | None = None  # paused: what it was doing when the stop came
@@ -106,6 +107,8 @@ def outcome_of(error: BaseException) -> str:
     """How a piece that `error` ended ended, in one line (the traceback and any output the error
     quotes are in the piece's log): "killed by SIGTERM" where a signal ended it before it could
     pause (signals.exit_on_sigterm: a node failure's cancellation, a scancel while it restored)."""
+    if isinstance(error, KeyboardInterrupt):
+        return INTERRUPTED
     code = error.code if isinstance(error, SystemExit) else None
     if isinstance(code, int) and code - 128 in {number.value for number in signal.Signals}:
         return f"{KILLED} by {signal.Signals(code - 128).name}"

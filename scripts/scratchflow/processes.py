@@ -117,7 +117,8 @@ def run_program(
     return its exit code and the tail of its output. `alongside` is entered while it runs (a
     checkpoint watcher); `stop_when`, asked as it runs, returns a reason to stop the program (the
     watcher's failed copy: a program that cannot have its checkpoints saved trains on for nothing).
-    What the program leaves running in its group is killed at the end.
+    What the program leaves running in its group is killed at the end, however it ends (an
+    exception here, a Ctrl-C's KeyboardInterrupt included).
 
     The program starts with the default stop signals: the rule's Snakemake ignores the stop signal
     (`checkpointing.stop_signal`), which would stay ignored across exec, but here both it and TERM are
@@ -138,24 +139,41 @@ def run_program(
             preexec_fn=_start_as_launcher if stop.to_children and alongside is None else None,
         )
         stop.program = process.pid
-        if stop.received:  # a stop that came while the program started
-            stop.pass_on(signal.Signals[stop.received])
-        relay = threading.Thread(target=_relay_output, args=(process.stdout, tail), daemon=True)
-        relay.start()
-        while True:
-            try:
-                code = process.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                reason = stop_when() if stop_when and not stop.received else None
-                if reason is not None:
-                    log.warning("stopping %s with SIGTERM: %s", argv[0], reason)
-                    stop.stop_program(signal.SIGTERM)
-                if stop.received and time.monotonic() - stop.received_at > grace_seconds:
-                    log.warning("%s did not exit within %s s of %s: killing it", argv[0], grace_seconds, stop.received)
-                    os.killpg(process.pid, signal.SIGKILL)
-        relay.join(timeout=10)
-        stop.program = None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            if stop.received:  # a stop that came while the program started
+                stop.pass_on(signal.Signals[stop.received])
+            relay = threading.Thread(target=_relay_output, args=(process.stdout, tail), daemon=True)
+            relay.start()
+            code = _wait_for(process, argv[0], stop, grace_seconds, stop_when)
+            relay.join(timeout=10)
+        finally:
+            # However this ends (a Ctrl-C's KeyboardInterrupt included): the program runs in a
+            # session of its own, which no terminal signal reaches, so nothing of it may outlive this.
+            stop.program = None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
     return code, "".join(tail)
+
+
+def _wait_for(
+    process: subprocess.Popen[bytes],
+    name: str,
+    stop: StopForwarder,
+    grace_seconds: float,
+    stop_when: Callable[[], BaseException | None] | None,
+) -> int:
+    """The program's exit code, once it ends: stopped where `stop_when` gives a reason, killed once a
+    stop's grace period has passed."""
+    while True:
+        try:
+            return process.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            reason = stop_when() if stop_when and not stop.received else None
+            if reason is not None:
+                log.warning("stopping %s with SIGTERM: %s", name, reason)
+                stop.stop_program(signal.SIGTERM)
+            if stop.received and time.monotonic() - stop.received_at > grace_seconds:
+                log.warning("%s did not exit within %s s of %s: killing it", name, grace_seconds, stop.received)
+                os.killpg(process.pid, signal.SIGKILL)

@@ -25,7 +25,17 @@ from typing import Any
 from scratchflow.accounting import grid_cost
 from scratchflow.checkpoints import CheckpointStore, checkpoint_damage, step_of
 from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, holder_is_alive
-from scratchflow.ledger import KILLED, PAUSED, PIECES_FILE, RUNNING, SUPERSEDED, PieceRecord, RunLedger, piece_time
+from scratchflow.ledger import (
+    INTERRUPTED,
+    KILLED,
+    PAUSED,
+    PIECES_FILE,
+    RUNNING,
+    SUPERSEDED,
+    PieceRecord,
+    RunLedger,
+    piece_time,
+)
 from scratchflow.piece import Paused
 from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
 from scratchflow.record import difference_lines
@@ -38,7 +48,7 @@ STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", 
 COMMENT_PREFIX = "rule_"
 FAILED_MARK = "ERROR scratchflow: job failed: "
 # The outcome of a piece that Ctrl-C ended: on this machine its SIGINT reaches the jobs too.
-INTERRUPTED_BY_CTRL_C = "KeyboardInterrupt"
+INTERRUPTED_BY_CTRL_C = (INTERRUPTED, "KeyboardInterrupt")  # the second: as records before 0.4 said it
 
 
 @dataclass(frozen=True)
@@ -245,11 +255,9 @@ def _last_piece_status(
         return RunStatus(
             run_id, "paused", f"piece {last.piece} {stopped}{requeued}; the next piece {resumes}{queued}", piece_log
         )
-    if last.outcome == RUNNING or last.outcome.startswith((KILLED, INTERRUPTED_BY_CTRL_C)):
-        how = {RUNNING: KILLED, INTERRUPTED_BY_CTRL_C: "interrupted by Ctrl-C"}.get(
-            last.outcome.split(":")[0],
-            last.outcome,  # "killed by SIGTERM" too
-        )
+    if last.outcome == RUNNING or last.outcome.startswith((KILLED, *INTERRUPTED_BY_CTRL_C)):
+        ctrl_c = last.outcome.startswith(INTERRUPTED_BY_CTRL_C)
+        how = KILLED if last.outcome == RUNNING else "interrupted by Ctrl-C" if ctrl_c else last.outcome
         return RunStatus(
             run_id,
             "interrupted",
