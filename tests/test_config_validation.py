@@ -51,6 +51,16 @@ def command_task(grid=None, **training):
     return mutate
 
 
+def launched_script(text: str, **training):
+    """A command task that runs loop.py, holding `text`, through scratchflow.trainer_script."""
+
+    def mutate(config, tmp_path):
+        (tmp_path / "loop.py").write_text(text)
+        command_task(command=["python", "-m", "scratchflow.trainer_script", "loop.py"], **training)(config, tmp_path)
+
+    return mutate
+
+
 def a_search(keep_grid: bool = False, **search):
     """A random search in place of the grid (beside it with keep_grid), with `search` replacing keys."""
 
@@ -241,6 +251,14 @@ CASES = {
     "a typo in a command task's grid key": (
         command_task(command=["python"], learning_rate=1.0e-3, grid={"lerning_rate": [1.0e-3, 3.0e-3]}),
         ["grid.lerning_rate: not a parameter of the program", "did you mean 'learning_rate'?"],
+    ),
+    "a Trainer script launched that makes no Trainer": (
+        launched_script("import torch\nfor step in range(10):\n    pass\n"),
+        ["training.command: ", "loop.py makes no Trainer (no call of a class named *Trainer)"],
+    ),
+    "a parameter the launcher can give to no field and no flag of the script": (
+        launched_script("from transformers import Trainer\ntrainer = Trainer()\n", dropout=0.1),
+        ["training.dropout: scratchflow.trainer_script gives a parameter", "loop.py has neither"],
     ),
     "a command task without a metric to compare by": (
         lambda c, t: (command_task(command=["python"])(c, t), c.pop("aggregate")),

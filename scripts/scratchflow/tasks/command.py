@@ -55,7 +55,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from scratchflow import tracking
+from scratchflow import SCRATCHFLOW_DIR, tracking, trainer_script
 from scratchflow.dataset import DatasetError
 from scratchflow.files import read_json
 from scratchflow.record import git_state
@@ -99,6 +99,13 @@ def check_settings(config: dict[str, Any]) -> None:
     working directory, where the job runs it); every grid key is one of the program's parameters."""
     training = config["training"]
     check_program(training["command"])
+    script = trainer_script.launched_script(training["command"])
+    if script is not None:
+        if not Path(script).expanduser().is_file():
+            raise ValueError(f"training.command: {trainer_script.MODULE} would run {script!r}, which is not here")
+        problem = trainer_script.script_problem(Path(script).expanduser(), sorted(set(training) - {"command"}))
+        if problem:
+            raise ValueError(f"training.command: {problem}")
     section = "grid" if "grid" in config else "search.space"
     unknown = sorted(set(swept_keys(config)) - set(training))
     if unknown:
@@ -217,6 +224,8 @@ def train(context: TrainContext) -> Trained | None:
         "SCRATCHFLOW_PROCESSES_PER_NODE": str(context.processes_per_node),
         "SCRATCHFLOW_BUDGET_EPOCHS": str(context.budget_epochs or ""),
         **({"SCRATCHFLOW_MODEL_DIR": str(context.model)} if context.model else {}),
+        # Last, so that nothing of the program's own is shadowed: for `python -m scratchflow.trainer_script`.
+        "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(SCRATCHFLOW_DIR / "scripts")])),
     }
     if context.checkpoint_every.steps is not None:
         env["SCRATCHFLOW_SAVE_EVERY_STEPS"] = str(context.checkpoint_every.steps)

@@ -1,0 +1,441 @@
+"""A lab's own Hugging Face Trainer script under `task: command`, with checkpoints by time, pauses on
+the stop signal and exact resume, in two depths (docs/tasks.md, "Your Hugging Face Trainer script"):
+
+- **No line changed**: `command: [python, -m, scratchflow.trainer_script, train.py, ...]` runs the
+  script as `__main__` with the Trainer patched before it starts (`launch`): the run's parameters
+  that name `TrainingArguments` fields replace the script's values, its checkpoints go to the piece's
+  scratch, the callbacks below join every Trainer, `train()` resumes from the piece's checkpoint,
+  `save_model()` saves into the run's output folder, and the
+  last evaluation's and prediction's figures become its `metrics.json`. Words `${SCRATCHFLOW_...}` in
+  the command's arguments are the piece's variables (`--data ${SCRATCHFLOW_DATA_FILE}`).
+- **A few lines**: the script imports this module and calls `training_arguments`, `callbacks`,
+  `resume_from`, `output_dir`, `write_metrics` (and `data_file`, `model_dir`, `params`) itself.
+
+Either way the callbacks end the program as a pause (exit 0, no metrics.json) when training ends after
+a stop: the Trainer's `train()` would return normally, and the script go on to save and evaluate a
+model half trained as if it had finished.
+
+Outside scratchflow (no SCRATCHFLOW_RUN_ID: the script run by hand) each helper gives back what it
+is given, and the launcher runs the script unpatched.
+
+One training process: a script that starts several (torchrun, accelerate launch) is not driven."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import logging
+import os
+import random
+import re
+import runpy
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scratchflow.schedule import CheckpointInterval, CheckpointSchedule
+from scratchflow.signals import stop_signals
+
+log = logging.getLogger("scratchflow.trainer_script")
+
+MODULE = "scratchflow.trainer_script"
+CHECKPOINT_MARKER = "COMPLETE"  # the command task's: the last file of a checkpoint
+# An evaluation's figures that time it, not the model: never the same twice.
+TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "model_preparation_time", "epoch")
+VARIABLE = re.compile(r"\$\{(SCRATCHFLOW_[A-Z_]+)\}")
+
+
+def under_scratchflow(environ: Mapping[str, str] = os.environ) -> bool:
+    return bool(environ.get("SCRATCHFLOW_RUN_ID"))
+
+
+def params() -> dict[str, Any]:
+    """The run's parameters (its `training:` keys but `command`); {} by hand."""
+    path = os.environ.get("SCRATCHFLOW_PARAMS")
+    return json.loads(Path(path).read_text()) if path else {}
+
+
+def data_file(by_hand: str | Path) -> str:
+    """The run's one-file dataset on node-local scratch; `by_hand` outside scratchflow."""
+    return os.environ.get("SCRATCHFLOW_DATA_FILE") or str(by_hand)
+
+
+def data_dir(by_hand: str | Path) -> str:
+    """The run's data folder on node-local scratch; `by_hand` outside scratchflow."""
+    return os.environ.get("SCRATCHFLOW_DATA_DIR") or str(by_hand)
+
+
+def model_dir(by_hand: str) -> str:
+    """The config's prefetched model (`model:`); `by_hand` (a hub id, a folder) outside scratchflow."""
+    return os.environ.get("SCRATCHFLOW_MODEL_DIR") or by_hand
+
+
+def output_dir(by_hand: str | Path) -> str:
+    """Where the trained model goes: the run's output folder, synced back to results/runs/<run_id>/model/."""
+    return os.environ.get("SCRATCHFLOW_OUTPUT_DIR") or str(by_hand)
+
+
+def resume_from(by_hand: str | bool | None = None) -> str | bool | None:
+    """The piece's newest complete checkpoint (None on a first start); `by_hand` outside scratchflow.
+    Never `True`: the Trainer's own choice takes the newest folder, complete or half-written."""
+    if not under_scratchflow():
+        return by_hand
+    return os.environ.get("SCRATCHFLOW_RESUME_FROM") or None
+
+
+def argument_overrides(fields: set[str], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """What the run sets in `TrainingArguments`: its parameters that name a field (`fields`), and
+    its checkpoints on scratch."""
+    run = params()
+    overrides = {key: value for key, value in run.items() if key in fields}
+    overrides["output_dir"] = environ["SCRATCHFLOW_CHECKPOINT_DIR"]
+    return overrides
+
+
+def training_arguments(**fields: Any) -> Any:
+    """`TrainingArguments(**fields)`, with the run's parameters that name a field instead of the
+    script's values and its checkpoints on the piece's scratch."""
+    from transformers import TrainingArguments
+
+    if under_scratchflow():
+        fields = {**fields, **argument_overrides(set(TrainingArguments.__dataclass_fields__))}
+    return TrainingArguments(**fields)
+
+
+class StopRequest:
+    """The stop signal and SIGTERM, heard as a flag (Slurm may send one twice: a flag, never a second
+    save at once); the stop file too, for a stop that came before the handlers were set."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self.stop_file = Path(os.environ.get("SCRATCHFLOW_STOP_FILE", "")) if under_scratchflow() else None
+        for number in stop_signals():
+            signal.signal(number, self._receive)
+
+    def _receive(self, number: int, _frame: Any) -> None:
+        if self.signal is None:
+            log.warning("%s received: saving a checkpoint after this step, then pausing", signal.Signals(number).name)
+        self.signal = signal.Signals(number).name
+
+    @property
+    def asked(self) -> bool:
+        if self.signal is None and self.stop_file is not None and self.stop_file.is_file():
+            self.signal = self.stop_file.read_text() or "a stop request"
+        return self.signal is not None
+
+
+class ProgramPiece:
+    """What scratchflow.hf_trainer.StopWhenAsked asks of a piece, answered inside the program: whether
+    to stop (the signals), whether a checkpoint is due (SCRATCHFLOW_SAVE_EVERY_SECONDS and _STEPS)."""
+
+    budget_epochs = None  # a halving search's rungs are not driven here
+
+    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
+        steps = environ.get("SCRATCHFLOW_SAVE_EVERY_STEPS")
+        minutes = float(environ.get("SCRATCHFLOW_SAVE_EVERY_SECONDS", "600")) / 60
+        self.schedule = CheckpointSchedule(CheckpointInterval(minutes, int(steps) if steps else None))
+        self.stop = StopRequest()
+
+    def stop_requested(self) -> bool:
+        return self.stop.asked
+
+    def checkpoint_due(self, step: int) -> bool:
+        return self.schedule.due(step)
+
+    def saved(self, step: int) -> None:
+        self.schedule.published(step, time.monotonic())
+
+
+_piece: ProgramPiece | None = None
+
+
+def piece() -> ProgramPiece:
+    """This program's one ProgramPiece: its signal handlers are set once."""
+    global _piece
+    if _piece is None:
+        _piece = ProgramPiece()
+    return _piece
+
+
+def callbacks() -> list[Any]:
+    """The Trainer callbacks that save by the piece's rules (by time and steps, after the last step,
+    at a stop), mark each checkpoint complete once written whole, and stop at the end of the step at
+    which the stop signal came; [] outside scratchflow."""
+    if not under_scratchflow():
+        return []
+    from transformers import TrainerCallback
+
+    from scratchflow.hf_trainer import StopWhenAsked
+
+    class MarkComplete(TrainerCallback):
+        """After the Trainer has written a checkpoint's every file: COMPLETE, last."""
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.is_world_process_zero:
+                (Path(args.output_dir) / f"checkpoint-{state.global_step}" / CHECKPOINT_MARKER).touch()
+            piece().saved(state.global_step)
+
+    class EvaluationLeavesRandomStateAlone(TrainerCallback):
+        """An evaluation draws from the global random generators (a DataLoader's iterator takes its
+        seed from torch's), so the steps after it trained with other dropout than those of a run
+        resumed from a checkpoint saved before it (at an epoch's last step, then the epoch's
+        evaluation): the generators are put back as they were before each evaluation during
+        training. (Comes after the Trainer's own callbacks, which ask for the evaluation.)"""
+
+        def __init__(self) -> None:
+            self.before: tuple[Any, ...] | None = None
+
+        def _before_evaluation(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.before = random_states() if control.should_evaluate else None
+
+        on_step_end = on_epoch_end = _before_evaluation
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.before is not None:
+                restore_random_states(self.before)
+                self.before = None
+
+    class EndAsPause(TrainerCallback):
+        """After a stop, `train()` would return as if done, and the script go on to save and evaluate
+        a model half trained: the program ends here instead, its checkpoint saved."""
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            end_if_stopped()
+
+    stop = StopWhenAsked(piece())  # type: ignore[arg-type]
+    return [stop, EvaluationLeavesRandomStateAlone(), MarkComplete(), EndAsPause()]
+
+
+def random_states() -> tuple[Any, ...]:
+    """Python's, NumPy's and torch's global random states (every GPU's too)."""
+    import numpy
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), numpy.random.get_state(), torch.get_rng_state(), cuda
+
+
+def restore_random_states(states: tuple[Any, ...]) -> None:
+    import numpy
+    import torch
+
+    python, numpy_state, torch_state, cuda = states
+    random.setstate(python)
+    numpy.random.set_state(numpy_state)
+    torch.set_rng_state(torch_state)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def stopped() -> bool:
+    """Whether the piece was asked to stop: its checkpoint is saved, the program ends as a pause."""
+    return under_scratchflow() and piece().stop.asked
+
+
+def end_if_stopped() -> None:
+    """A stopped piece ends here (exit 0, no metrics.json: paused), as its training ends."""
+    if stopped():
+        log.warning("paused at the checkpoint just saved: the next piece resumes from it")
+        raise SystemExit(0)
+
+
+def figures(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """An evaluation's or prediction's figures about the model (`eval_accuracy`, `test_loss`, …),
+    without its timings."""
+    return {
+        name: float(value)
+        for name, value in metrics.items()
+        if isinstance(value, int | float) and name.split("_", 1)[-1] not in TIMINGS and name != "epoch"
+    }
+
+
+def write_metrics(*evaluations: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The run's metrics.json: the figures of the evaluations given (later ones win); nothing by hand.
+    Returns the last evaluation, so that it wraps a call: `print(write_metrics(trainer.evaluate()))`."""
+    folder = os.environ.get("SCRATCHFLOW_OUTPUT_DIR")
+    if folder:
+        merged: dict[str, float] = {}
+        for evaluation in evaluations:
+            merged.update(figures(evaluation))
+        (Path(folder) / "metrics.json").write_text(json.dumps(merged, indent=2, sort_keys=True))
+    return evaluations[-1] if evaluations else {}
+
+
+# The launcher: the script unchanged.
+
+
+def training_argument_fields() -> set[str]:
+    """The fields of transformers' TrainingArguments, read from its source without importing it (an
+    import costs seconds: this runs where the workflow starts)."""
+    spec = importlib.util.find_spec("transformers.training_args")
+    if spec is None or spec.origin is None:
+        raise ImportError("transformers is not installed in the workflow's environment")
+    tree = ast.parse(Path(spec.origin).read_text())
+    (arguments,) = (node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "TrainingArguments")
+    return {
+        node.target.id
+        for node in arguments.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not node.target.id.startswith("_")
+    }
+
+
+def script_flags(tree: ast.AST) -> set[str]:
+    """The `--flags` a script's argparse declares (`add_argument("--learning-rate", ...)`), as keys
+    (`learning_rate`)."""
+    flags = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            for argument in node.args:
+                if isinstance(argument, ast.Constant) and str(argument.value).startswith("--"):
+                    flags.add(str(argument.value)[2:].replace("-", "_"))
+    return flags
+
+
+def makes_a_trainer(tree: ast.AST) -> bool:
+    """Whether the script calls a Trainer (`Trainer(...)`, `SFTTrainer(...)`, a subclass of its own)."""
+    called = (node.func for node in ast.walk(tree) if isinstance(node, ast.Call))
+    return any(str(getattr(func, "id", None) or getattr(func, "attr", "")).endswith("Trainer") for func in called)
+
+
+def launched_script(argv: list[str]) -> str | None:
+    """The script `python -m scratchflow.trainer_script SCRIPT ...` runs; None for another command."""
+    for index in range(len(argv) - 2):
+        if argv[index : index + 2] == ["-m", MODULE]:
+            return argv[index + 2]
+    return None
+
+
+def script_problem(script: Path, keys: list[str]) -> str | None:
+    """Why the launcher cannot drive `script` with the run's parameters `keys`, in one line; None if it
+    can. Each key must name a TrainingArguments field or a flag of the script's."""
+    try:
+        tree = ast.parse(script.read_text(), str(script))
+    except SyntaxError as error:
+        return f"{script} does not parse ({error.msg}, line {error.lineno})"
+    if not makes_a_trainer(tree):
+        return f"{script} makes no Trainer (no call of a class named *Trainer): use task: command without {MODULE}"
+    fields, flags = training_argument_fields(), script_flags(tree)
+    unknown = [key for key in keys if key not in fields and key not in flags]
+    if unknown:
+        return (
+            f"training.{unknown[0]}: {MODULE} gives a parameter to the Trainer's TrainingArguments field of "
+            f"its name or to the script's --{unknown[0].replace('_', '-')} flag, and {script.name} has neither"
+        )
+    return None
+
+
+def expanded(words: list[str], environ: Mapping[str, str] = os.environ) -> list[str]:
+    """`${SCRATCHFLOW_...}` in the command's words: the piece's variables."""
+    return [VARIABLE.sub(lambda match: environ.get(match.group(1), ""), word) for word in words]
+
+
+def flag_arguments(run: Mapping[str, Any], flags: set[str], fields: set[str]) -> list[str]:
+    """The run's parameters that are the script's flags and no TrainingArguments field, as arguments."""
+    words: list[str] = []
+    for key, value in sorted(run.items()):
+        if key in flags and key not in fields:
+            flag = f"--{key.replace('_', '-')}"
+            words += [flag] if value is True else [] if value is False else [flag, str(value)]
+    return words
+
+
+class Launched:
+    """The Trainer patched for an unchanged script: see the module's docstring."""
+
+    def __init__(self) -> None:
+        self.evaluated: dict[str, Any] = {}
+        self.predicted: dict[str, Any] = {}
+        self.trainer: Any = None
+        self.model_saved = False
+
+    def patch(self) -> None:
+        from transformers import Trainer, TrainingArguments
+
+        overrides = argument_overrides(set(TrainingArguments.__dataclass_fields__))
+        launched = self
+        post_init, init = TrainingArguments.__post_init__, Trainer.__init__
+        train, evaluate, predict, save_model = Trainer.train, Trainer.evaluate, Trainer.predict, Trainer.save_model
+
+        def arguments_post_init(self: Any) -> None:
+            for name, value in overrides.items():
+                setattr(self, name, value)
+            post_init(self)
+
+        def trainer_init(self: Any, *arguments: Any, **keywords: Any) -> None:
+            init(self, *arguments, **keywords)
+            for callback in callbacks():
+                self.add_callback(callback)
+            launched.trainer = self
+
+        def trainer_train(self: Any, resume_from_checkpoint: Any = None, *arguments: Any, **keywords: Any) -> Any:
+            return train(self, resume_from(), *arguments, **keywords)
+
+        def trainer_evaluate(self: Any, *arguments: Any, **keywords: Any) -> Any:
+            metrics = evaluate(self, *arguments, **keywords)
+            launched.evaluated = metrics
+            return metrics
+
+        def trainer_predict(self: Any, *arguments: Any, **keywords: Any) -> Any:
+            output = predict(self, *arguments, **keywords)
+            launched.predicted = output.metrics or {}
+            return output
+
+        def trainer_save_model(self: Any, output_dir: str | None = None, _internal_call: bool = False) -> None:
+            if _internal_call:  # a checkpoint's model
+                save_model(self, output_dir, _internal_call)
+                return
+            log.info("saving the model into the run's output folder, not %s", output_dir or self.args.output_dir)
+            save_model(self, os.environ["SCRATCHFLOW_OUTPUT_DIR"], _internal_call)
+            launched.model_saved = True
+
+        TrainingArguments.__post_init__ = arguments_post_init
+        Trainer.__init__, Trainer.train = trainer_init, trainer_train
+        Trainer.evaluate, Trainer.predict, Trainer.save_model = trainer_evaluate, trainer_predict, trainer_save_model
+
+    def finish(self) -> None:
+        """After the script's end: the model saved if it saved none, and its figures as metrics.json."""
+        if self.trainer is None:
+            raise SystemExit(f"{MODULE}: the script made no Trainer, so there is nothing to record")
+        if not self.model_saved:
+            self.trainer.save_model()
+        evaluated = self.evaluated or next(
+            (entry for entry in reversed(self.trainer.state.log_history) if "eval_loss" in entry), {}
+        )
+        if not evaluated and not self.predicted:
+            raise SystemExit(f"{MODULE}: the script evaluated nothing, so the run has no metrics")
+        write_metrics(evaluated, self.predicted)
+
+
+def launch(argv: list[str]) -> None:
+    """Run `argv[0]`, a Trainer script, as `__main__` with `argv[1:]` (and the run's flag
+    parameters), patched under scratchflow."""
+    if not argv:
+        raise SystemExit(f"usage: python -m {MODULE} SCRIPT [ARGUMENTS ...]")
+    script = Path(argv[0])
+    words = expanded(argv[1:])
+    launched = None
+    if under_scratchflow():
+        piece()  # its stop handlers, before the script's slow imports
+        said = logging.StreamHandler()  # its own: the script's logging stays as the script sets it
+        said.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(said)
+        log.setLevel(logging.INFO)
+        from transformers import TrainingArguments
+
+        tree = ast.parse(script.read_text())
+        words += flag_arguments(params(), script_flags(tree), set(TrainingArguments.__dataclass_fields__))
+        launched = Launched()
+        launched.patch()
+    sys.argv = [str(script), *words]
+    sys.path.insert(0, str(script.resolve().parent))  # as `python script.py` has it
+    runpy.run_path(str(script), run_name="__main__")
+    if launched is not None:
+        launched.finish()
+
+
+if __name__ == "__main__":
+    launch(sys.argv[1:])

@@ -1,0 +1,226 @@
+"""A lab's own Hugging Face Trainer script (tests/trainer_script_lab/train.py, written to be run by hand)
+under `task: command`: unchanged through `python -m scratchflow.trainer_script`, and changed by a few
+lines through its helpers; paused by the stop signal or killed after a checkpoint, each resumes to
+the weights and metrics of an uninterrupted run, byte for byte."""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    REPO,
+    built_once,
+    job_process,
+    run_workflow,
+    start_workflow,
+    write_config,
+)
+from scratchflow import trainer_script
+from scratchflow.trainer_script import expanded, figures, flag_arguments, launched_script, script_problem
+
+pytestmark = pytest.mark.slow
+LAB = REPO / "tests" / "trainer_script_lab"
+LAUNCHED = ["python", "-m", "scratchflow.trainer_script"]
+# Where the script reads its data and model: its own flags, given the piece's variables.
+SCRIPT_ARGUMENTS = ["--data", "${SCRATCHFLOW_DATA_FILE}", "--model", "${SCRATCHFLOW_MODEL_DIR}"]
+# The lines the helper depth changes in the script: each a line of the unchanged script, and its new text.
+WITH_HELPERS = {
+    "import pandas as pd\n": "import pandas as pd\nfrom scratchflow import trainer_script as scratchflow\n",
+    "frame = pd.read_csv(args.data)\n": "frame = pd.read_csv(scratchflow.data_file(args.data))\n",
+    "tokenizer = AutoTokenizer.from_pretrained(args.model)\n": (
+        "tokenizer = AutoTokenizer.from_pretrained(scratchflow.model_dir(args.model))\n"
+    ),
+    "model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=len(names))\n": (
+        "model = AutoModelForSequenceClassification.from_pretrained(scratchflow.model_dir(args.model), "
+        "num_labels=len(names))\n"
+    ),
+    "training_args = TrainingArguments(\n": "training_args = scratchflow.training_arguments(\n",
+    "    compute_metrics=accuracy,\n": "    compute_metrics=accuracy,\n    callbacks=scratchflow.callbacks(),\n",
+    "trainer.train()\n": "trainer.train(resume_from_checkpoint=scratchflow.resume_from())\n",
+    'trainer.save_model("final_model")\n': 'trainer.save_model(scratchflow.output_dir("final_model"))\n',
+    "print(trainer.evaluate())\n": "print(scratchflow.write_metrics(trainer.evaluate()))\n",
+}
+
+
+@pytest.fixture(scope="session")
+def news_csv(tmp_path_factory, bbc_subset) -> Path:
+    """The BBC subset as the one CSV of `text,label` rows such a script reads."""
+
+    def write(folder: Path) -> None:
+        with open(folder / "news.csv", "w", newline="") as file:
+            rows = csv.writer(file)
+            rows.writerow(["text", "label"])
+            for label in sorted(bbc_subset.iterdir()):
+                for article in sorted(label.iterdir()):
+                    rows.writerow([article.read_text(errors="replace"), label.name])
+
+    return built_once(tmp_path_factory, "news-csv", write) / "news.csv"
+
+
+def script_config(data: Path, model: Path, scratch: Path, script: Path, **grid) -> dict:
+    return {
+        "task": "command",
+        "dataset": {"name": "news", "path": str(data), "format": "csv"},
+        "model": {"name": "tiny-bert", "source": str(model)},
+        "training": {
+            "command": [*LAUNCHED, str(script), *SCRIPT_ARGUMENTS],
+            "learning_rate": 2.0e-3,
+            "per_device_train_batch_size": 16,
+            "seed": 1,
+            "max_length": 48,
+        },
+        "grid": grid or {"seed": [1]},
+        "aggregate": {"metric": "eval_accuracy", "goal": "max"},
+        "checkpointing": {"every_steps": 5, "keep": 2, "stop_grace_seconds": 60},
+        "cluster": {"scratch_root": str(scratch)},
+    }
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_script_run(tmp_path_factory, news_csv, tiny_model) -> Path:
+    def train(workdir: Path) -> None:
+        write_config(workdir, script_config(news_csv, tiny_model, workdir / "scratch", LAB / "train.py"))
+        run_workflow(workdir)
+
+    return built_once(tmp_path_factory, "uninterrupted-trainer-script", train)
+
+
+def run_folder(workdir: Path) -> Path:
+    (run,) = (workdir / "results" / "runs").iterdir()
+    return run
+
+
+def different_results(workdir: Path, reference: Path) -> list[str]:
+    """The result files of the one run in `workdir` that differ from `reference`'s, byte for byte."""
+    mine, theirs = run_folder(workdir), run_folder(reference)
+    return [
+        name
+        for name in ("metrics.json", "model/model.safetensors")
+        if (mine / name).read_bytes() != (theirs / name).read_bytes()
+    ]
+
+
+def wait_for_shared_checkpoint(workdir: Path, workflow: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while not list(workdir.glob("checkpoints/*/checkpoint-*/COMPLETE")):
+        assert time.monotonic() < deadline and workflow.poll() is None, workflow.communicate()[0][-4000:]
+        time.sleep(0.05)
+
+
+def test_an_unchanged_script_paused_by_the_stop_signal_resumes_to_the_uninterrupted_weights_and_metrics(
+    tmp_path, news_csv, tiny_model, uninterrupted_script_run
+):
+    """USR1 to the job after the run's first checkpoint on shared storage: the launcher's callback
+    saves at the step's end and the program ends as a pause (not on to the script's save_model and
+    evaluate, which would record it finished); the local profile's retry resumes it."""
+    reference = run_folder(uninterrupted_script_run)
+    metrics = json.loads((reference / "metrics.json").read_text())
+    assert set(metrics) == {"eval_accuracy", "eval_loss"}, "the last evaluation's figures, without timings"
+    assert (reference / "model" / "tokenizer.json").is_file(), "save_model() saved into the run's model folder"
+
+    write_config(tmp_path, script_config(news_csv, tiny_model, tmp_path / "scratch", LAB / "train.py"))
+    workflow = start_workflow(tmp_path)
+    wait_for_shared_checkpoint(tmp_path, workflow)
+    os.kill(job_process(tmp_path), signal.SIGUSR1)
+    output = workflow.communicate(timeout=600)[0]
+    assert workflow.returncode == 0, output[-3000:]
+
+    first, second = json.loads((run_folder(tmp_path) / "record.json").read_text())["pieces"]
+    assert (first["outcome"], first["signal"]) == ("paused", "SIGUSR1"), output[-3000:]
+    assert first["reached_step"] == second["resumed_from_step"] > 0
+    assert different_results(tmp_path, uninterrupted_script_run) == []
+    assert not (tmp_path / "final_model").exists() and not (tmp_path / "out").exists(), "nothing on shared storage"
+
+
+def test_the_script_with_its_helpers_changes_few_lines_and_killed_resumes_to_the_same_results(
+    tmp_path, news_csv, tiny_model, uninterrupted_script_run
+):
+    """The helper depth: the script imports scratchflow.trainer_script and calls it; killed outright
+    after a checkpoint, the next run resumes from it to the same weights and metrics."""
+    script = (LAB / "train.py").read_text()
+    changed = script
+    for line, replacement in WITH_HELPERS.items():
+        assert line in changed, line
+        changed = changed.replace(line, replacement)
+    diff = [
+        line
+        for line in difflib.unified_diff(script.splitlines(), changed.splitlines(), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    removed, added = (len([line for line in diff if line.startswith(sign)]) for sign in "-+")
+    assert max(removed, added) <= 10, diff
+    helped = tmp_path / "train.py"
+    helped.write_text(changed)
+    config = script_config(news_csv, tiny_model, tmp_path / "scratch", helped)
+    # The parameters that are the script's flags are the lab's to pass at this depth.
+    config["training"]["command"] = ["python", str(helped), *SCRIPT_ARGUMENTS, "--max-length", "48"]
+    write_config(tmp_path, config)
+    workflow = start_workflow(tmp_path)
+    wait_for_shared_checkpoint(tmp_path, workflow)
+    os.killpg(workflow.pid, signal.SIGKILL)
+    workflow.wait()
+
+    run_workflow(tmp_path)
+
+    record = json.loads((run_folder(tmp_path) / "record.json").read_text())
+    assert record["training"]["resumed_from_step"] > 0
+    assert different_results(tmp_path, uninterrupted_script_run) == []
+
+
+def test_a_script_the_launcher_cannot_drive_is_refused_in_one_line(tmp_path):
+    plain = tmp_path / "loop.py"
+    plain.write_text("import torch\nfor step in range(10):\n    pass\n")
+    assert script_problem(plain, []) == (
+        f"{plain} makes no Trainer (no call of a class named *Trainer): use task: command without "
+        "scratchflow.trainer_script"
+    )
+    script = LAB / "train.py"
+    assert script_problem(script, ["learning_rate", "seed", "max_length"]) is None, "a field, a field, a flag"
+    assert script_problem(script, ["dropout"]) == (
+        "training.dropout: scratchflow.trainer_script gives a parameter to the Trainer's TrainingArguments field "
+        "of its name or to the script's --dropout flag, and train.py has neither"
+    )
+
+
+def test_the_launchers_words_are_the_pieces_variables_and_its_flag_parameters():
+    environ = {"SCRATCHFLOW_DATA_FILE": "/scratch/news.csv"}
+    assert expanded(["--data", "${SCRATCHFLOW_DATA_FILE}", "${HOME}"], environ) == [
+        "--data",
+        "/scratch/news.csv",
+        "${HOME}",
+    ]
+    run = {"learning_rate": 0.1, "max_length": 48, "lowercase": True, "fp16_off": False}
+    assert flag_arguments(run, {"max_length", "lowercase", "fp16_off"}, {"learning_rate"}) == [
+        "--lowercase",
+        "--max-length",
+        "48",
+    ]
+    assert launched_script([*LAUNCHED, "train.py", "--data", "x"]) == "train.py"
+    assert launched_script(["python", "train.py"]) is None
+
+
+def test_metrics_are_the_figures_of_the_model_never_the_timings():
+    evaluation = {"eval_loss": 0.5, "eval_accuracy": 0.9, "eval_runtime": 1.2, "eval_samples_per_second": 80.0}
+    assert figures({**evaluation, "epoch": 3.0, "eval_model_preparation_time": 0.01}) == {
+        "eval_loss": 0.5,
+        "eval_accuracy": 0.9,
+    }
+
+
+def test_outside_scratchflow_every_helper_gives_back_what_it_is_given(monkeypatch):
+    for name in ("SCRATCHFLOW_RUN_ID", "SCRATCHFLOW_DATA_FILE", "SCRATCHFLOW_MODEL_DIR", "SCRATCHFLOW_OUTPUT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert trainer_script.data_file("data/news.csv") == "data/news.csv"
+    assert trainer_script.model_dir("distilbert-base-uncased") == "distilbert-base-uncased"
+    assert trainer_script.output_dir("final_model") == "final_model"
+    assert trainer_script.resume_from(True) is True
+    assert trainer_script.callbacks() == []
+    assert trainer_script.training_arguments(output_dir="out", learning_rate=0.5).learning_rate == 0.5
