@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import csv
 import fcntl
 import json
 import os
@@ -265,7 +266,7 @@ def shared_references_first(request) -> None:
     both processes compare with are trained before its first test, while the Slurm tests start
     their cluster: the Slurm tests, the longer of the two, then find them ready."""
     if os.environ.get("SCRATCHFLOW_TEST_TRAINS_REFERENCES"):
-        for name in ("uninterrupted_long_run", "uninterrupted_command_run"):
+        for name in ("uninterrupted_long_run", "uninterrupted_command_run", "uninterrupted_script_run"):
             request.getfixturevalue(name)
 
 
@@ -595,6 +596,11 @@ def two_node_run(slurm, tmp_path_factory, bbc_subset, tiny_model) -> tuple[Path,
 # -- the other tasks: images, and a lab's own command ---------------------------------------------
 
 COMMAND_EXAMPLE = REPO / "config" / "examples" / "command" / "train.py"
+# A lab's Hugging Face Trainer script, run by scratchflow.trainer_script (tests/test_trainer_script.py).
+TRAINER_SCRIPT_LAB = REPO / "tests" / "trainer_script_lab"
+LAUNCHED = ["python", "-m", "scratchflow.trainer_script"]
+# Where the script reads its data and model: its own flags, given the piece's variables.
+SCRIPT_ARGUMENTS = ["--data", "${SCRATCHFLOW_DATA_FILE}", "--model", "${SCRATCHFLOW_MODEL_DIR}"]
 
 
 @pytest.fixture(scope="session")
@@ -644,6 +650,61 @@ def uninterrupted_command_run(tmp_path_factory, bbc_subset) -> Path:
         run_workflow(workdir)
 
     return built_once(tmp_path_factory, "uninterrupted-command", train)
+
+
+@pytest.fixture(scope="session")
+def news_csv(tmp_path_factory, bbc_subset) -> Path:
+    """The BBC subset as the one CSV of `text,label` rows such a script reads."""
+
+    def write(folder: Path) -> None:
+        with open(folder / "news.csv", "w", newline="") as file:
+            rows = csv.writer(file)
+            rows.writerow(["text", "label"])
+            for label in sorted(bbc_subset.iterdir()):
+                for article in sorted(label.iterdir()):
+                    rows.writerow([article.read_text(errors="replace"), label.name])
+
+    return built_once(tmp_path_factory, "news-csv", write) / "news.csv"
+
+
+def script_config(data: Path, model: Path, scratch: Path | None, script: Path, **grid) -> dict:
+    """The Trainer script launched unchanged, one run (or `grid`), a checkpoint every 5 steps."""
+    return {
+        "task": "command",
+        "dataset": {"name": "news", "path": str(data), "format": "csv"},
+        "model": {"name": "tiny-bert", "source": str(model)},
+        "training": {
+            "command": [*LAUNCHED, str(script), *SCRIPT_ARGUMENTS],
+            "learning_rate": 2.0e-3,
+            "per_device_train_batch_size": 16,
+            "seed": 1,
+            "max_length": 48,
+        },
+        "grid": grid or {"seed": [1]},
+        "aggregate": {"metric": "eval_accuracy", "goal": "max"},
+        "checkpointing": {"every_steps": 5, "keep": 2, "stop_grace_seconds": 60},
+        "cluster": {"scratch_root": str(scratch) if scratch else None},
+    }
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_script_run(tmp_path_factory, news_csv, tiny_model) -> Path:
+    def train(workdir: Path) -> None:
+        write_config(workdir, script_config(news_csv, tiny_model, workdir / "scratch", TRAINER_SCRIPT_LAB / "train.py"))
+        run_workflow(workdir)
+
+    return built_once(tmp_path_factory, "uninterrupted-trainer-script", train)
+
+
+def different_results(workdir: Path, reference: Path) -> list[str]:
+    """The result files of the one run in `workdir` (its metrics and its model's weights) that differ
+    from `reference`'s, byte for byte."""
+    mine, theirs = one_run(workdir), one_run(reference)
+    return [
+        name
+        for name in ("metrics.json", "model/model.safetensors")
+        if (mine / name).read_bytes() != (theirs / name).read_bytes()
+    ]
 
 
 def halving_search(workdir: Path, data: Path, model: Path, scratch: Path | None) -> dict:
@@ -826,13 +887,18 @@ def git(folder: Path, *args: str) -> str:
 
 def lab_pipeline(folder: Path, cluster: str, config: dict, source: Path = REPO, tag: str = "HEAD") -> Path:
     """A lab's pipeline as scripts/new_pipeline.py makes it (scratchflow from `source` at `tag`), with
-    `config` and the lab's own code, committed: for a command task, its program (the command example)
-    as the repository's train.py, run from there; for ourlab.mlp, the plain-PyTorch lab's task and
+    `config` and the lab's own code, committed: for a command task, its program (the command example,
+    or the Trainer script where the command launches one) as the repository's train.py, run from
+    there; for ourlab.mlp, the plain-PyTorch lab's task and
     data (PLAIN_PYTORCH_LAB); otherwise the lab's own task (LAB_TASK)."""
     from scratchflow.lab_pipeline import make_pipeline
 
     make_pipeline(folder, cluster, str(source), tag)
-    if config.get("task") == "command":
+    if config.get("task") == "command" and config["training"]["command"][: len(LAUNCHED)] == LAUNCHED:
+        shutil.copy(TRAINER_SCRIPT_LAB / "train.py", folder / "train.py")
+        command = [*LAUNCHED, "train.py", *config["training"]["command"][len(LAUNCHED) + 1 :]]
+        config = {**config, "training": {**config["training"], "command": command}}
+    elif config.get("task") == "command":
         shutil.copy(COMMAND_EXAMPLE, folder / "train.py")
         config = {**config, "training": {**config["training"], "command": ["python", "train.py"]}}
     elif config.get("task") == "ourlab.mlp":

@@ -5,7 +5,6 @@ the weights and metrics of an uninterrupted run, byte for byte."""
 
 from __future__ import annotations
 
-import csv
 import difflib
 import json
 import os
@@ -16,10 +15,14 @@ from pathlib import Path
 
 import pytest
 from conftest import (
-    REPO,
-    built_once,
+    LAUNCHED,
+    SCRIPT_ARGUMENTS,
+    TRAINER_SCRIPT_LAB,
+    different_results,
     job_process,
+    one_run,
     run_workflow,
+    script_config,
     start_workflow,
     write_config,
 )
@@ -27,10 +30,6 @@ from scratchflow import trainer_script
 from scratchflow.trainer_script import expanded, figures, flag_arguments, launched_script, script_problem
 
 pytestmark = pytest.mark.slow
-LAB = REPO / "tests" / "trainer_script_lab"
-LAUNCHED = ["python", "-m", "scratchflow.trainer_script"]
-# Where the script reads its data and model: its own flags, given the piece's variables.
-SCRIPT_ARGUMENTS = ["--data", "${SCRATCHFLOW_DATA_FILE}", "--model", "${SCRATCHFLOW_MODEL_DIR}"]
 # The lines the helper depth changes in the script: each a line of the unchanged script, and its new text.
 WITH_HELPERS = {
     "import pandas as pd\n": "import pandas as pd\nfrom scratchflow import trainer_script as scratchflow\n",
@@ -50,64 +49,6 @@ WITH_HELPERS = {
 }
 
 
-@pytest.fixture(scope="session")
-def news_csv(tmp_path_factory, bbc_subset) -> Path:
-    """The BBC subset as the one CSV of `text,label` rows such a script reads."""
-
-    def write(folder: Path) -> None:
-        with open(folder / "news.csv", "w", newline="") as file:
-            rows = csv.writer(file)
-            rows.writerow(["text", "label"])
-            for label in sorted(bbc_subset.iterdir()):
-                for article in sorted(label.iterdir()):
-                    rows.writerow([article.read_text(errors="replace"), label.name])
-
-    return built_once(tmp_path_factory, "news-csv", write) / "news.csv"
-
-
-def script_config(data: Path, model: Path, scratch: Path, script: Path, **grid) -> dict:
-    return {
-        "task": "command",
-        "dataset": {"name": "news", "path": str(data), "format": "csv"},
-        "model": {"name": "tiny-bert", "source": str(model)},
-        "training": {
-            "command": [*LAUNCHED, str(script), *SCRIPT_ARGUMENTS],
-            "learning_rate": 2.0e-3,
-            "per_device_train_batch_size": 16,
-            "seed": 1,
-            "max_length": 48,
-        },
-        "grid": grid or {"seed": [1]},
-        "aggregate": {"metric": "eval_accuracy", "goal": "max"},
-        "checkpointing": {"every_steps": 5, "keep": 2, "stop_grace_seconds": 60},
-        "cluster": {"scratch_root": str(scratch)},
-    }
-
-
-@pytest.fixture(scope="session")
-def uninterrupted_script_run(tmp_path_factory, news_csv, tiny_model) -> Path:
-    def train(workdir: Path) -> None:
-        write_config(workdir, script_config(news_csv, tiny_model, workdir / "scratch", LAB / "train.py"))
-        run_workflow(workdir)
-
-    return built_once(tmp_path_factory, "uninterrupted-trainer-script", train)
-
-
-def run_folder(workdir: Path) -> Path:
-    (run,) = (workdir / "results" / "runs").iterdir()
-    return run
-
-
-def different_results(workdir: Path, reference: Path) -> list[str]:
-    """The result files of the one run in `workdir` that differ from `reference`'s, byte for byte."""
-    mine, theirs = run_folder(workdir), run_folder(reference)
-    return [
-        name
-        for name in ("metrics.json", "model/model.safetensors")
-        if (mine / name).read_bytes() != (theirs / name).read_bytes()
-    ]
-
-
 def wait_for_shared_checkpoint(workdir: Path, workflow: subprocess.Popen) -> None:
     deadline = time.monotonic() + 300
     while not list(workdir.glob("checkpoints/*/checkpoint-*/COMPLETE")):
@@ -121,19 +62,19 @@ def test_an_unchanged_script_paused_by_the_stop_signal_resumes_to_the_uninterrup
     """USR1 to the job after the run's first checkpoint on shared storage: the launcher's callback
     saves at the step's end and the program ends as a pause (not on to the script's save_model and
     evaluate, which would record it finished); the local profile's retry resumes it."""
-    reference = run_folder(uninterrupted_script_run)
+    reference = one_run(uninterrupted_script_run)
     metrics = json.loads((reference / "metrics.json").read_text())
     assert set(metrics) == {"eval_accuracy", "eval_loss"}, "the last evaluation's figures, without timings"
     assert (reference / "model" / "tokenizer.json").is_file(), "save_model() saved into the run's model folder"
 
-    write_config(tmp_path, script_config(news_csv, tiny_model, tmp_path / "scratch", LAB / "train.py"))
+    write_config(tmp_path, script_config(news_csv, tiny_model, tmp_path / "scratch", TRAINER_SCRIPT_LAB / "train.py"))
     workflow = start_workflow(tmp_path)
     wait_for_shared_checkpoint(tmp_path, workflow)
     os.kill(job_process(tmp_path), signal.SIGUSR1)
     output = workflow.communicate(timeout=600)[0]
     assert workflow.returncode == 0, output[-3000:]
 
-    first, second = json.loads((run_folder(tmp_path) / "record.json").read_text())["pieces"]
+    first, second = json.loads((one_run(tmp_path) / "record.json").read_text())["pieces"]
     assert (first["outcome"], first["signal"]) == ("paused", "SIGUSR1"), output[-3000:]
     assert first["reached_step"] == second["resumed_from_step"] > 0
     assert different_results(tmp_path, uninterrupted_script_run) == []
@@ -145,7 +86,7 @@ def test_the_script_with_its_helpers_changes_few_lines_and_killed_resumes_to_the
 ):
     """The helper depth: the script imports scratchflow.trainer_script and calls it; killed outright
     after a checkpoint, the next run resumes from it to the same weights and metrics."""
-    script = (LAB / "train.py").read_text()
+    script = (TRAINER_SCRIPT_LAB / "train.py").read_text()
     changed = script
     for line, replacement in WITH_HELPERS.items():
         assert line in changed, line
@@ -170,7 +111,7 @@ def test_the_script_with_its_helpers_changes_few_lines_and_killed_resumes_to_the
 
     run_workflow(tmp_path)
 
-    record = json.loads((run_folder(tmp_path) / "record.json").read_text())
+    record = json.loads((one_run(tmp_path) / "record.json").read_text())
     assert record["training"]["resumed_from_step"] > 0
     assert different_results(tmp_path, uninterrupted_script_run) == []
 
@@ -182,7 +123,7 @@ def test_a_script_the_launcher_cannot_drive_is_refused_in_one_line(tmp_path):
         f"{plain} makes no Trainer (no call of a class named *Trainer): use task: command without "
         "scratchflow.trainer_script"
     )
-    script = LAB / "train.py"
+    script = TRAINER_SCRIPT_LAB / "train.py"
     assert script_problem(script, ["learning_rate", "seed", "max_length"]) is None, "a field, a field, a flag"
     assert script_problem(script, ["dropout"]) == (
         "training.dropout: scratchflow.trainer_script gives a parameter to the Trainer's TrainingArguments field "

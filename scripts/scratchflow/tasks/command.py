@@ -256,9 +256,10 @@ def train(context: TrainContext) -> Trained | None:
 
 
 def program_git(argv: list[str]) -> dict[str, Any] | None:
-    """The commit of the repository the program's file is in (the script a known interpreter runs,
-    or the program itself), and whether it had uncommitted changes; None for a program on PATH."""
-    program = Path(interpreted_script(argv) or argv[0]).expanduser()
+    """The commit of the repository the program's file is in (the script a known interpreter runs or
+    scratchflow.trainer_script launches, or the program itself), and whether it had uncommitted
+    changes; None for a program on PATH."""
+    program = Path(trainer_script.launched_script(argv) or interpreted_script(argv) or argv[0]).expanduser()
     return git_state(program.resolve().parent) if program.is_file() else None
 
 
