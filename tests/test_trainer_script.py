@@ -5,17 +5,21 @@ the weights and metrics of an uninterrupted run, byte for byte."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import (
     LAUNCHED,
+    REPO,
     SCRIPT_ARGUMENTS,
     TRAINER_SCRIPT_LAB,
     different_results,
@@ -24,6 +28,7 @@ from conftest import (
     run_workflow,
     script_config,
     start_workflow,
+    workflow_env,
     write_config,
 )
 from scratchflow import trainer_script
@@ -116,6 +121,63 @@ def test_the_script_with_its_helpers_changes_few_lines_and_killed_resumes_to_the
     assert different_results(tmp_path, uninterrupted_script_run) == []
 
 
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "an unseeded split"])
+def test_check_task_stops_and_resumes_a_program_and_fails_one_whose_resume_differs_in_one_line(
+    seeded, tmp_path, news_csv, tiny_model
+):
+    """The contract of a program, checked as a lab checks its task (scratchflow/scripts/check_task.py
+    in its pipeline's folder): stopped by the stop signal after its first checkpoint, resumed, and
+    compared with the same run uninterrupted. A script that splits its data unseeded trains each
+    piece on another split (test rows leaking into training), and says so in one line."""
+    script = (TRAINER_SCRIPT_LAB / "train.py").read_text()
+    if not seeded:
+        # As datasets' train_test_split without a seed: a generator of fresh entropy, set_seed or not.
+        unseeded = "frame.sample(frac=1.0, random_state=np.random.default_rng())"
+        script = script.replace("frame.sample(frac=1.0, random_state=42)", unseeded)
+    (tmp_path / "train.py").write_text(script)
+    config = script_config(news_csv, tiny_model, None, Path("train.py"))
+    config["training"]["num_train_epochs"] = 2  # a TrainingArguments field: 30 steps, a checkpoint every 5
+    (tmp_path / "contract").mkdir()
+    (tmp_path / "contract" / "script.yaml").write_text(yaml.safe_dump(config))
+    checked = subprocess.run(
+        [sys.executable, REPO / "scripts" / "check_task.py", "contract/script.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=workflow_env(),
+        timeout=600,
+    )
+    lines = [line for line in checked.stdout.splitlines() if line.startswith("contract/script.yaml: ")]
+    assert [line.split(": ")[2] for line in lines] == [
+        "an empty dataset refused",
+        "stopped by the stop signal, then resumed",
+        "predicted what it trained",
+        "resumed to the uninterrupted run's results",
+    ], checked.stdout + checked.stderr[-3000:]
+    failed = [line for line in lines if "FAILED" in line]
+    if seeded:
+        assert (checked.returncode, failed) == (0, []), checked.stdout + checked.stderr[-3000:]
+        return
+    assert checked.returncode == 1
+    assert failed == [
+        AnyLine(
+            "contract/script.yaml: command: resumed to the uninterrupted run's results: FAILED: command: stopped and "
+            "resumed, the run ended otherwise than uninterrupted: metrics.json differs (eval_"
+        )
+    ], checked.stdout
+
+
+class AnyLine(str):
+    """Equal to a line that starts with it and says what to do about it."""
+
+    def __eq__(self, line: object) -> bool:
+        return (
+            isinstance(line, str) and line.startswith(self) and line.endswith("restore the random states with the rest")
+        )
+
+    __hash__ = str.__hash__
+
+
 def test_a_script_the_launcher_cannot_drive_is_refused_in_one_line(tmp_path):
     plain = tmp_path / "loop.py"
     plain.write_text("import torch\nfor step in range(10):\n    pass\n")
@@ -165,3 +227,30 @@ def test_outside_scratchflow_every_helper_gives_back_what_it_is_given(monkeypatc
     assert trainer_script.resume_from(True) is True
     assert trainer_script.callbacks() == []
     assert trainer_script.training_arguments(output_dir="out", learning_rate=0.5).learning_rate == 0.5
+
+
+def test_a_step_saved_at_a_stop_is_not_saved_again_by_the_trainers_epoch_end_save(tmp_path, monkeypatch):
+    """After a stop mid-epoch the Trainer ends the epoch, and with save_strategy "epoch" saves the same
+    step again: its files rewritten while the piece copies the checkpoint, COMPLETE already in it."""
+    from transformers import TrainerControl, TrainerState
+
+    monkeypatch.setenv("SCRATCHFLOW_RUN_ID", "script0000")
+    monkeypatch.setenv("SCRATCHFLOW_STOP_FILE", str(tmp_path / "stop-requested"))
+    monkeypatch.setattr(trainer_script, "_piece", None)
+    with contextlib.ExitStack() as handlers:
+        for number in (signal.SIGUSR1, signal.SIGTERM):  # the callbacks listen: put back after
+            handlers.callback(signal.signal, number, signal.getsignal(number))
+        (mark_complete,) = [
+            callback for callback in trainer_script.callbacks() if type(callback).__name__ == "MarkComplete"
+        ]
+    state, control = TrainerState(global_step=6, is_world_process_zero=True), TrainerControl()
+    (tmp_path / "checkpoint-6").mkdir()
+    arguments = type("Arguments", (), {"output_dir": str(tmp_path)})()
+    mark_complete.on_save(arguments, state, control)
+    assert (tmp_path / "checkpoint-6" / "COMPLETE").is_file()
+    control.should_save = True  # the Trainer's epoch-end save, after the stop's
+    mark_complete.on_epoch_end(arguments, state, control)
+    assert not control.should_save
+    state.global_step, control.should_save = 7, True
+    mark_complete.on_step_end(arguments, state, control)
+    assert control.should_save, "a step not saved yet is saved"

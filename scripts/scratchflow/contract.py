@@ -10,9 +10,11 @@ Each check raises `ContractBroken` saying what the task did instead:
 - `check_rung`: a halving search's rung (1 of 2 epochs) and a retry after it that only evaluates;
 - `check_predicts`: `predict` on what a run trained to its end returns what the workflow writes;
 - `check_leaves_duties_to_its_piece`: nothing in its code (its imports and calls) does what its
-  piece does.
-`check_all` runs them all, each on its own: whatever a task raises in one is that check's failure,
-with where the task raised it, and the others still run.
+  piece does;
+- `check_resumes_exactly`, for a program (`task: command`): the run stopped and resumed ends with
+  what the same run trains uninterrupted, file for file (its weights, its metrics.json).
+`check_all` runs them all (for a program, those that concern it), each on its own: whatever a task
+raises in one is that check's failure, with where the task raised it, and the others still run.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from scratchflow import signals
+from scratchflow import signals, trainer_script
 from scratchflow.checkpoints import CheckpointMirroring, CheckpointStore
 from scratchflow.config import ConfigError, configured_task, validate_config
 from scratchflow.dataset import (
@@ -331,6 +333,65 @@ def check_predicts(config: dict[str, Any], work: Path, trained: Trained | None =
         raise ContractBroken(str(wrong)) from None
 
 
+def check_resumes_exactly(config: dict[str, Any], work: Path, resumed: Trained | None) -> None:
+    """A program's run stopped and resumed (`resumed`, from check_stops_and_resumes) ends with the
+    files of the same run trained in one piece, byte for byte: a program whose pieces draw anything
+    unseeded (its data split, a head's initialisation) trains each piece on something else."""
+    task = config["task"]
+    if resumed is None:
+        raise ContractBroken(f"{task}: not checked: the run was not stopped and resumed (the check before failed)")
+    store = StopsAfterFirstCheckpoint(work / "shared", load_task(task).CHECKPOINT_MARKER, stop=False)
+    uninterrupted = trained_piece(piece_spec(config, work, 1, store))
+    differing = different_files(resumed.output, uninterrupted.output)
+    if differing:
+        name = differing[0]
+        detail = (
+            metrics_difference(resumed.output / name, uninterrupted.output / name) if name.endswith(".json") else ""
+        )
+        raise ContractBroken(
+            f"{task}: stopped and resumed, the run ended otherwise than uninterrupted: {name} differs{detail}"
+            + (f" (and {len(differing) - 1} more file(s))" if len(differing) > 1 else "")
+            + "; what the program draws at random must come from its seed or its checkpoint: seed its data split "
+            "and its model's initialisation, and restore the random states with the rest"
+        )
+
+
+# Files of a trained model that say where it was trained, not what: the Hugging Face Trainer's
+# settings, pickled with the piece's scratch paths in them (written beside the model, never read back).
+WHERE_NOT_WHAT = {"training_args.bin"}
+
+
+def different_files(mine: Path, theirs: Path) -> list[str]:
+    """The files of one folder that the other lacks or holds otherwise, byte for byte (relative paths),
+    but those that say only where it was trained (WHERE_NOT_WHAT)."""
+    names = {
+        str(path.relative_to(folder))
+        for folder in (mine, theirs)
+        for path in folder.rglob("*")
+        if path.is_file() and path.name not in WHERE_NOT_WHAT
+    }
+    return sorted(
+        name
+        for name in names
+        if not ((mine / name).is_file() and (theirs / name).is_file())
+        or (mine / name).read_bytes() != (theirs / name).read_bytes()
+    )
+
+
+def metrics_difference(resumed: Path, uninterrupted: Path) -> str:
+    """The first figure that differs between two metrics files, as ` (name: resumed against uninterrupted)`."""
+    try:
+        mine, theirs = yaml.safe_load(resumed.read_text()), yaml.safe_load(uninterrupted.read_text())
+    except (OSError, yaml.YAMLError):
+        return ""
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+        return ""
+    for name in sorted(set(mine) | set(theirs)):
+        if mine.get(name) != theirs.get(name):
+            return f" ({name}: {mine.get(name)} resumed, {theirs.get(name)} uninterrupted)"
+    return ""
+
+
 # What a task leaves to its piece (scratchflow.piece), found in its code: each duty's test of one
 # use of a name (fully qualified where the module imported it) by an import, a call or a reference.
 SIGNAL_HANDLERS = {
@@ -454,6 +515,17 @@ def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | No
         "a halving search's rung": lambda work: check_rung(config, work),
         "its piece's duties left to it": lambda work: check_leaves_duties_to_its_piece(loaded_file(task)),
     }
+    if task == "command":  # a program's: the task's own module is scratchflow's
+        checks = {
+            name: check
+            for name, check in checks.items()
+            if name not in ("declarations", "its piece's duties left to it")
+        }
+        checks["resumed to the uninterrupted run's results"] = lambda work: check_resumes_exactly(
+            config, work, resumed[0] if resumed else None
+        )
+        if trainer_script.launched_script(config["training"]["command"]):
+            del checks["a halving search's rung"]  # not driven by the launcher (docs/tasks.md)
     with tempfile.TemporaryDirectory(prefix="check-task-") as folder:
         for number, (name, check) in enumerate(checks.items()):
             work = Path(folder) / f"check-{number}"

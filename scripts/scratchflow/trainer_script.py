@@ -172,11 +172,23 @@ def callbacks() -> list[Any]:
     from scratchflow.hf_trainer import StopWhenAsked
 
     class MarkComplete(TrainerCallback):
-        """After the Trainer has written a checkpoint's every file: COMPLETE, last."""
+        """After the Trainer has written a checkpoint's every file: COMPLETE, last. Never a second save
+        of a step already saved: after a stop, the Trainer's epoch-end save (save_strategy "epoch")
+        would write the checkpoint's files again while the piece copies it to shared storage."""
+
+        def __init__(self) -> None:
+            self.saved_step: int | None = None
+
+        def _once(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if control.should_save and state.global_step == self.saved_step:
+                control.should_save = False
+
+        on_step_end = on_epoch_end = _once
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.is_world_process_zero:
                 (Path(args.output_dir) / f"checkpoint-{state.global_step}" / CHECKPOINT_MARKER).touch()
+            self.saved_step = state.global_step
             piece().saved(state.global_step)
 
     class EvaluationLeavesRandomStateAlone(TrainerCallback):
