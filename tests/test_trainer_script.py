@@ -31,8 +31,9 @@ from conftest import (
     workflow_env,
     write_config,
 )
-from scratchflow import trainer_script
-from scratchflow.trainer_script import expanded, figures, flag_arguments, launched_script, script_problem
+from scratchflow import program, trainer_script
+from scratchflow.program import figures, flag_words
+from scratchflow.trainer_script import expanded, launched_script, script_problem
 
 pytestmark = pytest.mark.slow
 # The lines the helper depth changes in the script: each a line of the unchanged script, and its new text.
@@ -91,18 +92,8 @@ def test_the_script_with_its_helpers_changes_few_lines_and_killed_resumes_to_the
 ):
     """The helper depth: the script imports scratchflow.trainer_script and calls it; killed outright
     after a checkpoint, the next run resumes from it to the same weights and metrics."""
-    script = (TRAINER_SCRIPT_LAB / "train.py").read_text()
-    changed = script
-    for line, replacement in WITH_HELPERS.items():
-        assert line in changed, line
-        changed = changed.replace(line, replacement)
-    diff = [
-        line
-        for line in difflib.unified_diff(script.splitlines(), changed.splitlines(), lineterm="", n=0)
-        if line[:1] in "+-" and not line.startswith(("+++", "---"))
-    ]
-    removed, added = (len([line for line in diff if line.startswith(sign)]) for sign in "-+")
-    assert max(removed, added) <= 10, diff
+    changed, lines = changed_lines((TRAINER_SCRIPT_LAB / "train.py").read_text(), WITH_HELPERS)
+    assert lines <= 10
     helped = tmp_path / "train.py"
     helped.write_text(changed)
     config = script_config(news_csv, tiny_model, tmp_path / "scratch", helped)
@@ -201,11 +192,7 @@ def test_the_launchers_words_are_the_pieces_variables_and_its_flag_parameters():
         "${HOME}",
     ]
     run = {"learning_rate": 0.1, "max_length": 48, "lowercase": True, "fp16_off": False}
-    assert flag_arguments(run, {"max_length", "lowercase", "fp16_off"}, {"learning_rate"}) == [
-        "--lowercase",
-        "--max-length",
-        "48",
-    ]
+    assert flag_words(run, {"--max-length", "--lowercase", "--fp16_off"}) == ["--lowercase", "--max-length", "48"]
     assert launched_script([*LAUNCHED, "train.py", "--data", "x"]) == "train.py"
     assert launched_script(["python", "train.py"]) is None
 
@@ -236,7 +223,7 @@ def test_a_step_saved_at_a_stop_is_not_saved_again_by_the_trainers_epoch_end_sav
 
     monkeypatch.setenv("SCRATCHFLOW_RUN_ID", "script0000")
     monkeypatch.setenv("SCRATCHFLOW_STOP_FILE", str(tmp_path / "stop-requested"))
-    monkeypatch.setattr(trainer_script, "_piece", None)
+    monkeypatch.setattr(program, "_piece", None)
     with contextlib.ExitStack() as handlers:
         for number in (signal.SIGUSR1, signal.SIGTERM):  # the callbacks listen: put back after
             handlers.callback(signal.signal, number, signal.getsignal(number))
@@ -254,3 +241,80 @@ def test_a_step_saved_at_a_stop_is_not_saved_again_by_the_trainers_epoch_end_sav
     state.global_step, control.should_save = 7, True
     mark_complete.on_step_end(arguments, state, control)
     assert control.should_save, "a step not saved yet is saved"
+
+
+# The lines the helper depth changes in the plain-PyTorch script (tests/trainer_script_lab/plain_train.py).
+PLAIN_WITH_HELPERS = {
+    "import torch\n": "import torch\nfrom scratchflow import program as scratchflow\n",
+    "args = parser.parse_args()\n": "args = parser.parse_args(scratchflow.arguments(parser))\n",
+    "frame = pd.read_csv(args.data)\n": "frame = pd.read_csv(scratchflow.data_file(args.data))\n",
+    "if args.resume:\n    state = torch.load(args.resume)\n": (
+        'if resume := scratchflow.resume_from(args.resume, "checkpoint.pt"):\n    state = torch.load(resume)\n'
+    ),
+    "    if step % args.save_every == 0 or step == steps:\n": (
+        "    if scratchflow.checkpoint_due(step, steps, by_hand=step % args.save_every == 0 or step == steps):\n"
+    ),
+    '        torch.save({**state, "rng": torch.get_rng_state()}, args.checkpoint)\n': (
+        '        scratchflow.save({**state, "rng": torch.get_rng_state()}, step, by_hand=args.checkpoint)\n'
+    ),
+    "torch.save(model.state_dict(), args.out)\n": "torch.save(model.state_dict(), scratchflow.output_file(args.out))\n",
+    "    json.dump(metrics, file)\n": "    json.dump(metrics, file)\nscratchflow.write_metrics(metrics)\n",
+}
+
+
+def changed_lines(script: str, changes: dict[str, str]) -> tuple[str, int]:
+    """`script` with `changes` made, and the most lines the diff removes or adds."""
+    changed = script
+    for line, replacement in changes.items():
+        assert line in changed, line
+        changed = changed.replace(line, replacement)
+    diff = [
+        line
+        for line in difflib.unified_diff(script.splitlines(), changed.splitlines(), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    return changed, max(len([line for line in diff if line.startswith(sign)]) for sign in "-+")
+
+
+def test_a_plain_pytorch_script_with_its_helpers_paused_resumes_to_the_uninterrupted_weights(tmp_path):
+    """The plain-PyTorch script, changed by at most 10 lines to use scratchflow.program, runs by hand
+    as before, and under scratchflow pauses on the stop signal and resumes to the weights and
+    metrics of the same run uninterrupted."""
+    helped, lines = changed_lines((TRAINER_SCRIPT_LAB / "plain_train.py").read_text(), PLAIN_WITH_HELPERS)
+    assert lines <= 10
+    (tmp_path / "train.py").write_text(helped)
+    data = REPO / "tests" / "plain_pytorch_lab" / "data" / "numbers.csv"
+    by_hand = subprocess.run(
+        [sys.executable, "train.py", "--data", str(data), "--epochs", "2"],
+        cwd=tmp_path,
+        env={**workflow_env(), "PYTHONPATH": str(REPO / "scripts")},
+        capture_output=True,
+        text=True,
+    )
+    assert by_hand.returncode == 0, by_hand.stderr
+    assert {path.name for path in tmp_path.iterdir()} >= {"checkpoint.pt", "model.pt", "metrics.json"}, "as before"
+
+    config = {
+        "task": "command",
+        "dataset": {"name": "numbers", "path": str(data), "format": "csv"},
+        "training": {"command": ["python", "train.py"], "lr": 0.05, "epochs": 800, "seed": 3},
+        "grid": {"seed": [3]},
+        "aggregate": {"metric": "train_loss", "goal": "min"},
+        "checkpointing": {"every_steps": 200, "keep": 2},
+    }
+    reference, paused = tmp_path / "uninterrupted", tmp_path / "paused"
+    for workdir in (reference, paused):
+        workdir.mkdir()
+        (workdir / "train.py").write_text(helped)
+        write_config(workdir, {**config, "cluster": {"scratch_root": str(workdir / "scratch")}})
+    run_workflow(reference)
+    workflow = start_workflow(paused)
+    wait_for_shared_checkpoint(paused, workflow)
+    os.kill(job_process(paused), signal.SIGUSR1)
+    output = workflow.communicate(timeout=600)[0]
+    assert workflow.returncode == 0, output[-3000:]
+    first, second = json.loads((one_run(paused) / "record.json").read_text())["pieces"]
+    assert (first["outcome"], first["signal"]) == ("paused", "SIGUSR1"), output[-3000:]
+    assert first["reached_step"] == second["resumed_from_step"] > 0
+    for name in ("metrics.json", "model/model.pt"):
+        assert (one_run(paused) / name).read_bytes() == (one_run(reference) / name).read_bytes(), name

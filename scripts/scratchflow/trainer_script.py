@@ -5,9 +5,9 @@ the stop signal and exact resume, in two depths (docs/tasks.md, "Your Hugging Fa
   script as `__main__` with the Trainer patched before it starts (`launch`): the run's parameters
   that name `TrainingArguments` fields replace the script's values, its checkpoints go to the piece's
   scratch, the callbacks below join every Trainer, `train()` resumes from the piece's checkpoint,
-  `save_model()` saves into the run's output folder, and the
-  last evaluation's and prediction's figures become its `metrics.json`. Words `${SCRATCHFLOW_...}` in
-  the command's arguments are the piece's variables (`--data ${SCRATCHFLOW_DATA_FILE}`).
+  `save_model()` saves into the run's output folder, and the last evaluation's and prediction's
+  figures become its `metrics.json`. Words `${SCRATCHFLOW_...}` in the command's arguments are the
+  piece's variables (`--data ${SCRATCHFLOW_DATA_FILE}`).
 - **A few lines**: the script imports this module and calls `training_arguments`, `callbacks`,
   `resume_from`, `output_dir`, `write_metrics` (and `data_file`, `model_dir`, `params`) itself.
 
@@ -24,67 +24,37 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import logging
 import os
 import random
 import re
 import runpy
-import signal
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scratchflow.schedule import CheckpointInterval, CheckpointSchedule
-from scratchflow.signals import stop_signals
+# The helpers a script calls at the few-lines depth, framework-free, are scratchflow.program's.
+from scratchflow.program import (  # noqa: F401
+    CHECKPOINT_MARKER,
+    data_dir,
+    data_file,
+    end_if_stopped,
+    flag_of,
+    flag_words,
+    model_dir,
+    output_dir,
+    params,
+    piece,
+    resume_from,
+    under_scratchflow,
+    write_metrics,
+)
 
 log = logging.getLogger("scratchflow.trainer_script")
 
 MODULE = "scratchflow.trainer_script"
-CHECKPOINT_MARKER = "COMPLETE"  # the command task's: the last file of a checkpoint
-# An evaluation's figures that time it, not the model: never the same twice.
-TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "model_preparation_time", "epoch")
 VARIABLE = re.compile(r"\$\{(SCRATCHFLOW_[A-Z_]+)\}")
-
-
-def under_scratchflow(environ: Mapping[str, str] = os.environ) -> bool:
-    return bool(environ.get("SCRATCHFLOW_RUN_ID"))
-
-
-def params() -> dict[str, Any]:
-    """The run's parameters (its `training:` keys but `command`); {} by hand."""
-    path = os.environ.get("SCRATCHFLOW_PARAMS")
-    return json.loads(Path(path).read_text()) if path else {}
-
-
-def data_file(by_hand: str | Path) -> str:
-    """The run's one-file dataset on node-local scratch; `by_hand` outside scratchflow."""
-    return os.environ.get("SCRATCHFLOW_DATA_FILE") or str(by_hand)
-
-
-def data_dir(by_hand: str | Path) -> str:
-    """The run's data folder on node-local scratch; `by_hand` outside scratchflow."""
-    return os.environ.get("SCRATCHFLOW_DATA_DIR") or str(by_hand)
-
-
-def model_dir(by_hand: str) -> str:
-    """The config's prefetched model (`model:`); `by_hand` (a hub id, a folder) outside scratchflow."""
-    return os.environ.get("SCRATCHFLOW_MODEL_DIR") or by_hand
-
-
-def output_dir(by_hand: str | Path) -> str:
-    """Where the trained model goes: the run's output folder, synced back to results/runs/<run_id>/model/."""
-    return os.environ.get("SCRATCHFLOW_OUTPUT_DIR") or str(by_hand)
-
-
-def resume_from(by_hand: str | bool | None = None) -> str | bool | None:
-    """The piece's newest complete checkpoint (None on a first start); `by_hand` outside scratchflow.
-    Never `True`: the Trainer's own choice takes the newest folder, complete or half-written."""
-    if not under_scratchflow():
-        return by_hand
-    return os.environ.get("SCRATCHFLOW_RESUME_FROM") or None
 
 
 def argument_overrides(fields: set[str], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -104,61 +74,6 @@ def training_arguments(**fields: Any) -> Any:
     if under_scratchflow():
         fields = {**fields, **argument_overrides(set(TrainingArguments.__dataclass_fields__))}
     return TrainingArguments(**fields)
-
-
-class StopRequest:
-    """The stop signal and SIGTERM, heard as a flag (Slurm may send one twice: a flag, never a second
-    save at once); the stop file too, for a stop that came before the handlers were set."""
-
-    def __init__(self) -> None:
-        self.signal: str | None = None
-        self.stop_file = Path(os.environ.get("SCRATCHFLOW_STOP_FILE", "")) if under_scratchflow() else None
-        for number in stop_signals():
-            signal.signal(number, self._receive)
-
-    def _receive(self, number: int, _frame: Any) -> None:
-        if self.signal is None:
-            log.warning("%s received: saving a checkpoint after this step, then pausing", signal.Signals(number).name)
-        self.signal = signal.Signals(number).name
-
-    @property
-    def asked(self) -> bool:
-        if self.signal is None and self.stop_file is not None and self.stop_file.is_file():
-            self.signal = self.stop_file.read_text() or "a stop request"
-        return self.signal is not None
-
-
-class ProgramPiece:
-    """What scratchflow.hf_trainer.StopWhenAsked asks of a piece, answered inside the program: whether
-    to stop (the signals), whether a checkpoint is due (SCRATCHFLOW_SAVE_EVERY_SECONDS and _STEPS)."""
-
-    budget_epochs = None  # a halving search's rungs are not driven here
-
-    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
-        steps = environ.get("SCRATCHFLOW_SAVE_EVERY_STEPS")
-        minutes = float(environ.get("SCRATCHFLOW_SAVE_EVERY_SECONDS", "600")) / 60
-        self.schedule = CheckpointSchedule(CheckpointInterval(minutes, int(steps) if steps else None))
-        self.stop = StopRequest()
-
-    def stop_requested(self) -> bool:
-        return self.stop.asked
-
-    def checkpoint_due(self, step: int) -> bool:
-        return self.schedule.due(step)
-
-    def saved(self, step: int) -> None:
-        self.schedule.published(step, time.monotonic())
-
-
-_piece: ProgramPiece | None = None
-
-
-def piece() -> ProgramPiece:
-    """This program's one ProgramPiece: its signal handlers are set once."""
-    global _piece
-    if _piece is None:
-        _piece = ProgramPiece()
-    return _piece
 
 
 def callbacks() -> list[Any]:
@@ -243,40 +158,6 @@ def restore_random_states(states: tuple[Any, ...]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def stopped() -> bool:
-    """Whether the piece was asked to stop: its checkpoint is saved, the program ends as a pause."""
-    return under_scratchflow() and piece().stop.asked
-
-
-def end_if_stopped() -> None:
-    """A stopped piece ends here (exit 0, no metrics.json: paused), as its training ends."""
-    if stopped():
-        log.warning("paused at the checkpoint just saved: the next piece resumes from it")
-        raise SystemExit(0)
-
-
-def figures(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """An evaluation's or prediction's figures about the model (`eval_accuracy`, `test_loss`, …),
-    without its timings."""
-    return {
-        name: float(value)
-        for name, value in metrics.items()
-        if isinstance(value, int | float) and name.split("_", 1)[-1] not in TIMINGS and name != "epoch"
-    }
-
-
-def write_metrics(*evaluations: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The run's metrics.json: the figures of the evaluations given (later ones win); nothing by hand.
-    Returns the last evaluation, so that it wraps a call: `print(write_metrics(trainer.evaluate()))`."""
-    folder = os.environ.get("SCRATCHFLOW_OUTPUT_DIR")
-    if folder:
-        merged: dict[str, float] = {}
-        for evaluation in evaluations:
-            merged.update(figures(evaluation))
-        (Path(folder) / "metrics.json").write_text(json.dumps(merged, indent=2, sort_keys=True))
-    return evaluations[-1] if evaluations else {}
-
-
 # The launcher: the script unchanged.
 
 
@@ -295,16 +176,15 @@ def training_argument_fields() -> set[str]:
     }
 
 
-def script_flags(tree: ast.AST) -> set[str]:
-    """The `--flags` a script's argparse declares (`add_argument("--learning-rate", ...)`), as keys
-    (`learning_rate`)."""
-    flags = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
-            for argument in node.args:
-                if isinstance(argument, ast.Constant) and str(argument.value).startswith("--"):
-                    flags.add(str(argument.value)[2:].replace("-", "_"))
-    return flags
+def script_options(tree: ast.AST) -> set[str]:
+    """The `--options` a script's argparse declares (`add_argument("--max-length", ...)`)."""
+    return {
+        str(argument.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"
+        for argument in node.args
+        if isinstance(argument, ast.Constant) and str(argument.value).startswith("--")
+    }
 
 
 def makes_a_trainer(tree: ast.AST) -> bool:
@@ -330,8 +210,8 @@ def script_problem(script: Path, keys: list[str]) -> str | None:
         return f"{script} does not parse ({error.msg}, line {error.lineno})"
     if not makes_a_trainer(tree):
         return f"{script} makes no Trainer (no call of a class named *Trainer): use task: command without {MODULE}"
-    fields, flags = training_argument_fields(), script_flags(tree)
-    unknown = [key for key in keys if key not in fields and key not in flags]
+    fields, options = training_argument_fields(), script_options(tree)
+    unknown = [key for key in keys if key not in fields and flag_of(key, options) is None]
     if unknown:
         return (
             f"training.{unknown[0]}: {MODULE} gives a parameter to the Trainer's TrainingArguments field of "
@@ -343,16 +223,6 @@ def script_problem(script: Path, keys: list[str]) -> str | None:
 def expanded(words: list[str], environ: Mapping[str, str] = os.environ) -> list[str]:
     """`${SCRATCHFLOW_...}` in the command's words: the piece's variables."""
     return [VARIABLE.sub(lambda match: environ.get(match.group(1), ""), word) for word in words]
-
-
-def flag_arguments(run: Mapping[str, Any], flags: set[str], fields: set[str]) -> list[str]:
-    """The run's parameters that are the script's flags and no TrainingArguments field, as arguments."""
-    words: list[str] = []
-    for key, value in sorted(run.items()):
-        if key in flags and key not in fields:
-            flag = f"--{key.replace('_', '-')}"
-            words += [flag] if value is True else [] if value is False else [flag, str(value)]
-    return words
 
 
 class Launched:
@@ -396,7 +266,8 @@ class Launched:
             launched.predicted = output.metrics or {}
             return output
 
-        def trainer_save_model(self: Any, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        # The Trainer's own parameter names, `output_dir` (shadowing the helper's) included.
+        def trainer_save_model(self: Any, output_dir: str | None = None, _internal_call: bool = False) -> None:  # noqa: F811
             if _internal_call:  # a checkpoint's model
                 save_model(self, output_dir, _internal_call)
                 return
@@ -438,8 +309,9 @@ def launch(argv: list[str]) -> None:
         log.setLevel(logging.INFO)
         from transformers import TrainingArguments
 
-        tree = ast.parse(script.read_text())
-        words += flag_arguments(params(), script_flags(tree), set(TrainingArguments.__dataclass_fields__))
+        fields = set(TrainingArguments.__dataclass_fields__)  # a parameter that names one goes there, not to a flag
+        run = {key: value for key, value in params().items() if key not in fields}
+        words += flag_words(run, script_options(ast.parse(script.read_text())))
         launched = Launched()
         launched.patch()
     sys.argv = [str(script), *words]
