@@ -14,7 +14,8 @@
 #   about 8 minutes in all) runs beside what is left, instead of in them;
 # - once the others or the Slurm tests end, another core is free: `once_a_side_ends` (the
 #   two-process tests, about 2½ minutes that would otherwise run last in the others' lane, on one
-#   core while the other had nothing left to do) runs beside what is left;
+#   core while the other had nothing left to do, and a lab's Trainer and plain-PyTorch scripts',
+#   about 3 minutes, their reference trained by the others first) runs beside what is left;
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
 #   go beside them says nothing (rsync 0.36 s against stage-in 0.89 s beside an image build).
 # Options (not test paths) go to every one.
@@ -28,7 +29,7 @@ once_a_core_frees=(
     tests/test_config_validation.py tests/test_lab_pipeline.py tests/test_retrain.py tests/test_search.py
     tests/test_gpu_benchmark.py
 )
-once_a_side_ends=(tests/test_distributed.py)
+once_a_side_ends=(tests/test_distributed.py tests/test_trainer_script.py)
 # Threads that wait for a partner sleep instead of spinning: both cores are busy for all of the suite,
 # and torch's default (OpenMP spinning) made a 2-thread process beside others take a core its partner
 # needed (benchmarks/README.md, section 12: the same weights, bit for bit, in less time).

@@ -44,6 +44,7 @@ from scratchflow.dataset import (
     resolve_location,
     share_package_locations,
 )
+from scratchflow.files import read_json
 from scratchflow.ledger import RunLedger
 from scratchflow.piece import Paused, Piece, PieceOutcome, PieceSpec, restore
 from scratchflow.schedule import CheckpointInterval
@@ -381,8 +382,8 @@ def different_files(mine: Path, theirs: Path) -> list[str]:
 def metrics_difference(resumed: Path, uninterrupted: Path) -> str:
     """The first figure that differs between two metrics files, as ` (name: resumed against uninterrupted)`."""
     try:
-        mine, theirs = yaml.safe_load(resumed.read_text()), yaml.safe_load(uninterrupted.read_text())
-    except (OSError, yaml.YAMLError):
+        mine, theirs = read_json(resumed), read_json(uninterrupted)
+    except (OSError, ValueError):
         return ""
     if not (isinstance(mine, dict) and isinstance(theirs, dict)):
         return ""
