@@ -181,8 +181,10 @@ def run_workflow(
 
 
 def start_workflow(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """The README's local command, in the background, in a process group of its own; `env` adds to
-    the environment."""
+    """The README's local command, in the background, in a process group of its own, with SIGINT at
+    its default as a terminal starts it (tests/run_all.sh runs pytest as a shell's background job,
+    which ignores SIGINT, and a Ctrl-C sent to the group would do nothing); `env` adds to the
+    environment."""
     return subprocess.Popen(
         snakemake_command(*args),
         cwd=workdir,
@@ -191,6 +193,7 @@ def start_workflow(workdir: Path, *args: str, env: dict[str, str] | None = None)
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

@@ -183,10 +183,15 @@ def test_the_data_dir_is_always_a_folder_and_a_one_file_dataset_is_named_beside_
     assert data_locations(splits) == (tmp_path / "staged", None)
 
 
-def test_ctrl_c_of_a_local_grid_leaves_no_process_of_a_silent_program_and_records_where_it_was(tmp_path, bbc_subset):
+@pytest.mark.parametrize("interruption", ["Ctrl-C", "SIGKILL to its job"])
+def test_a_silent_programs_processes_end_with_its_piece_however_the_piece_is_interrupted(
+    interruption, tmp_path, bbc_subset
+):
     """A terminal's Ctrl-C reaches the workflow's process group, not the program's own session: the
-    piece ends the program's group as it ends, so nothing trains on as an orphan, holding its node's
-    GPU and writing into a scratch folder nobody removes."""
+    piece ends the program's group as it ends, and records where it was. A job killed outright
+    (SIGKILL: no handler runs) takes its program with it (the parent-death signal). Either way
+    nothing trains on as an orphan, holding its node's GPU and writing into a scratch folder nobody
+    removes."""
     program = tmp_path / "silent_program.py"
     program.write_text(SILENT_PROGRAM)
     write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch", command=["python", str(program)]))
@@ -196,18 +201,27 @@ def test_ctrl_c_of_a_local_grid_leaves_no_process_of_a_silent_program_and_record
         while not list(tmp_path.glob("checkpoints/*/checkpoint-*/COMPLETE")):
             assert time.monotonic() < deadline and workflow.poll() is None, workflow.communicate()[0][-4000:]
             time.sleep(0.05)
-        assert processes_matching(str(program)), "the program trains"
+        training = set(processes_matching(str(program)))
+        assert training, "the program trains"
         job = job_process(tmp_path)
-        os.killpg(workflow.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: its foreground group
-        output = workflow.communicate(timeout=120)[0]
+        if interruption == "Ctrl-C":
+            os.killpg(workflow.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: its foreground group
+            output = workflow.communicate(timeout=120)[0]
+        else:
+            os.kill(job, signal.SIGKILL)
+            output = ""
         wait_until_gone(job, seconds=60)
+        deadline = time.monotonic() + 10
+        while training & set(processes_matching(str(program))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        outlived = training & set(processes_matching(str(program)))
     finally:
         with contextlib.suppress(ProcessLookupError):  # its group ended with it
             os.killpg(workflow.pid, signal.SIGKILL)
-    leftovers = processes_matching(str(program))
-    with contextlib.suppress(ProcessLookupError):
-        for pid in leftovers:
-            os.kill(pid, signal.SIGKILL)
-    assert leftovers == {}, f"the program outlived its piece:\n{output[-4000:]}"
-    (record,) = read_json(next(tmp_path.glob("checkpoints/*/pieces.json")))
-    assert record["outcome"] == "interrupted" and record["reached_step"] >= 20, record
+        for pid in processes_matching(str(program)):  # in a session of its own: nothing above reached it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not outlived, f"the program outlived its piece:\n{output[-4000:]}"
+    if interruption == "Ctrl-C":
+        (record,) = read_json(next(tmp_path.glob("checkpoints/*/pieces.json")))
+        assert record["outcome"] == "interrupted" and record["reached_step"] >= 20, record

@@ -105,6 +105,25 @@ def _start_as_launcher() -> None:
     signals.ignore_stop_signal()
 
 
+# A program run through this dies with the process that started it (its parent, here the job; `argv`
+# after the parent's pid): it sets the parent-death signal, makes sure its parent did not die before
+# that, then becomes the program (exec keeps the signal and the pid). A job killed outright (SIGKILL,
+# which no handler sees; its own Ctrl-C path ends the group itself) leaves no program training on as
+# an orphan. Not a preexec_fn: it runs where the job has threads (the checkpoint watcher).
+DIES_WITH_ITS_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(128 + signal.SIGKILL)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def dying_with_this_process(argv: list[str]) -> list[str]:
+    """`argv`, run so that it dies when this process does (DIES_WITH_ITS_PARENT)."""
+    return [sys.executable, "-c", DIES_WITH_ITS_PARENT, str(os.getpid()), *argv]
+
+
 def run_program(
     argv: list[str],
     env: dict[str, str],
@@ -118,7 +137,8 @@ def run_program(
     checkpoint watcher); `stop_when`, asked as it runs, returns a reason to stop the program (the
     watcher's failed copy: a program that cannot have its checkpoints saved trains on for nothing).
     What the program leaves running in its group is killed at the end, however it ends (an
-    exception here, a Ctrl-C's KeyboardInterrupt included).
+    exception here, a Ctrl-C's KeyboardInterrupt included); killed outright, this process takes the
+    program with it (DIES_WITH_ITS_PARENT).
 
     The program starts with the default stop signals: the rule's Snakemake ignores the stop signal
     (`checkpointing.stop_signal`), which would stay ignored across exec, but here both it and TERM are
@@ -130,7 +150,7 @@ def run_program(
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     with stop.installed(), alongside or contextlib.nullcontext():
         process = subprocess.Popen(
-            argv,
+            argv if stop.to_children else dying_with_this_process(argv),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
