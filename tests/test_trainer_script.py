@@ -63,6 +63,19 @@ def wait_for_shared_checkpoint(workdir: Path, workflow: subprocess.Popen) -> Non
         time.sleep(0.05)
 
 
+def paused_by_usr1_and_resumed(workdir: Path) -> None:
+    """The one run of `workdir`'s grid, sent USR1 once a checkpoint is on shared storage: paused at a
+    checkpoint, and resumed from it by the local profile's retry to its end."""
+    workflow = start_workflow(workdir)
+    wait_for_shared_checkpoint(workdir, workflow)
+    os.kill(job_process(workdir), signal.SIGUSR1)
+    output = workflow.communicate(timeout=600)[0]
+    assert workflow.returncode == 0, output[-3000:]
+    first, second = json.loads((one_run(workdir) / "record.json").read_text())["pieces"]
+    assert (first["outcome"], first["signal"]) == ("paused", "SIGUSR1"), output[-3000:]
+    assert first["reached_step"] == second["resumed_from_step"] > 0
+
+
 def test_an_unchanged_script_paused_by_the_stop_signal_resumes_to_the_uninterrupted_weights_and_metrics(
     tmp_path, news_csv, tiny_model, uninterrupted_script_run
 ):
@@ -75,15 +88,7 @@ def test_an_unchanged_script_paused_by_the_stop_signal_resumes_to_the_uninterrup
     assert (reference / "model" / "tokenizer.json").is_file(), "save_model() saved into the run's model folder"
 
     write_config(tmp_path, script_config(news_csv, tiny_model, tmp_path / "scratch", TRAINER_SCRIPT_LAB / "train.py"))
-    workflow = start_workflow(tmp_path)
-    wait_for_shared_checkpoint(tmp_path, workflow)
-    os.kill(job_process(tmp_path), signal.SIGUSR1)
-    output = workflow.communicate(timeout=600)[0]
-    assert workflow.returncode == 0, output[-3000:]
-
-    first, second = json.loads((one_run(tmp_path) / "record.json").read_text())["pieces"]
-    assert (first["outcome"], first["signal"]) == ("paused", "SIGUSR1"), output[-3000:]
-    assert first["reached_step"] == second["resumed_from_step"] > 0
+    paused_by_usr1_and_resumed(tmp_path)
     assert different_results(tmp_path, uninterrupted_script_run) == []
     assert not (tmp_path / "final_model").exists() and not (tmp_path / "out").exists(), "nothing on shared storage"
 
@@ -320,13 +325,6 @@ def test_a_plain_pytorch_script_with_its_helpers_paused_resumes_to_the_uninterru
         (workdir / "train.py").write_text(helped)
         write_config(workdir, {**config, "cluster": {"scratch_root": str(workdir / "scratch")}})
     run_workflow(reference)
-    workflow = start_workflow(paused)
-    wait_for_shared_checkpoint(paused, workflow)
-    os.kill(job_process(paused), signal.SIGUSR1)
-    output = workflow.communicate(timeout=600)[0]
-    assert workflow.returncode == 0, output[-3000:]
-    first, second = json.loads((one_run(paused) / "record.json").read_text())["pieces"]
-    assert (first["outcome"], first["signal"]) == ("paused", "SIGUSR1"), output[-3000:]
-    assert first["reached_step"] == second["resumed_from_step"] > 0
+    paused_by_usr1_and_resumed(paused)
     for name in ("metrics.json", "model/model.pt"):
         assert (one_run(paused) / name).read_bytes() == (one_run(reference) / name).read_bytes(), name
