@@ -34,6 +34,7 @@ from conftest import (
 from scratchflow import program, trainer_script
 from scratchflow.contract import different_files, metrics_difference
 from scratchflow.program import figures, flag_words
+from scratchflow.tasks.command import check_settings
 from scratchflow.trainer_script import expanded, launched_script, script_problem
 
 pytestmark = pytest.mark.slow
@@ -190,11 +191,15 @@ def test_a_script_the_launcher_cannot_drive_is_refused_in_one_line(tmp_path):
     plain = tmp_path / "loop.py"
     plain.write_text("import torch\nfor step in range(10):\n    pass\n")
     assert script_problem(plain, []) == (
-        f"{plain} makes no Trainer (no call of a class named *Trainer): use task: command without "
+        f"training.command: {plain} makes no Trainer (no call of a class named *Trainer): use task: command without "
         "scratchflow.trainer_script"
     )
     script = TRAINER_SCRIPT_LAB / "train.py"
     assert script_problem(script, ["learning_rate", "seed", "max_length"]) is None, "a field, a field, a flag"
+    config = {"training": {"command": [*LAUNCHED, str(script)], "dropout": 0.1}, "grid": {"dropout": [0.1]}}
+    with pytest.raises(ValueError) as refused:  # as the workflow's start-up checks it: one line, one key
+        check_settings(config)
+    assert str(refused.value).startswith("training.dropout: scratchflow.trainer_script gives")
     assert script_problem(script, ["dropout"]) == (
         "training.dropout: scratchflow.trainer_script gives a parameter to the Trainer's TrainingArguments field "
         "of its name or to the script's --dropout flag, and train.py has neither"

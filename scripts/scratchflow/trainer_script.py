@@ -202,14 +202,17 @@ def launched_script(argv: list[str]) -> str | None:
 
 
 def script_problem(script: Path, keys: list[str]) -> str | None:
-    """Why the launcher cannot drive `script` with the run's parameters `keys`, in one line; None if it
-    can. Each key must name a TrainingArguments field or a flag of the script's."""
+    """Why the launcher cannot drive `script` with the run's parameters `keys`, in one line naming the
+    config key; None if it can. Each key must name a TrainingArguments field or a flag of the script's."""
     try:
         tree = ast.parse(script.read_text(), str(script))
     except SyntaxError as error:
-        return f"{script} does not parse ({error.msg}, line {error.lineno})"
+        return f"training.command: {script} does not parse ({error.msg}, line {error.lineno})"
     if not makes_a_trainer(tree):
-        return f"{script} makes no Trainer (no call of a class named *Trainer): use task: command without {MODULE}"
+        return (
+            f"training.command: {script} makes no Trainer (no call of a class named *Trainer): use task: command "
+            f"without {MODULE}"
+        )
     fields, options = training_argument_fields(), script_options(tree)
     unknown = [key for key in keys if key not in fields and flag_of(key, options) is None]
     if unknown:

@@ -105,7 +105,7 @@ def check_settings(config: dict[str, Any]) -> None:
             raise ValueError(f"training.command: {trainer_script.MODULE} would run {script!r}, which is not here")
         problem = trainer_script.script_problem(Path(script).expanduser(), sorted(set(training) - {"command"}))
         if problem:
-            raise ValueError(f"training.command: {problem}")
+            raise ValueError(problem)
     section = "grid" if "grid" in config else "search.space"
     unknown = sorted(set(swept_keys(config)) - set(training))
     if unknown:
