@@ -43,7 +43,7 @@ PROGRESS_FILE = "progress.json"
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a piece's times, as its entry holds them
 # A piece's outcome, besides the error that ended it and "killed by <signal>" (outcome_of).
 RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED = "running", "finished", "paused", "killed", "superseded"
-INTERRUPTED = "interrupted"  # by Ctrl-C on the machine it ran on (older records: "KeyboardInterrupt: ")
+INTERRUPTED = "interrupted"  # by Ctrl-C on the machine it ran on
 # What a paused piece was doing when the stop came.
 Phase = Literal["staging", "training", "syncing"]
 
@@ -92,7 +92,13 @@ def piece_records(listed: list[dict[str, Any]]) -> list[PieceRecord]:
 _OLD_PAUSE = re.compile(r"TrainingStopped: stopped on (.+?)(?: at step| while | before | and paused|;|$)")
 
 
+# How scratchflow 0.3 and before said a piece that Ctrl-C ended.
+_OLD_CTRL_C = "KeyboardInterrupt: "
+
+
 def _upgraded(entry: dict[str, Any]) -> dict[str, Any]:
+    if entry.get("outcome") == _OLD_CTRL_C:
+        return {**entry, "outcome": INTERRUPTED}
     said = _OLD_PAUSE.match(entry.get("outcome", ""))
     if said is None:
         return entry

@@ -47,8 +47,6 @@ STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", 
 # (cluster.pack_runs: the runs of a pack are found through the job id their checkpoints name).
 COMMENT_PREFIX = "rule_"
 FAILED_MARK = "ERROR scratchflow: job failed: "
-# The outcome of a piece that Ctrl-C ended: on this machine its SIGINT reaches the jobs too.
-INTERRUPTED_BY_CTRL_C = (INTERRUPTED, "KeyboardInterrupt")  # the second: as records before 0.4 said it
 
 
 @dataclass(frozen=True)
@@ -255,9 +253,9 @@ def _last_piece_status(
         return RunStatus(
             run_id, "paused", f"piece {last.piece} {stopped}{requeued}; the next piece {resumes}{queued}", piece_log
         )
-    if last.outcome == RUNNING or last.outcome.startswith((KILLED, *INTERRUPTED_BY_CTRL_C)):
-        ctrl_c = last.outcome.startswith(INTERRUPTED_BY_CTRL_C)
-        how = KILLED if last.outcome == RUNNING else "interrupted by Ctrl-C" if ctrl_c else last.outcome
+    # A piece that Ctrl-C ended (on this machine its SIGINT reaches the jobs too), or one killed.
+    if last.outcome in (RUNNING, INTERRUPTED) or last.outcome.startswith(KILLED):
+        how = {RUNNING: KILLED, INTERRUPTED: "interrupted by Ctrl-C"}.get(last.outcome, last.outcome)
         return RunStatus(
             run_id,
             "interrupted",
