@@ -15,7 +15,7 @@ process as a cluster job would, its scratch on another disk) for each kind of ta
   run per 10 seconds of training, whatever the task calls;
 - the end: sync back, record, release of the lease.
 
-    python benchmarks/shared_storage.py [--tasks mlp-every-step,mlp,text,command] [--json FILE]
+    python benchmarks/shared_storage.py [--tasks mlp-every-step,mlp,text,command,trainer-script] [--json FILE]
 """
 
 from __future__ import annotations
@@ -84,6 +84,27 @@ def command_setting(folder: Path, epochs: int) -> dict[str, Any]:
     return {"task": "command", "dataset": dataset, "training": training, "aggregate": aggregate}
 
 
+def trainer_script_setting(folder: Path, epochs: int) -> dict[str, Any]:
+    """A lab's Hugging Face Trainer script, unchanged, through scratchflow.trainer_script
+    (tests/trainer_script_lab/train.py: the text setting's tiny BERT and articles, as one CSV)."""
+    import csv
+
+    text = text_setting(folder, epochs)
+    table = folder / "articles.csv"
+    with open(table, "w", newline="") as file:
+        rows = csv.writer(file)
+        rows.writerow(["text", "label"])
+        for article in sorted(Path(text["dataset"]["path"]).rglob("*.txt")):
+            rows.writerow([article.read_text(errors="replace"), article.parent.name])
+    script = REPO / "tests" / "trainer_script_lab" / "train.py"
+    launched = [sys.executable, "-m", "scratchflow.trainer_script", str(script)]
+    command = [*launched, "--data", "${SCRATCHFLOW_DATA_FILE}", "--model", "${SCRATCHFLOW_MODEL_DIR}"]
+    training = {"command": command, "num_train_epochs": epochs, "max_length": 32, "seed": 0}
+    dataset = {"name": "articles", "path": str(table), "format": "csv"}
+    aggregate = {"metric": "eval_accuracy", "goal": "max"}
+    return {"task": "command", "dataset": dataset, "training": training, "aggregate": aggregate, "model": text["model"]}
+
+
 # Each kind of task, with the epochs that train it for about a minute here.
 SETTINGS: dict[str, tuple[Callable[[Path, int], dict[str, Any]], int]] = {
     "mlp-every-step": (lambda folder, epochs: mlp_setting(folder, epochs, every_step=True), 12_000),
@@ -91,6 +112,7 @@ SETTINGS: dict[str, tuple[Callable[[Path, int], dict[str, Any]], int]] = {
     "text": (text_setting, 60),
     "image": (image_setting, 150),
     "command": (command_setting, 40),
+    "trainer-script": (trainer_script_setting, 40),
 }
 CHECKPOINTING = {"every_minutes": 10, "every_steps": 2000, "keep": 2, "stop_signal": "USR1", "stop_grace_seconds": 60}
 # The system calls counted, and what each is.

@@ -318,7 +318,10 @@ def launch(argv: list[str]) -> None:
         launched = Launched()
         launched.patch()
     sys.argv = [str(script), *words]
-    sys.path.insert(0, str(script.resolve().parent))  # as `python script.py` has it
+    # The script's folder first, as `python script.py` has it, instead of the working directory that
+    # `-m` put there: on a cluster that is the shared folder, and every import the script makes
+    # would look into it first (1,295 stats in a minute of a tiny BERT's training, benchmarks 18).
+    sys.path[0] = str(script.resolve().parent)
     runpy.run_path(str(script), run_name="__main__")
     if launched is not None:
         launched.finish()
