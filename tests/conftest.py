@@ -269,7 +269,7 @@ def shared_references_first(request) -> None:
     both processes compare with are trained before its first test, while the Slurm tests start
     their cluster: the Slurm tests, the longer of the two, then find them ready."""
     if os.environ.get("SCRATCHFLOW_TEST_TRAINS_REFERENCES"):
-        for name in ("uninterrupted_long_run", "uninterrupted_command_run", "uninterrupted_script_run"):
+        for name in ("uninterrupted_long_run", "uninterrupted_command_run", "uninterrupted_script_runs"):
             request.getfixturevalue(name)
 
 
@@ -691,21 +691,37 @@ def script_config(data: Path, model: Path, scratch: Path | None, script: Path, *
 
 
 @pytest.fixture(scope="session")
-def uninterrupted_script_run(tmp_path_factory, news_csv, tiny_model) -> Path:
+def uninterrupted_script_runs(tmp_path_factory, news_csv, tiny_model) -> Path:
+    """script_config's run uninterrupted, with batches of 16 (the default) and of 32."""
+
     def train(workdir: Path) -> None:
-        write_config(workdir, script_config(news_csv, tiny_model, workdir / "scratch", TRAINER_SCRIPT_LAB / "train.py"))
+        script = TRAINER_SCRIPT_LAB / "train.py"
+        config = script_config(news_csv, tiny_model, workdir / "scratch", script, per_device_train_batch_size=[16, 32])
+        write_config(workdir, config)
         run_workflow(workdir)
 
     return built_once(tmp_path_factory, "uninterrupted-trainer-script", train)
 
 
-def different_results(workdir: Path, reference: Path) -> list[str]:
-    """The result files of the one run in `workdir` (its metrics and its model's weights) that differ
-    from `reference`'s, byte for byte."""
-    mine, theirs = one_run(workdir), one_run(reference)
+def run_with(workdir: Path, **setting) -> Path:
+    """The results folder of the run in `workdir` whose parameters hold `setting`."""
+    (run,) = (
+        run
+        for run in (workdir / "results" / "runs").iterdir()
+        if setting.items() <= json.loads((run / "params.json").read_text()).items()
+    )
+    return run
+
+
+def different_results(workdir: Path, reference: Path, **setting) -> list[str]:
+    """The result files (metrics, predictions, the model's weights) of the run in `workdir` with
+    `setting` (by default its one run with batches of 16) that differ from the same setting's run
+    in `reference`, byte for byte."""
+    setting = setting or {"per_device_train_batch_size": 16}
+    mine, theirs = run_with(workdir, **setting), run_with(reference, **setting)
     return [
         name
-        for name in ("metrics.json", "model/model.safetensors")
+        for name in ("metrics.json", "model/predictions.csv", "model/model.safetensors")
         if (mine / name).read_bytes() != (theirs / name).read_bytes()
     ]
 

@@ -481,7 +481,7 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
 
 
 def test_a_labs_trainer_script_cancelled_in_its_pipeline_is_paused_and_its_retry_resumes_to_the_same_result(
-    slurm, tmp_path, news_csv, tiny_model, uninterrupted_script_run
+    slurm, tmp_path, news_csv, tiny_model, uninterrupted_script_runs
 ):
     """A lab's pipeline (scripts/new_pipeline.py: scratchflow as its module, the lab's layer over the
     edinburgh profile) whose command task runs the lab's own Hugging Face Trainer script, unchanged,
@@ -504,7 +504,7 @@ def test_a_labs_trainer_script_cancelled_in_its_pipeline_is_paused_and_its_retry
     first, second = pieces_of(lab)
     assert (first["outcome"], first["signal"]) == ("paused", "SIGTERM")
     assert second["resumed_from_step"] == stopped_at(first, "SIGTERM", lab) and second["outcome"] == "finished"
-    assert different_results(lab, uninterrupted_script_run) == []
+    assert different_results(lab, uninterrupted_script_runs) == []
 
     (record,) = (json.loads(path.read_text()) for path in lab.glob("results/runs/*/record.json"))
     pipeline_commit = {"commit": git(lab, "rev-parse", "HEAD"), "dirty": False}

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from conftest import (
@@ -24,7 +26,9 @@ from conftest import (
     TRAINER_SCRIPT_LAB,
     different_results,
     job_process,
+    lab_pipeline,
     one_run,
+    run_with,
     run_workflow,
     script_config,
     start_workflow,
@@ -35,7 +39,7 @@ from scratchflow import program, trainer_script
 from scratchflow.contract import different_files, metrics_difference
 from scratchflow.program import figures, flag_words
 from scratchflow.tasks.command import check_settings
-from scratchflow.trainer_script import expanded, launched_script, script_problem
+from scratchflow.trainer_script import expanded, launched_script, prediction_table, script_problem
 
 pytestmark = pytest.mark.slow
 # The lines the helper depth changes in the script: each a line of the unchanged script, and its new text.
@@ -54,6 +58,9 @@ WITH_HELPERS = {
     "trainer.train()\n": "trainer.train(resume_from_checkpoint=scratchflow.resume_from())\n",
     'trainer.save_model("final_model")\n': 'trainer.save_model(scratchflow.output_dir("final_model"))\n',
     "print(trainer.evaluate())\n": "print(scratchflow.write_metrics(trainer.evaluate()))\n",
+    "print(trainer.predict(encode(test)).metrics)": (
+        "print(scratchflow.write_predictions(trainer.predict(encode(test)), model.config.id2label).metrics)"
+    ),
 }
 
 
@@ -77,25 +84,87 @@ def paused_by_usr1_and_resumed(workdir: Path) -> None:
     assert first["reached_step"] == second["resumed_from_step"] > 0
 
 
-def test_an_unchanged_script_paused_by_the_stop_signal_resumes_to_the_uninterrupted_weights_and_metrics(
-    tmp_path, news_csv, tiny_model, uninterrupted_script_run
-):
-    """USR1 to the job after the run's first checkpoint on shared storage: the launcher's callback
-    saves at the step's end and the program ends as a pause (not on to the script's save_model and
-    evaluate, which would record it finished); the local profile's retry resumes it."""
-    reference = one_run(uninterrupted_script_run)
-    metrics = json.loads((reference / "metrics.json").read_text())
-    assert set(metrics) == {"eval_accuracy", "eval_loss"}, "the last evaluation's figures, without timings"
-    assert (reference / "model" / "tokenizer.json").is_file(), "save_model() saved into the run's model folder"
+def training_jobs(workdir: Path) -> dict[int, tuple[str, dict]]:
+    """The train jobs training in `workdir` now: each job's process id -> the run id and parameters
+    of the program it runs (read from the program's environment)."""
+    jobs = {}
+    for process in Path("/proc").iterdir():
+        try:
+            words = (process / "environ").read_bytes().decode(errors="replace").split("\0")
+            environ = dict(word.split("=", 1) for word in words if "=" in word)
+            if "SCRATCHFLOW_PARAMS" not in environ or (process / "cwd").resolve() != workdir.resolve():
+                continue
+            job = int((process / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if b".train.py" in Path(f"/proc/{job}/cmdline").read_bytes():
+                jobs[job] = (environ["SCRATCHFLOW_RUN_ID"], json.loads(Path(environ["SCRATCHFLOW_PARAMS"]).read_text()))
+        except (OSError, ValueError):  # not a process, or one that ended while it was read
+            continue
+    return jobs
 
-    write_config(tmp_path, script_config(news_csv, tiny_model, tmp_path / "scratch", TRAINER_SCRIPT_LAB / "train.py"))
-    paused_by_usr1_and_resumed(tmp_path)
-    assert different_results(tmp_path, uninterrupted_script_run) == []
-    assert not (tmp_path / "final_model").exists() and not (tmp_path / "out").exists(), "nothing on shared storage"
+
+def job_past_a_shared_checkpoint(workdir: Path, workflow: subprocess.Popen, **setting) -> int:
+    """The train job of the run with `setting`, once a checkpoint of the run is on shared storage."""
+    deadline = time.monotonic() + 300
+    while True:
+        for job, (run_id, params) in training_jobs(workdir).items():
+            if setting.items() <= params.items() and list(workdir.glob(f"checkpoints/{run_id}/checkpoint-*/COMPLETE")):
+                return job
+        assert time.monotonic() < deadline and workflow.poll() is None, workflow.communicate()[0][-4000:]
+        time.sleep(0.05)
+
+
+def test_a_lab_pipelines_unchanged_script_trains_a_grid_and_its_paused_and_killed_runs_resume_exactly(
+    tmp_path, news_csv, tiny_model, uninterrupted_script_runs
+):
+    """A lab's pipeline (scripts/new_pipeline.py) whose Trainer script runs unchanged through the
+    launcher trains a 2 x 2 grid over learning_rate and per_device_train_batch_size with 2 seeds.
+    One run's job gets USR1 after its first checkpoint on shared storage: the launcher's callback
+    saves at the step's end and the program ends as a pause (not on to the script's save_model and
+    evaluate, which would record it finished). Another's job is SIGKILLed: its program dies with it.
+    The local profile's retry resumes each; both end with the uninterrupted runs' weights, metrics
+    and predictions, byte for byte, and the comparison ranks all 8 by the script's evaluation."""
+    config = script_config(
+        news_csv,
+        tiny_model,
+        tmp_path / "scratch",
+        TRAINER_SCRIPT_LAB / "train.py",
+        learning_rate=[2.0e-3, 1.0e-3],
+        per_device_train_batch_size=[16, 32],
+        seed=[1, 2],
+    )
+    lab = lab_pipeline(tmp_path / "ourlab", "edinburgh", config)
+    paused, killed = (
+        {"learning_rate": 2.0e-3, "per_device_train_batch_size": batch, "seed": 1} for batch in (16, 32)
+    )
+    workflow = start_workflow(lab)
+    os.kill(job_past_a_shared_checkpoint(lab, workflow, **paused), signal.SIGUSR1)
+    os.kill(job_past_a_shared_checkpoint(lab, workflow, **killed), signal.SIGKILL)
+    output = workflow.communicate(timeout=900)[0]
+    assert workflow.returncode == 0, output[-3000:]
+
+    first, second = json.loads((run_with(lab, **paused) / "record.json").read_text())["pieces"]
+    assert (first["outcome"], first["signal"]) == ("paused", "SIGUSR1"), output[-3000:]
+    assert first["reached_step"] == second["resumed_from_step"] > 0
+    assert json.loads((run_with(lab, **killed) / "record.json").read_text())["training"]["resumed_from_step"] > 0
+    for setting in (paused, killed):
+        assert different_results(lab, uninterrupted_script_runs, **setting) == [], setting
+
+    metrics = json.loads((run_with(lab, **paused) / "metrics.json").read_text())
+    assert set(metrics) == {"eval_accuracy", "eval_loss", "test_accuracy", "test_loss", "confusion_matrix"}
+    predictions = pd.read_csv(run_with(lab, **paused) / "model" / "predictions.csv")
+    assert list(predictions.columns) == ["row", "label", "predicted", "confidence"]
+    assert metrics["test_accuracy"] == pytest.approx((predictions["label"] == predictions["predicted"]).mean())
+    assert (run_with(lab, **paused) / "model" / "tokenizer.json").is_file(), "save_model() saved into the run's model"
+    runs = pd.read_csv(lab / "results" / "runs.tsv", sep="\t")
+    assert len(runs) == 8 and runs["eval_accuracy"].notna().all()
+    best = json.loads((lab / "results" / "best_run.json").read_text())["run"]
+    assert best["value"] == runs["eval_accuracy"].max()
+    assert "confusion_matrix" in json.loads((lab / "results" / "runs" / best["run_id"] / "metrics.json").read_text())
+    assert not (lab / "final_model").exists() and not (lab / "out").exists(), "nothing on shared storage"
 
 
 def test_the_script_with_its_helpers_changes_few_lines_and_killed_resumes_to_the_same_results(
-    tmp_path, news_csv, tiny_model, uninterrupted_script_run
+    tmp_path, news_csv, tiny_model, uninterrupted_script_runs
 ):
     """The helper depth: the script imports scratchflow.trainer_script and calls it; killed outright
     after a checkpoint, the next run resumes from it to the same weights and metrics."""
@@ -116,7 +185,7 @@ def test_the_script_with_its_helpers_changes_few_lines_and_killed_resumes_to_the
 
     record = json.loads((one_run(tmp_path) / "record.json").read_text())
     assert record["training"]["resumed_from_step"] > 0
-    assert different_results(tmp_path, uninterrupted_script_run) == []
+    assert different_results(tmp_path, uninterrupted_script_runs) == []
 
 
 def test_check_task_stops_and_resumes_a_program_and_fails_one_whose_resume_differs_in_one_line(
@@ -179,12 +248,15 @@ def test_a_resumed_programs_output_is_compared_file_for_file_but_where_it_was_tr
         (folder / "metrics.json").write_text(json.dumps({"eval_accuracy": 0.9, "eval_loss": loss}))
         (folder / "training_args.bin").write_bytes(str(folder).encode())  # the piece's scratch paths
     assert different_files(resumed, uninterrupted) == []
-    (uninterrupted / "metrics.json").write_text(json.dumps({"eval_accuracy": 0.9, "eval_loss": 0.75}))
+    matrix = {"labels": ["a", "b"], "rows_true_columns_predicted": [[1, 0], [0, 1]]}
+    (uninterrupted / "metrics.json").write_text(
+        json.dumps({"eval_accuracy": 0.9, "eval_loss": 0.75, "confusion_matrix": matrix})
+    )
     (uninterrupted / "model" / "extra.bin").write_bytes(b"")
     assert different_files(resumed, uninterrupted) == ["metrics.json", "model/extra.bin"]
     assert metrics_difference(resumed / "metrics.json", uninterrupted / "metrics.json") == (
         " (eval_loss: 0.5 resumed, 0.75 uninterrupted)"
-    )
+    ), "a figure first, then nested detail"
 
 
 def test_a_script_the_launcher_cannot_drive_is_refused_in_one_line(tmp_path):
@@ -333,3 +405,22 @@ def test_a_plain_pytorch_script_with_its_helpers_paused_resumes_to_the_uninterru
     paused_by_usr1_and_resumed(paused)
     for name in ("metrics.json", "model/model.pt"):
         assert (one_run(paused) / name).read_bytes() == (one_run(reference) / name).read_bytes(), name
+
+
+def test_a_predict_output_becomes_the_runs_predictions_and_a_classifiers_confusion_matrix():
+    from transformers.trainer_utils import PredictionOutput
+
+    logits = np.array([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0], [5.0, 0.0, 0.0]])
+    classified = PredictionOutput(predictions=logits, label_ids=np.array([0, 1, 0, 0]), metrics={})
+    table, detail = prediction_table(classified, {0: "business", 1: "sport", 2: "tech"})
+    assert list(table["predicted"]) == ["business", "sport", "tech", "business"]
+    assert list(table["label"]) == ["business", "sport", "business", "business"]
+    assert detail["confusion_matrix"] == {
+        "labels": ["business", "sport", "tech"],
+        "rows_true_columns_predicted": [[2, 0, 1], [0, 1, 0], [0, 0, 0]],
+    }
+    assert table["confidence"].between(1 / 3, 1).all()
+    # A regression's one output per row: the number itself, and no confusion matrix.
+    regressed = PredictionOutput(predictions=np.array([[0.5], [1.5]]), label_ids=np.array([0.4, 1.7]), metrics={})
+    table, detail = prediction_table(regressed, None)
+    assert table.to_dict("list") == {"row": [0, 1], "label": [0.4, 1.7], "predicted": [0.5, 1.5]} and detail == {}

@@ -380,14 +380,16 @@ def different_files(mine: Path, theirs: Path) -> list[str]:
 
 
 def metrics_difference(resumed: Path, uninterrupted: Path) -> str:
-    """The first figure that differs between two metrics files, as ` (name: resumed against uninterrupted)`."""
+    """The first figure that differs between two metrics files, as ` (name: resumed against uninterrupted)`:
+    a number before nested detail (a confusion matrix)."""
     try:
         mine, theirs = read_json(resumed), read_json(uninterrupted)
     except (OSError, ValueError):
         return ""
     if not (isinstance(mine, dict) and isinstance(theirs, dict)):
         return ""
-    for name in sorted(set(mine) | set(theirs)):
+    names = set(mine) | set(theirs)
+    for name in sorted(names, key=lambda name: (isinstance(mine.get(name, theirs.get(name)), dict | list), name)):
         if mine.get(name) != theirs.get(name):
             return f" ({name}: {mine.get(name)} resumed, {theirs.get(name)} uninterrupted)"
     return ""

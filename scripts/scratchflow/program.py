@@ -214,13 +214,16 @@ def figures(metrics: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def write_metrics(*evaluations: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The run's metrics.json: the figures of the evaluations given (later ones win); nothing by hand.
+def write_metrics(*evaluations: Mapping[str, Any], detail: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """The run's metrics.json: the figures of the evaluations given (later ones win) added to what it
+    holds, and `detail`, nested (a `confusion_matrix` of `{"labels": [...],
+    "rows_true_columns_predicted": [[...], ...]}` is drawn for the best run); nothing by hand.
     Returns the last evaluation, so that it wraps a call: `print(write_metrics(trainer.evaluate()))`."""
     folder = os.environ.get("SCRATCHFLOW_OUTPUT_DIR")
     if folder:
-        merged: dict[str, float] = {}
+        path = Path(folder) / "metrics.json"
+        merged: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
         for evaluation in evaluations:
             merged.update(figures(evaluation))
-        (Path(folder) / "metrics.json").write_text(json.dumps(merged, indent=2, sort_keys=True))
+        path.write_text(json.dumps({**merged, **(detail or {})}, indent=2, sort_keys=True))
     return evaluations[-1] if evaluations else {}

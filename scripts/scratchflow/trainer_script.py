@@ -5,11 +5,13 @@ the stop signal and exact resume, in two depths (docs/tasks.md, "Your Hugging Fa
   script as `__main__` with the Trainer patched before it starts (`launch`): the run's parameters
   that name `TrainingArguments` fields replace the script's values, its checkpoints go to the piece's
   scratch, the callbacks below join every Trainer, `train()` resumes from the piece's checkpoint,
-  `save_model()` saves into the run's output folder, and the last evaluation's and prediction's
-  figures become its `metrics.json`. Words `${SCRATCHFLOW_...}` in the command's arguments are the
+  `save_model()` saves into the run's output folder, the last evaluation's and prediction's
+  figures become its `metrics.json`, and the last prediction's rows its `predictions.csv` (a
+  classifier's with its confusion matrix, which the report draws). Words `${SCRATCHFLOW_...}` in the command's arguments are the
   piece's variables (`--data ${SCRATCHFLOW_DATA_FILE}`).
 - **A few lines**: the script imports this module and calls `training_arguments`, `callbacks`,
-  `resume_from`, `output_dir`, `write_metrics` (and `data_file`, `model_dir`, `params`) itself.
+  `resume_from`, `output_dir`, `write_metrics`, `write_predictions` (and `data_file`, `model_dir`,
+  `params`) itself.
 
 Either way the callbacks end the program as a pause (exit 0, no metrics.json) when training ends after
 a stop: the Trainer's `train()` would return normally, and the script go on to save and evaluate a
@@ -54,6 +56,7 @@ from scratchflow.program import (  # noqa: F401
 log = logging.getLogger("scratchflow.trainer_script")
 
 MODULE = "scratchflow.trainer_script"
+PREDICTIONS_FILE = "predictions.csv"  # in the run's model folder: the last `predict()`'s rows
 VARIABLE = re.compile(r"\$\{(SCRATCHFLOW_[A-Z_]+)\}")
 
 
@@ -233,7 +236,7 @@ class Launched:
 
     def __init__(self) -> None:
         self.evaluated: dict[str, Any] = {}
-        self.predicted: dict[str, Any] = {}
+        self.predicted: Any = None  # the last PredictionOutput
         self.trainer: Any = None
         self.model_saved = False
 
@@ -266,7 +269,7 @@ class Launched:
 
         def trainer_predict(self: Any, *arguments: Any, **keywords: Any) -> Any:
             output = predict(self, *arguments, **keywords)
-            launched.predicted = output.metrics or {}
+            launched.predicted = output
             return output
 
         # The Trainer's own parameter names, `output_dir` (shadowing the helper's) included.
@@ -291,9 +294,56 @@ class Launched:
         evaluated = self.evaluated or next(
             (entry for entry in reversed(self.trainer.state.log_history) if "eval_loss" in entry), {}
         )
-        if not evaluated and not self.predicted:
+        if not evaluated and self.predicted is None:
             raise SystemExit(f"{MODULE}: the script evaluated nothing, so the run has no metrics")
-        write_metrics(evaluated, self.predicted)
+        write_metrics(evaluated)
+        if self.predicted is not None:
+            write_predictions(self.predicted, getattr(self.trainer.model.config, "id2label", None))
+
+
+def write_predictions(output: Any, id2label: Mapping[int, str] | None = None) -> Any:
+    """A `Trainer.predict()` output as the run's predictions.csv (`prediction_table`), and its figures
+    and a classifier's confusion matrix added to metrics.json; nothing by hand. Returns `output`, so
+    that it wraps the call: `scratchflow.write_predictions(trainer.predict(test))`."""
+    folder = os.environ.get("SCRATCHFLOW_OUTPUT_DIR")
+    if folder:
+        table, confusion = prediction_table(output, id2label)
+        table.to_csv(Path(folder) / PREDICTIONS_FILE, index=False)
+        write_metrics(output.metrics or {}, detail=confusion)
+    return output
+
+
+def prediction_table(output: Any, id2label: Mapping[int, str] | None) -> tuple[Any, dict[str, Any]]:
+    """A `Trainer.predict()` output as the rows of predictions.csv (`row`, `label`, `predicted`, and
+    for a classifier's logits `confidence`, labels by the model's names) and, for a classifier with
+    labels, its confusion matrix as metrics.json's detail (`{}` otherwise)."""
+    import numpy as np
+    import pandas as pd
+
+    from scratchflow.classification import classification_metrics
+
+    scores = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
+    scores = np.asarray(scores)
+    truth = None if output.label_ids is None else np.asarray(output.label_ids)
+    table = pd.DataFrame({"row": np.arange(len(scores))})
+    if scores.ndim == 2 and scores.shape[1] > 1:  # a classifier's logits
+        names = [str((id2label or {}).get(index, index)) for index in range(scores.shape[1])]
+        chosen = scores.argmax(axis=1)
+        exponentials = np.exp(scores - scores.max(axis=1, keepdims=True))
+        if truth is not None and truth.ndim == 1:
+            table["label"] = [names[index] for index in truth]
+        table["predicted"] = [names[index] for index in chosen]
+        table["confidence"] = np.round(exponentials.max(axis=1) / exponentials.sum(axis=1), 6)
+        if "label" in table:
+            metrics = classification_metrics(list(table["label"]), list(table["predicted"]), names)
+            return table, {"confusion_matrix": metrics["confusion_matrix"]}
+        return table, {}
+    values = scores.reshape(len(scores), -1)
+    if truth is not None and truth.size == len(scores):
+        table["label"] = truth.reshape(-1)
+    for column in range(values.shape[1]):
+        table["predicted" if values.shape[1] == 1 else f"predicted_{column}"] = values[:, column]
+    return table, {}
 
 
 def launch(argv: list[str]) -> None:

@@ -67,3 +67,4 @@ trainer = Trainer(
 trainer.train()
 trainer.save_model("final_model")
 print(trainer.evaluate())
+print(trainer.predict(encode(test)).metrics)

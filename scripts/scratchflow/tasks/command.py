@@ -12,6 +12,7 @@ directory. It learns where things are from environment variables (the contract t
                                   COMPLETE into it last. Each complete one is mirrored to shared storage
     SCRATCHFLOW_RESUME_FROM       the newest complete checkpoint, copied in from shared storage ('' if none)
     SCRATCHFLOW_OUTPUT_DIR        synced back whole to results/runs/<run_id>/model/; must hold metrics.json
+                                  (and may hold predictions.csv)
     SCRATCHFLOW_PARAMS            a JSON file of the run's parameters (the training keys but `command`)
     SCRATCHFLOW_SAVE_EVERY_SECONDS
                                   checkpointing.every_minutes in seconds: save a checkpoint once this
@@ -171,8 +172,9 @@ def check_model(model_dir: Path) -> None:
     """The program loads the model itself."""
 
 
-def read_metrics(path: Path) -> dict[str, float]:
-    """metrics.json: a JSON object of metric name -> number."""
+def read_metrics(path: Path) -> dict[str, Any]:
+    """metrics.json: a JSON object of metric name -> number, and any nested detail (a dict or list,
+    as a `confusion_matrix`)."""
     if not path.is_file():
         raise CommandFailed(f"{path.name} is missing: the command must write {path.name} into $SCRATCHFLOW_OUTPUT_DIR")
     try:
@@ -184,10 +186,11 @@ def read_metrics(path: Path) -> dict[str, float]:
     bad = {
         name: value
         for name, value in metrics.items()
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+        if not isinstance(value, dict | list)
+        and (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value))
     }
     if bad:
-        raise CommandFailed(f"{path.name}: not a finite number: {bad!r:.300}")
+        raise CommandFailed(f"{path.name}: not a finite number (nor nested detail, a dict or list): {bad!r:.300}")
     return metrics
 
 
