@@ -310,9 +310,11 @@ def test_outside_scratchflow_every_helper_gives_back_what_it_is_given(monkeypatc
     assert trainer_script.training_arguments(output_dir="out", learning_rate=0.5).learning_rate == 0.5
 
 
-def test_a_step_saved_at_a_stop_is_not_saved_again_by_the_trainers_epoch_end_save(tmp_path, monkeypatch):
-    """After a stop mid-epoch the Trainer ends the epoch, and with save_strategy "epoch" saves the same
-    step again: its files rewritten while the piece copies the checkpoint, COMPLETE already in it."""
+def test_only_the_pieces_saves_are_published_and_a_step_saved_at_a_stop_is_not_saved_again(tmp_path, monkeypatch):
+    """The script's own saves (its save_strategy) stay on scratch: only the checkpoints the piece asks
+    for are marked COMPLETE and published. After a stop mid-epoch the Trainer ends the epoch, and with
+    save_strategy "epoch" saves the same step again: its files rewritten while the piece copies the
+    checkpoint, COMPLETE already in it."""
     from transformers import TrainerControl, TrainerState
 
     monkeypatch.setenv("SCRATCHFLOW_RUN_ID", "script0000")
@@ -321,12 +323,15 @@ def test_a_step_saved_at_a_stop_is_not_saved_again_by_the_trainers_epoch_end_sav
     with contextlib.ExitStack() as handlers:
         for number in (signal.SIGUSR1, signal.SIGTERM):  # the callbacks listen: put back after
             handlers.callback(signal.signal, number, signal.getsignal(number))
-        (mark_complete,) = [
-            callback for callback in trainer_script.callbacks() if type(callback).__name__ == "MarkComplete"
-        ]
+        callbacks = {type(callback).__name__: callback for callback in trainer_script.callbacks()}
+    mark_complete, asking = callbacks["MarkComplete"], callbacks["StopWhenAsked"]
     state, control = TrainerState(global_step=6, is_world_process_zero=True), TrainerControl()
-    (tmp_path / "checkpoint-6").mkdir()
     arguments = type("Arguments", (), {"output_dir": str(tmp_path)})()
+    (tmp_path / "checkpoint-3").mkdir()
+    mark_complete.on_save(arguments, TrainerState(global_step=3, is_world_process_zero=True), control)
+    assert not (tmp_path / "checkpoint-3" / "COMPLETE").exists(), "the script's own save: not published"
+    (tmp_path / "checkpoint-6").mkdir()
+    asking.asked_save_at = 6  # the stop's
     mark_complete.on_save(arguments, state, control)
     assert (tmp_path / "checkpoint-6" / "COMPLETE").is_file()
     control.should_save = True  # the Trainer's epoch-end save, after the stop's

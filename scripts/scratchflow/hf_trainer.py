@@ -145,6 +145,7 @@ class StopWhenAsked(TrainerCallback):
         self.stopping = False
         self.budget_step: int | None = None
         self.save_after_evaluation = False
+        self.asked_save_at: int | None = None  # the last step whose checkpoint the piece asked for
 
     def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         if self.context.budget_epochs is not None:
@@ -161,6 +162,7 @@ class StopWhenAsked(TrainerCallback):
             stopping = True  # the epoch's evaluation still runs: the Trainer stops after it
         if stopping or due or state.global_step >= state.max_steps:
             control.should_save = True
+            self.asked_save_at = state.global_step
         if stopping:
             control.should_training_stop = True
             self.stopping = True

@@ -90,11 +90,15 @@ def callbacks() -> list[Any]:
     from scratchflow.hf_trainer import StopWhenAsked
 
     class MarkComplete(TrainerCallback):
-        """After the Trainer has written a checkpoint's every file: COMPLETE, last. Never a second save
-        of a step already saved: after a stop, the Trainer's epoch-end save (save_strategy "epoch")
-        would write the checkpoint's files again while the piece copies it to shared storage."""
+        """After the Trainer has written a checkpoint the piece asked for (by its interval, at a stop,
+        after the last step), its every file: COMPLETE, last, which has the piece publish it. The
+        script's own saves (its save_strategy) stay on scratch unmarked: each publication costs shared
+        storage a hundred or more operations, and the piece's interval bounds them. Never a second
+        save of a step already saved: after a stop, the Trainer's epoch-end save (save_strategy
+        "epoch") would write the checkpoint's files again while the piece copies it to shared storage."""
 
-        def __init__(self) -> None:
+        def __init__(self, asking: StopWhenAsked) -> None:
+            self.asking = asking
             self.saved_step: int | None = None
 
         def _once(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -104,9 +108,11 @@ def callbacks() -> list[Any]:
         on_step_end = on_epoch_end = _once
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.saved_step = state.global_step
+            if state.global_step != self.asking.asked_save_at:
+                return  # the script's own
             if state.is_world_process_zero:
                 (Path(args.output_dir) / f"checkpoint-{state.global_step}" / CHECKPOINT_MARKER).touch()
-            self.saved_step = state.global_step
             piece().saved(state.global_step)
 
     class EvaluationLeavesRandomStateAlone(TrainerCallback):
@@ -137,7 +143,7 @@ def callbacks() -> list[Any]:
             end_if_stopped()
 
     stop = StopWhenAsked(piece())  # type: ignore[arg-type]
-    return [stop, EvaluationLeavesRandomStateAlone(), MarkComplete(), EndAsPause()]
+    return [stop, EvaluationLeavesRandomStateAlone(), MarkComplete(stop), EndAsPause()]
 
 
 def random_states() -> tuple[Any, ...]:
