@@ -133,9 +133,7 @@ def test_a_lab_pipelines_unchanged_script_trains_a_grid_and_its_paused_and_kille
         seed=[1, 2],
     )
     lab = lab_pipeline(tmp_path / "ourlab", "edinburgh", config)
-    paused, killed = (
-        {"learning_rate": 2.0e-3, "per_device_train_batch_size": batch, "seed": 1} for batch in (16, 32)
-    )
+    paused, killed = ({"learning_rate": 2.0e-3, "per_device_train_batch_size": batch, "seed": 1} for batch in (16, 32))
     workflow = start_workflow(lab)
     os.kill(job_past_a_shared_checkpoint(lab, workflow, **paused), signal.SIGUSR1)
     os.kill(job_past_a_shared_checkpoint(lab, workflow, **killed), signal.SIGKILL)

@@ -7,8 +7,8 @@ the stop signal and exact resume, in two depths (docs/tasks.md, "Your Hugging Fa
   scratch, the callbacks below join every Trainer, `train()` resumes from the piece's checkpoint,
   `save_model()` saves into the run's output folder, the last evaluation's and prediction's
   figures become its `metrics.json`, and the last prediction's rows its `predictions.csv` (a
-  classifier's with its confusion matrix, which the report draws). Words `${SCRATCHFLOW_...}` in the command's arguments are the
-  piece's variables (`--data ${SCRATCHFLOW_DATA_FILE}`).
+  classifier's with its confusion matrix, which the report draws). Words `${SCRATCHFLOW_...}` in
+  the command's arguments are the piece's variables (`--data ${SCRATCHFLOW_DATA_FILE}`).
 - **A few lines**: the script imports this module and calls `training_arguments`, `callbacks`,
   `resume_from`, `output_dir`, `write_metrics`, `write_predictions` (and `data_file`, `model_dir`,
   `params`) itself.
