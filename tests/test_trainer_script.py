@@ -24,6 +24,7 @@ from conftest import (
     REPO,
     SCRIPT_ARGUMENTS,
     TRAINER_SCRIPT_LAB,
+    _cwd_of,
     different_results,
     job_process,
     lab_pipeline,
@@ -92,7 +93,7 @@ def training_jobs(workdir: Path) -> dict[int, tuple[str, dict]]:
         try:
             words = (process / "environ").read_bytes().decode(errors="replace").split("\0")
             environ = dict(word.split("=", 1) for word in words if "=" in word)
-            if "SCRATCHFLOW_PARAMS" not in environ or (process / "cwd").resolve() != workdir.resolve():
+            if "SCRATCHFLOW_PARAMS" not in environ or _cwd_of(int(process.name)) != workdir.resolve():
                 continue
             job = int((process / "stat").read_text().rsplit(")", 1)[1].split()[1])
             if b".train.py" in Path(f"/proc/{job}/cmdline").read_bytes():
