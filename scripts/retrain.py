@@ -43,7 +43,8 @@ def main() -> int:
                 return 0
             print(f"{released}; training them from zero: {' '.join(command)}", flush=True)
             os.chdir(workdir)
-            os.execv(command[0], command)  # the runner takes the lock over: this process's copy closes
+            # The runner takes the lock over (this process's copy closes), with this environment's snakemake.
+            os.execve(command[0], command, retrain.runner_environment())
     except (NoPlan, retrain.RetrainRefused) as error:
         print(f"scratchflow retrain: {error}", file=sys.stderr)
         return 2

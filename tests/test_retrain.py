@@ -291,12 +291,12 @@ def test_editing_a_labs_task_flags_the_runs_it_trained_and_the_line_given_retrai
     assert shlex.split(command) == [sys.executable, str(script), *runs, "--dir", str(lab)]
     kept = (lab / "results" / "runs" / runs[1] / "record.json").read_bytes()
 
-    retrained = subprocess.run(
+    retrained = subprocess.run(  # as `make retrain` runs it: the environment's Python, not on PATH
         [sys.executable, script, runs[0], "--dir", lab],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env=workflow_env(),
+        env={**workflow_env(), "PATH": "/usr/bin:/bin"},
     )
     assert retrained.returncode == 0, retrained.stdout[-3000:] + retrained.stderr[-3000:]
     assert jobs_run(retrained.stdout + retrained.stderr) == {"train": 1, "predict": 1, "aggregate": 1, "all": 1}

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shutil
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from scratchflow import SCRATCHFLOW_DIR
@@ -47,10 +49,21 @@ def rerun_command(plan: Plan, submit: list[str]) -> list[str] | None:
     command = submit if plan.executor == "slurm" else [str(LOCAL_RUNNER)]
     if not command:
         return None
+    if plan.executor != "slurm" and shutil.which("snakemake", path=runner_environment()["PATH"]) is None:
+        raise RetrainRefused(
+            f"{Path(sys.executable).parent} has no snakemake: run this with the Python of the environment that "
+            "holds requirements.txt; nothing was released"
+        )
     program = shutil.which(command[0])
     if program is None:
         raise RetrainRefused(f"{command[0]} is not found: nothing was released")
     return [str(Path(program).absolute()), *command[1:]]  # run in the grid's directory, not here
+
+
+def runner_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment the rerun runs in: this Python's environment first on PATH, where the local
+    runner takes its snakemake (as `make run` puts it there), whatever the caller's PATH holds."""
+    return {**environ, "PATH": os.pathsep.join(filter(None, [str(Path(sys.executable).parent), environ.get("PATH")]))}
 
 
 def check(workdir: Path, plan: Plan, run_ids: list[str]) -> None:
