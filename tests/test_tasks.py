@@ -141,7 +141,10 @@ def test_a_failing_command_fails_the_job_with_the_tail_of_its_output(tmp_path, b
     result = run_workflow(tmp_path, check=False)
     assert result.returncode != 0
     log = run_log(tmp_path)
-    assert "exited with 3; its last lines:" in log and "KeyError: no such column" in log
+    assert "exited with 3, its last line: KeyError: no such column; its last lines:" in log
+    assert "Traceback" not in log, "the lab program's failure, not scratchflow's: none of its frames"
+    assert "job failed: CommandFailed: the command ['python', " in result.stdout
+    assert "exited with 3, its last line: KeyError: no such column\n  its log, with the output: " in result.stdout
     assert not list((tmp_path / "results").glob("runs/*/*"))
     assert list((tmp_path / "scratch").iterdir()) == []
 

@@ -271,6 +271,7 @@ def test_a_script_the_launcher_cannot_drive_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError) as refused:  # as the workflow's start-up checks it: one line, one key
         check_settings(config)
     assert str(refused.value).startswith("training.dropout: scratchflow.trainer_script gives")
+    assert script_problem(script, ["max_lenght"]).endswith("and train.py has neither (did you mean 'max_length'?)")
     assert script_problem(script, ["dropout"]) == (
         "training.dropout: scratchflow.trainer_script gives a parameter to the Trainer's TrainingArguments field "
         "of its name or to the script's --dropout flag, and train.py has neither"

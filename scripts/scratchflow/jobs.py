@@ -68,7 +68,8 @@ def job_context(log_path: str, threads: int = 1, ends_its_slurm_job: bool = True
             log.warning("superseded, not failed: %s", superseded)
             failure = superseded
         except BaseException as error:
-            log.exception("job failed: %s", describe_failure(error))
+            # A lab program's failure is told by its own output; scratchflow's frames would only hide it.
+            log.error("job failed: %s", describe_failure(error), exc_info=not told_by_itself(error))
             failure = error
         finally:
             with contextlib.suppress(OSError):  # only a speed-up: never a job's failure
@@ -87,14 +88,22 @@ def job_context(log_path: str, threads: int = 1, ends_its_slurm_job: bool = True
         if paused.requeue:
             slurm_job.requeue_this_job()
     elif failure is not None:
+        said = describe_failure(failure)
+        if told_by_itself(failure):  # its first line, ending in the program's own last line
+            said = said.splitlines()[0].removesuffix("; its last lines:")
         print(
-            f"scratchflow: job failed: {describe_failure(failure)}\n"
-            f"  its log, with the traceback: {Path(log_path).resolve()}",
+            f"scratchflow: job failed: {said}\n"
+            f"  its log, with the {'output' if told_by_itself(failure) else 'traceback'}: {Path(log_path).resolve()}",
             file=sys.stderr,
             flush=True,
         )
     if failure is not None:
         raise SystemExit(exit_status(failure))
+
+
+def told_by_itself(error: BaseException) -> bool:
+    """Whether `error` is a failure its message tells whole (a lab program's: CommandFailed)."""
+    return getattr(error, "traceback_says_nothing", False)
 
 
 def paused_line(paused: Paused) -> str:

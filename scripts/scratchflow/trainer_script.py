@@ -25,6 +25,7 @@ One training process: a script that starts several (torchrun, accelerate launch)
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.util
 import logging
 import os
@@ -225,9 +226,12 @@ def script_problem(script: Path, keys: list[str]) -> str | None:
     fields, options = training_argument_fields(), script_options(tree)
     unknown = [key for key in keys if key not in fields and flag_of(key, options) is None]
     if unknown:
+        flags = {option.lstrip("-").replace("-", "_") for option in options}
+        near = difflib.get_close_matches(unknown[0], sorted(fields | flags), n=1)
         return (
             f"training.{unknown[0]}: {MODULE} gives a parameter to the Trainer's TrainingArguments field of "
             f"its name or to the script's --{unknown[0].replace('_', '-')} flag, and {script.name} has neither"
+            + (f" (did you mean {near[0]!r}?)" if near else "")
         )
     return None
 

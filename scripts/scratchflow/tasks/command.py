@@ -77,7 +77,10 @@ VALIDATION_FILE = "validation.json"  # a rung's validation metrics (and at the e
 
 
 class CommandFailed(RuntimeError):
-    """The program exited with an error, or left no usable metrics."""
+    """The program exited with an error, or left no usable metrics: the lab's program's failure, told
+    by its own output, not by scratchflow's traceback (the job's log holds no traceback of the piece)."""
+
+    traceback_says_nothing = True
 
 
 # Interpreters whose first argument that is not an option is the script they run, and the options
@@ -244,7 +247,8 @@ def train(context: TrainContext) -> Trained | None:
         return None  # paused: its newest complete checkpoint is on shared storage
     if code != 0:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
-        raise CommandFailed(f"the command {argv} {how}; its last lines:\n{tail}")
+        said = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "nothing")
+        raise CommandFailed(f"the command {argv} {how}, its last line: {said}; its last lines:\n{tail}")
     read_metrics(expected)
     validation = output_dir / VALIDATION_FILE
     return Trained(
