@@ -18,7 +18,6 @@ try:
     from scratchflow import workflow_hooks
 except ModuleNotFoundError as error:  # a job's image or venv without requirements.txt
     raise WorkflowError(missing_module_message(error)) from None
-from scratchflow.config import check_dataset_layout, validate_config
 from scratchflow.dataset import fingerprint, resolve_location
 from scratchflow.models import is_local_source
 from scratchflow.files import read_json
@@ -42,8 +41,6 @@ from scratchflow.snakemake_adapter import (
     target_rules,
 )
 
-check_dataset_layout(config)
-validate_config(config)
 TASK, PLAN, DATA_SOURCES, DATA_FINGERPRINT = workflow_hooks.read_config(
     config, workflow, target_rules()
 )

@@ -430,6 +430,7 @@ def test_invalid_config_fails_before_anything_runs(case, tmp_path, bbc_subset, t
     output = result.stdout
     assert result.returncode != 0
     assert "ConfigError" in output
+    assert 'File "' not in output, "the mistake's line, without Python's frames after it"
     for text in expected:
         assert text in output
     assert not any((tmp_path / folder).exists() for folder in ("archives", "models", "results", "logs"))

@@ -21,6 +21,7 @@ from scratchflow.config import (
     ConfigError,
     check_compression,
     check_dataset,
+    check_dataset_layout,
     check_packing,
     check_paths,
     check_precision,
@@ -31,6 +32,7 @@ from scratchflow.config import (
     check_tracking,
     configured_task,
     cpu_flags,
+    validate_config,
 )
 from scratchflow.containers import check_rule_image_rules, set_job_step_image, start_job_steps_in_image
 from scratchflow.dataset import (
@@ -52,6 +54,19 @@ CHECKED_DATA = Path(".snakemake/scratchflow/checked-data")
 
 def read_config(
     config: dict[str, Any], workflow: Any, job_rules: AbstractSet[str] = frozenset()
+) -> tuple[Task, Plan, dict[str, Path], str]:
+    """`config` checked (its layout, the schema, then `_read_valid_config`); a mistake in it refused
+    in its one line, before any job (raised, Snakemake would print its frames after the line)."""
+    try:
+        check_dataset_layout(config)
+        validate_config(config)
+        return _read_valid_config(config, workflow, job_rules)
+    except ConfigError as mistake:
+        refuse(f"ConfigError: {mistake}")
+
+
+def _read_valid_config(
+    config: dict[str, Any], workflow: Any, job_rules: AbstractSet[str]
 ) -> tuple[Task, Plan, dict[str, Path], str]:
     """Check a config that passed the schema, fill in its task's defaults, and plan it: the task's
     module, the plan, the data's files (name -> path) and their fingerprint (names, sizes and times,
