@@ -5,12 +5,14 @@ internals are reached only through `scratchflow.snakemake_adapter`."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import getpass
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, NoReturn
@@ -56,11 +58,19 @@ def read_config(
     config: dict[str, Any], workflow: Any, job_rules: AbstractSet[str] = frozenset()
 ) -> tuple[Task, Plan, dict[str, Path], str]:
     """`config` checked (its layout, the schema, then `_read_valid_config`); a mistake in it refused
-    in its one line, before any job (raised, Snakemake would print its frames after the line)."""
-    try:
+    in its one line, before any job."""
+    with config_mistakes_refused():
         check_dataset_layout(config)
         validate_config(config)
         return _read_valid_config(config, workflow, job_rules)
+
+
+@contextlib.contextmanager
+def config_mistakes_refused() -> Iterator[None]:
+    """A ConfigError raised in the block: its one line, and exit 1 (raised, Snakemake would print
+    Python's frames after it)."""
+    try:
+        yield
     except ConfigError as mistake:
         refuse(f"ConfigError: {mistake}")
 
@@ -105,7 +115,10 @@ def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_ada
     cluster.rule_image_variables names. Called when
     the workflow is read (first attempts: --retries is not known yet) and again when it starts, for
     every attempt up to --retries. Returns what it read (None in a job's own Snakemake)."""
-    return _checked_rule_requests(workflow, config) if workflow.is_main_process else None
+    if not workflow.is_main_process:
+        return None
+    with config_mistakes_refused():
+        return _checked_rule_requests(workflow, config)
 
 
 def _checked_rule_requests(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests:
@@ -137,11 +150,9 @@ def check_before_any_job(workflow: Any, config: dict[str, Any], plan: Plan) -> N
             "--no-hooks (to skip only the preflight: --config preflight=False)"
         )
     runtimes = {rule: snakemake_adapter.evaluated_resource(workflow, rule, "runtime") for rule in ("train", "predict")}
-    try:
+    with config_mistakes_refused():
         requests = _checked_rule_requests(workflow, config)  # this check runs in the main process only
         check_packing(plan.pack_runs, executor, runtimes, cluster)
-    except ConfigError as mistake:  # raised here, Snakemake would print Python's traceback after it
-        refuse(f"ConfigError: {mistake}")
     if executor != "slurm":
         return
     requirements = pipeline_requirements(Path(workflow.basedir))
