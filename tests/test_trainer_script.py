@@ -103,14 +103,22 @@ def training_jobs(workdir: Path) -> dict[int, tuple[str, dict]]:
     return jobs
 
 
-def job_past_a_shared_checkpoint(workdir: Path, workflow: subprocess.Popen, **setting) -> int:
-    """The train job of the run with `setting`, once a checkpoint of the run is on shared storage."""
-    deadline = time.monotonic() + 300
-    while True:
+def signal_past_a_shared_checkpoint(workdir: Path, workflow: subprocess.Popen, signals: dict[str, tuple]) -> None:
+    """To each run's train job, its signal once a checkpoint of the run is on shared storage:
+    `signals` maps a name to (the run's setting, the signal). All are watched at once: the runs
+    train side by side, and one may end while another is waited for."""
+    waiting, deadline = dict(signals), time.monotonic() + 300
+    while waiting:
         for job, (run_id, params) in training_jobs(workdir).items():
-            if setting.items() <= params.items() and list(workdir.glob(f"checkpoints/{run_id}/checkpoint-*/COMPLETE")):
-                return job
-        assert time.monotonic() < deadline and workflow.poll() is None, workflow.communicate()[0][-4000:]
+            for name, (setting, number) in list(waiting.items()):
+                if setting.items() <= params.items() and list(
+                    workdir.glob(f"checkpoints/{run_id}/checkpoint-*/COMPLETE")
+                ):
+                    os.kill(job, number)
+                    del waiting[name]
+        assert time.monotonic() < deadline and workflow.poll() is None, (
+            f"not signalled: {sorted(waiting)}\n" + workflow.communicate()[0][-4000:]
+        )
         time.sleep(0.05)
 
 
@@ -136,8 +144,9 @@ def test_a_lab_pipelines_unchanged_script_trains_a_grid_and_its_paused_and_kille
     lab = lab_pipeline(tmp_path / "ourlab", "edinburgh", config)
     paused, killed = ({"learning_rate": 2.0e-3, "per_device_train_batch_size": batch, "seed": 1} for batch in (16, 32))
     workflow = start_workflow(lab)
-    os.kill(job_past_a_shared_checkpoint(lab, workflow, **paused), signal.SIGUSR1)
-    os.kill(job_past_a_shared_checkpoint(lab, workflow, **killed), signal.SIGKILL)
+    signal_past_a_shared_checkpoint(
+        lab, workflow, {"paused": (paused, signal.SIGUSR1), "killed": (killed, signal.SIGKILL)}
+    )
     output = workflow.communicate(timeout=900)[0]
     assert workflow.returncode == 0, output[-3000:]
 
