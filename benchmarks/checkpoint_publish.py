@@ -23,6 +23,7 @@ from pathlib import Path
 
 from measure import arguments, fastest, print_table, save, time_call
 from scratchflow.checkpoints import CheckpointStore, checkpoint_damage
+from scratchflow.lease import RunFolder
 from scratchflow.staging import copy_whole
 
 MARKER = "trainer_state.json"
@@ -62,11 +63,11 @@ def main() -> None:
             options.repeats,
         )
         publish, _ = fastest(
-            lambda: time_call(lambda: (CheckpointStore(fresh("run"), MARKER).mirror(source), clean())),
+            lambda: time_call(lambda: (CheckpointStore(RunFolder(fresh("run")), MARKER).mirror(source), clean())),
             lambda: time_call(lambda: (bare_rsync(), clean())),
             options.repeats,
         )
-        published = CheckpointStore(root / "run", MARKER).mirror(source)
+        published = CheckpointStore(RunFolder(root / "run"), MARKER).mirror(source)
         verify, _ = fastest(
             lambda: time_call(lambda: checkpoint_damage(published)),
             lambda: time_call(bare_rsync),

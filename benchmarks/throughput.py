@@ -33,7 +33,7 @@ from scratchflow.animal_mnist import write_pngs
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import label_names, labelled_files, load_examples, resolve_location, split_examples
-from scratchflow.ledger import RunLedger
+from scratchflow.lease import RunFolder
 from scratchflow.piece import Piece, PieceSpec
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.tasks import image_classification, text_classification
@@ -91,8 +91,7 @@ def scratchflow_train(
         identity={"dataset": {**dataset, "splits": list(data)}, "training": params},
         model=model_dir,
         work_dir=work / "scratch",
-        store=CheckpointStore(work / "shared", TRAINER_CHECKPOINT_MARKER),
-        ledger=RunLedger(work / "shared"),
+        store=CheckpointStore(RunFolder(work / "shared"), TRAINER_CHECKPOINT_MARKER),
         tracking_dir=work / "tensorboard",
         tracking=tracking,
         checkpoint_every=CheckpointInterval(minutes=10**6),

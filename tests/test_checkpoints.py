@@ -1,6 +1,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -11,7 +12,7 @@ from scratchflow import checkpoints, lease
 from scratchflow import ledger as ledger_module
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.files import NoSpace
-from scratchflow.lease import RunLease, this_process
+from scratchflow.lease import RunFolder, RunLease, this_process
 from scratchflow.ledger import PieceRecord, RunLedger, piece_records
 
 MARKER = "COMPLETE"  # any file a task writes last into a checkpoint
@@ -31,17 +32,17 @@ def test_the_newest_complete_checkpoint_wins_over_a_newer_half_written_one(tmp_p
     make_checkpoint(tmp_path, 20)
     make_checkpoint(tmp_path, 30, complete=False)
     (tmp_path / "checkpoint-latest").mkdir()
-    assert CheckpointStore(tmp_path, MARKER).newest().name == "checkpoint-20"
+    assert CheckpointStore(RunFolder(tmp_path), MARKER).newest().name == "checkpoint-20"
 
 
 def test_steps_are_compared_as_numbers(tmp_path):
     make_checkpoint(tmp_path, 9)
     make_checkpoint(tmp_path, 10)
-    assert CheckpointStore(tmp_path, MARKER).newest().name == "checkpoint-10"
+    assert CheckpointStore(RunFolder(tmp_path), MARKER).newest().name == "checkpoint-10"
 
 
 def test_no_checkpoint_means_a_fresh_start(tmp_path):
-    assert CheckpointStore(tmp_path / "missing", MARKER).newest() is None
+    assert CheckpointStore(RunFolder(tmp_path / "missing"), MARKER).newest() is None
 
 
 def test_a_folder_is_claimed_by_one_run_and_refused_to_another(tmp_path):
@@ -57,7 +58,7 @@ def test_a_folder_is_claimed_by_one_run_and_refused_to_another(tmp_path):
 
 def test_mirroring_keeps_only_the_newest(tmp_path):
     scratch, shared = tmp_path / "scratch", tmp_path / "shared"
-    run = CheckpointStore(shared, MARKER, keep=2)
+    run = CheckpointStore(RunFolder(shared), MARKER, keep=2)
     for step in (5, 10, 15):
         run.mirror(make_checkpoint(scratch, step))
     assert [step for step, _ in run.complete()] == [10, 15]
@@ -68,7 +69,7 @@ def test_mirroring_keeps_only_the_newest(tmp_path):
 
 
 def mirrored(tmp_path, steps=(10, 20)) -> CheckpointStore:
-    run = CheckpointStore(tmp_path / "shared", MARKER, keep=len(steps))
+    run = CheckpointStore(RunFolder(tmp_path / "shared"), MARKER, keep=len(steps))
     for step in steps:
         run.mirror(make_checkpoint(tmp_path / "scratch", step))
     return run
@@ -97,7 +98,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_one_before_resumed(tmp
     keeps the damaged one aside (not deleted, no longer taken for complete)."""
     run = mirrored(tmp_path)
     damage(run.newest() / "model.safetensors")
-    assert run.newest_intact().name == "checkpoint-10"
+    assert run.newest_intact()[0].name == "checkpoint-10"
     assert said in caplog.text and "checkpoint-20.damaged" in caplog.text
     assert run.newest().name == "checkpoint-10", "no longer complete"
     assert said in run.damaged()["checkpoint-20"]
@@ -107,13 +108,13 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_one_before_resumed(tmp
 def test_a_checkpoint_from_before_contents_were_recorded_is_taken_as_it_is(tmp_path):
     run = mirrored(tmp_path)
     (run.newest() / checkpoints.CONTENTS_FILE).unlink()
-    assert run.newest_intact().name == "checkpoint-20" and run.damaged() == {}
+    assert run.newest_intact()[0].name == "checkpoint-20" and run.damaged() == {}
 
 
 def test_release_removes_the_folder(tmp_path):
     folder = tmp_path / "abc"
     make_checkpoint(folder, 5)
-    CheckpointStore(folder, MARKER).release()
+    CheckpointStore(RunFolder(folder), MARKER).release()
     assert list(tmp_path.iterdir()) == []
 
 
@@ -188,7 +189,7 @@ def test_a_holder_that_replaced_the_dead_one_meanwhile_is_kept(tmp_path):
 
 
 def test_a_piece_found_killed_by_the_next_is_closed_with_the_step_of_its_last_checkpoint(tmp_path):
-    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    run, ledger = CheckpointStore(RunFolder(tmp_path), MARKER), RunLedger(RunFolder(tmp_path))
     # A job SIGKILLed inside its piece: its entry never gets an ending.
     ledger.record(PieceRecord(piece=1, **this_process(), started_at="2026-11-24T10:00:00+0000"))
     make_checkpoint(tmp_path, 20)
@@ -206,7 +207,7 @@ def test_a_piece_that_a_signal_ends_before_it_can_pause_is_recorded_killed_by_it
     """SIGTERM where the piece does not listen (signals.exit_on_sigterm raises SystemExit(143)): a
     lost node's cancellation of the job on the node left, a scancel while restoring. Before, the
     record read "SystemExit: 143" and `make status` said the piece failed."""
-    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    run, ledger = CheckpointStore(RunFolder(tmp_path), MARKER), RunLedger(RunFolder(tmp_path))
     with pytest.raises(SystemExit), ledger.piece(run):
         raise SystemExit(128 + 15)
     with pytest.raises(SystemExit), ledger.piece(run):
@@ -220,7 +221,7 @@ def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, m
     causes = []
     monkeypatch.setattr(ledger_module, "requeue_cause", lambda job_id: causes.append(job_id) or "preempted")
     monkeypatch.setenv("SLURM_JOB_ID", "41")
-    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    run, ledger = CheckpointStore(RunFolder(tmp_path), MARKER), RunLedger(RunFolder(tmp_path))
     with ledger.piece(run):  # the job's first run
         pass
     with ledger.piece(run):  # its run after the requeue
@@ -241,7 +242,7 @@ def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, m
 def test_a_failed_piece_says_how_far_it_trained_past_its_newest_checkpoint(tmp_path):
     """A piece that trained to step 30 and could not save past 15 (a full disk): it reached 15, the
     step the run goes on from, and trained to 30, the steps lost."""
-    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    run, ledger = CheckpointStore(RunFolder(tmp_path), MARKER), RunLedger(RunFolder(tmp_path))
     ledger.report_progress({"step": 90, "at": time.time() - 3600})  # an earlier piece's
     make_checkpoint(tmp_path, 15)
     with pytest.raises(OSError), ledger.piece(run):
@@ -257,7 +258,7 @@ def test_a_failed_piece_says_how_far_it_trained_past_its_newest_checkpoint(tmp_p
 def test_a_failed_pieces_outcome_is_the_errors_first_line(tmp_path):
     """An error that quotes a program's output (TrainingFailed holds the last lines of torchrun's)
     left 25 lines in record.json; the piece's log has them."""
-    run, ledger = CheckpointStore(tmp_path, MARKER), RunLedger(tmp_path)
+    run, ledger = CheckpointStore(RunFolder(tmp_path), MARKER), RunLedger(RunFolder(tmp_path))
     with pytest.raises(RuntimeError), ledger.piece(run):
         raise RuntimeError("torchrun exited with 1; its last lines:\nTraceback (most recent call last):\n  File x")
     assert ledger.pieces()[0].outcome == "RuntimeError: torchrun exited with 1; its last lines:"
@@ -329,7 +330,7 @@ def test_a_piece_whose_scratch_cannot_hold_its_checkpoints_fails_before_it_train
     """Node-local scratch (256 KB here) with the data staged, and checkpoints of 100 KB, 2 kept: the
     task holds 3 at once while it saves, so the piece fails at once with the figures instead of at
     its first save, its training lost."""
-    run = CheckpointStore(tmp_path / "checkpoints" / "run", MARKER, keep=2)
+    run = CheckpointStore(RunFolder(tmp_path / "checkpoints" / "run"), MARKER, keep=2)
     newest = make_checkpoint(run.folder, 40)
     (newest / "optimizer.pt").write_bytes(os.urandom(100_000))
     with pytest.raises(
@@ -338,37 +339,38 @@ def test_a_piece_whose_scratch_cannot_hold_its_checkpoints_fails_before_it_train
     ):
         run.check_scratch_space(small_disk, newest, model=None)
     run.check_scratch_space(tmp_path, newest, model=None)  # room enough
-    first = CheckpointStore(tmp_path / "other-grid" / "run", MARKER, keep=2)
+    first = CheckpointStore(RunFolder(tmp_path / "other-grid" / "run"), MARKER, keep=2)
     first.check_scratch_space(small_disk, None, model=None)  # no checkpoint, no model: nothing said
 
 
-def fenced(folder, holder="a") -> tuple[CheckpointStore, RunLedger, lease.Fence]:
-    fence = lease.take_epoch(folder, {"host": holder, "pid": 1, "slurm_job_id": "7"})
-    return CheckpointStore(folder, MARKER, keep=1, fence=fence), RunLedger(folder, fence), fence
+def fenced(folder, holder="a") -> tuple[CheckpointStore, RunLedger, RunFolder]:
+    run_folder = RunFolder(folder, term=lease.take_term(folder, {"host": holder, "pid": 1, "slurm_job_id": "7"}))
+    return CheckpointStore(run_folder, MARKER, keep=1), RunLedger(run_folder), run_folder
 
 
-def test_each_holder_takes_the_next_epoch_and_an_older_one_is_superseded_by_it(tmp_path):
+def test_each_holder_takes_the_next_term_and_an_older_one_is_superseded_by_it(tmp_path):
     _store, _ledger, first = fenced(tmp_path)
-    first.check()
+    first.look()
     _store, _ledger, second = fenced(tmp_path, holder="b")
-    assert (first.epoch, second.epoch) == (1, 2)
-    second.check()
-    with pytest.raises(lease.Superseded, match=r"a newer piece holds the run \(epoch 2: Slurm job 7 on b\)"):
-        first.check()
-    CheckpointStore(tmp_path, MARKER).release()
+    assert (first.term, second.term) == (1, 2)
+    second.look()
+    with pytest.raises(lease.Superseded, match=r"a newer piece holds the run \(term 2: Slurm job 7 on b\)"):
+        first.look()
+    assert first.superseded() and not second.superseded()
+    CheckpointStore(RunFolder(tmp_path), MARKER).release()
     with pytest.raises(lease.Superseded, match="is gone"):
-        second.check()
+        second.look()
 
 
 def test_a_superseded_store_publishes_nothing_and_touches_none_of_the_newer_pieces_checkpoints(tmp_path):
     """The older piece's checkpoint copied whole under its partial name is not renamed into place once
-    a newer epoch exists: neither over the newer piece's checkpoint of the same step, nor a new one,
-    and it prunes nothing. Each published checkpoint says its epoch (contents.json, published.jsonl)."""
+    a newer term exists: neither over the newer piece's checkpoint of the same step, nor a new one,
+    and it prunes nothing. Each published checkpoint says its term (contents.json, published.jsonl)."""
     scratch, shared = tmp_path / "scratch", tmp_path / "shared"
     shared.mkdir()
-    older, _ledger, _fence = fenced(shared)
+    older, _ledger, _gate = fenced(shared)
     older.mirror(make_checkpoint(scratch / "old", 10))
-    newer, _ledger, _fence = fenced(shared, holder="b")
+    newer, _ledger, _gate = fenced(shared, holder="b")
     newer.mirror(make_checkpoint(scratch / "new", 20))
     before = {path: path.read_bytes() for path in shared.rglob("*") if path.is_file()}
     for step in (20, 30):
@@ -376,22 +378,71 @@ def test_a_superseded_store_publishes_nothing_and_touches_none_of_the_newer_piec
             older.mirror(make_checkpoint(scratch / "old", step))
     assert {path: path.read_bytes() for path in shared.rglob("*") if path.is_file()} == before
     assert [step for step, _ in newer.complete()] == [20]
-    assert json.loads((shared / "checkpoint-20" / "contents.json").read_text())["epoch"] == 2
-    assert [line["epoch"] for line in newer.published()] == [1, 2]
+    assert json.loads((shared / "checkpoint-20" / "contents.json").read_text())["term"] == 2
+    assert [line["term"] for line in newer.published()] == [1, 2]
 
 
-def test_a_superseded_piece_notes_its_end_beside_its_epoch_and_the_ledger_reads_it(tmp_path):
+def test_a_superseded_piece_notes_its_end_beside_its_term_and_the_ledger_reads_it(tmp_path):
     """Its ledger writes are refused (pieces.json is the newer piece's), its end is noted in its own
     file, and every reader of the ledger sees it superseded at its last checkpoint."""
-    store, ledger, _fence = fenced(tmp_path)
+    store, ledger, _gate = fenced(tmp_path)
     with pytest.raises(lease.Superseded), ledger.piece(store) as entry:
         store.mirror(make_checkpoint(tmp_path / "scratch", 40))
-        _newer_store, newer_ledger, _newer = fenced(tmp_path, holder="b")
+        _newer_store, newer_ledger, _newer_gate = fenced(tmp_path, holder="b")
         with newer_ledger.piece(_newer_store):
             pass
         entry.resumed_from_step = 20
         ledger.record(entry)
-    old, newer = RunLedger(tmp_path).pieces()
-    assert (old.outcome, old.epoch, old.reached_step, newer.epoch) == ("superseded", 1, 40, 2)
+    old, newer = RunLedger(RunFolder(tmp_path)).pieces()
+    assert (old.outcome, old.term, old.reached_step, newer.term) == ("superseded", 1, 40, 2)
     assert old.ended_at and old.last_checkpoint_at
     assert newer.outcome == "finished"
+
+
+def publish_late_by_hand(shared, scratch, step, term):
+    """What a piece of `term` frozen between its look at the fence and its rename leaves once it runs
+    on: its checkpoint renamed into place and noted in published.jsonl after a newer term began."""
+    late = make_checkpoint(scratch / f"late-{step}", step)
+    checkpoints.write_contents(late, term)
+    shutil.copytree(late, shared / late.name)
+    with open(shared / checkpoints.PUBLISHED_FILE, "a") as out:
+        out.write(json.dumps({"checkpoint": late.name, "at": time.time(), "term": term}) + "\n")
+
+
+def test_a_checkpoint_an_older_term_published_after_a_newer_term_began_is_not_resumed_from(tmp_path):
+    """The fencing token checked where it is used: restore takes the newest checkpoint of the newer
+    term, the late one is set aside as checkpoint-30.stale and named with why (the piece keeps
+    that in its entry: set_aside), and the ledger's reading of published.jsonl leaves its line out."""
+    scratch, shared = tmp_path / "scratch", tmp_path / "shared"
+    shared.mkdir()
+    older, _ledger, _gate = fenced(shared)
+    older.mirror(make_checkpoint(scratch / "old", 10))
+    newer, _ledger, _gate = fenced(shared, holder="b")
+    newer.mirror(make_checkpoint(scratch / "new", 20))
+    publish_late_by_hand(shared, scratch, 30, term=1)
+    assert [step for step, _ in newer.complete()] == [20, 30]  # in place, and newest by its step
+
+    assert newer.newest().name == "checkpoint-20"
+    assert newer.restore_newest_to(tmp_path / "restored").name == "checkpoint-20"
+    assert [line["checkpoint"] for line in newer.published()] == ["checkpoint-10", "checkpoint-20"]
+    next_piece, _ledger, _gate = fenced(shared, holder="c")
+    intact, set_aside = next_piece.newest_intact()
+    assert intact.name == "checkpoint-20"
+    assert set_aside == {"checkpoint-30": "published by term 1 after term 2 began"}
+    assert (shared / "checkpoint-30.stale" / "damage.txt").read_text() == "published by term 1 after term 2 began\n"
+    # What term 1 published before term 2 began is trusted: restored where it is the newest.
+    assert CheckpointStore(RunFolder(tmp_path / "none"), MARKER).newest() is None
+    assert older.too_late(shared / "checkpoint-20") is None
+
+
+def test_a_piece_end_an_older_term_wrote_after_a_newer_term_began_reads_as_superseded(tmp_path):
+    store, ledger, _gate = fenced(tmp_path)
+    with ledger.piece(store):
+        pass
+    _store, newer_ledger, _gate = fenced(tmp_path, holder="b")
+    (finished,) = newer_ledger.pieces()
+    assert finished.outcome == "finished"  # ended before term 2 began: trusted
+    late = {**ledger_module.plain(finished), "outcome": "paused"}
+    late["ended_at"] = time.strftime(ledger_module.TIME_FORMAT, time.localtime(time.time() + 2))
+    (tmp_path / ledger_module.PIECES_FILE).write_text(json.dumps([late]))
+    assert [entry.outcome for entry in newer_ledger.pieces()] == ["superseded"]

@@ -24,7 +24,7 @@ from conftest import (
 )
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.files import read_json
-from scratchflow.ledger import RunLedger
+from scratchflow.lease import RunFolder
 from scratchflow.piece import Piece, PieceSpec
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
@@ -76,7 +76,7 @@ def signal_once_ready(ready: Path, number: int) -> threading.Thread:
 
 
 def test_a_program_that_ignores_the_stop_is_killed_after_the_grace_period(tmp_path):
-    mirror = CheckpointStore(tmp_path / "shared", "COMPLETE").mirroring(tmp_path / "local")
+    mirror = CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE").mirroring(tmp_path / "local")
     stop = StopForwarder(tmp_path / "stop-requested")
     signal_once_ready(tmp_path / "ready", signal.SIGUSR1)
     started = time.monotonic()
@@ -156,8 +156,7 @@ def test_with_tracking_wandb_a_bare_wandb_init_logs_the_piece_offline_beside_its
         identity={"dataset": {}, "training": {"command": [sys.executable, "-c", LOGS_TO_WANDB]}},
         model=None,
         work_dir=tmp_path / "scratch",
-        store=CheckpointStore(tmp_path / "checkpoints", "COMPLETE"),
-        ledger=RunLedger(tmp_path / "checkpoints"),
+        store=CheckpointStore(RunFolder(tmp_path / "checkpoints"), "COMPLETE"),
         tracking_dir=run_folder / TENSORBOARD_FOLDER,
         tracking="wandb",
         checkpoint_every=CheckpointInterval(steps=10),

@@ -29,7 +29,7 @@ from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.dataset import load_examples
 from scratchflow.distributed import requested_gpus_per_node, seeing_in_image, shape_of
-from scratchflow.ledger import RunLedger
+from scratchflow.lease import RunFolder
 from scratchflow.piece import Piece, PieceSpec, Rank, Shape, Staging
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
@@ -137,7 +137,7 @@ def write_checkpoint(folder: Path, step: int, world_size: int | None = None) -> 
 
 
 def test_a_checkpoint_of_another_world_size_is_refused_with_what_to_do(tmp_path):
-    run = CheckpointStore(tmp_path / "shared", MARKER)
+    run = CheckpointStore(RunFolder(tmp_path / "shared"), MARKER)
     write_checkpoint(run.folder, 40, world_size=4)
     with pytest.raises(WorldSizeChanged, match=r"written by 4 training process\(es\), and this job trains with 2"):
         run.restore_newest_to(tmp_path / "local", world_size=2)
@@ -148,7 +148,7 @@ def test_a_checkpoint_of_another_world_size_is_refused_with_what_to_do(tmp_path)
 
 
 def test_a_checkpoint_seeded_by_the_launcher_is_used_in_place(tmp_path):
-    run = CheckpointStore(tmp_path / "shared", MARKER)
+    run = CheckpointStore(RunFolder(tmp_path / "shared"), MARKER)
     write_checkpoint(run.folder, 10, world_size=2)
     seeded = run.restore_newest_to(tmp_path / "local", world_size=2)
     (seeded / "written-on-scratch").touch()
@@ -157,7 +157,7 @@ def test_a_checkpoint_seeded_by_the_launcher_is_used_in_place(tmp_path):
 
 
 def test_an_assembled_checkpoint_appears_under_its_name_with_its_world_size(tmp_path):
-    run = CheckpointStore(tmp_path / "shared", MARKER, keep=2)
+    run = CheckpointStore(RunFolder(tmp_path / "shared"), MARKER, keep=2)
     for step in (10, 20):
         write_checkpoint(run.folder, step, world_size=2)
     assembly = run.assembly("checkpoint-30", "@host@123")
@@ -200,8 +200,7 @@ def test_a_stop_that_comes_just_after_the_processes_agreed_is_counted_at_the_nex
         identity={"dataset": {}, "training": {}},
         model=None,
         work_dir=tmp_path / "scratch",
-        store=CheckpointStore(tmp_path / "checkpoints", "COMPLETE"),
-        ledger=RunLedger(tmp_path / "checkpoints"),
+        store=CheckpointStore(RunFolder(tmp_path / "checkpoints"), "COMPLETE"),
         tracking_dir=tmp_path / "tensorboard",
         tracking="tensorboard",
         checkpoint_every=CheckpointInterval(steps=10),
@@ -385,8 +384,7 @@ def test_a_piece_spec_names_the_jobs_node_as_slurm_does_and_reads_back_whole(tmp
         identity={"dataset": {"format": "folder"}, "training": {"seed": 0}},
         model=None,
         work_dir=tmp_path / "scratch",
-        store=CheckpointStore(tmp_path / "checkpoints", "trainer_state.json", keep=3),
-        ledger=RunLedger(tmp_path / "checkpoints"),
+        store=CheckpointStore(RunFolder(tmp_path / "checkpoints"), "trainer_state.json", keep=3),
         tracking_dir=tmp_path / "tensorboard",
         tracking="tensorboard",
         checkpoint_every=CheckpointInterval(steps=20),

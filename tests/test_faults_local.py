@@ -40,7 +40,7 @@ from conftest import (
 from scratchflow.checkpoints import CheckpointStore, checkpoint_damage
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.files import NoSpace
-from scratchflow.lease import LEASE_FOLDER, take_epoch
+from scratchflow.lease import LEASE_FOLDER, RunFolder, take_term
 from scratchflow.ledger import RunLedger, piece_records
 from scratchflow.processes import StopForwarder, child_pids, run_program
 
@@ -194,11 +194,11 @@ def test_a_piece_whose_run_a_newer_piece_took_over_writes_nothing_more_and_the_r
     tmp_path, bbc_subset, uninterrupted_command_run
 ):
     """Once its first checkpoint is on shared storage, a training's run is taken over by hand, as a
-    Slurm job requeued while its node had stopped answering takes it (a newer epoch, from another
+    Slurm job requeued while its node had stopped answering takes it (a newer term, from another
     node, which no lease can see alive) while the old piece trains on. At its next write the old
-    piece stops: superseded, in one line, not failed; after the newer epoch began it wrote nothing to
+    piece stops: superseded, in one line, not failed; after the newer term began it wrote nothing to
     the run's shared folders (no checkpoint, ledger, progress, curves, model or record), and its end
-    is noted beside its epoch, which the ledger reads. The next piece resumes from its last
+    is noted beside its term, which the ledger reads. The next piece resumes from its last
     checkpoint and ends with the uninterrupted run's weights and metrics (a command task's program:
     its checkpoints copied by the job's watcher, which the fence stops)."""
     write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch"))
@@ -208,19 +208,19 @@ def test_a_piece_whose_run_a_newer_piece_took_over_writes_nothing_more_and_the_r
         assert workflow.poll() is None and time.monotonic() < deadline, workflow.communicate()[0][-3000:]
         time.sleep(0.05)
     (run,) = (tmp_path / "checkpoints").iterdir()
-    newer = take_epoch(run, {"host": "another-node", "pid": 4242, "slurm_job_id": "17"})
-    took_over = (run / LEASE_FOLDER / f"{newer.epoch:06d}").stat().st_mtime
+    newer = take_term(run, {"host": "another-node", "pid": 4242, "slurm_job_id": "17"})
+    took_over = (run / LEASE_FOLDER / f"{newer:06d}").stat().st_mtime
     output = workflow.communicate(timeout=300)[0]
     assert workflow.returncode != 0, output[-3000:]
     assert (
-        "scratchflow: superseded, not failed: a newer piece holds the run (epoch 2: Slurm job 17 on another-node)"
+        "scratchflow: superseded, not failed: a newer piece holds the run (term 2: Slurm job 17 on another-node)"
         in output
     ), output[-3000:]
-    (piece,) = RunLedger(run).pieces()
-    published = CheckpointStore(run, "COMPLETE").published()
-    assert (piece.outcome, piece.epoch) == ("superseded", 1), piece
+    (piece,) = RunLedger(RunFolder(run)).pieces()
+    published = CheckpointStore(RunFolder(run), "COMPLETE").published()
+    assert (piece.outcome, piece.term) == ("superseded", 1), piece
     assert piece.reached_step == int(published[-1]["checkpoint"].split("-")[1]) > 0
-    assert all(line["epoch"] == 1 and line["at"] <= took_over for line in published)
+    assert all(line["term"] == 1 and line["at"] <= took_over for line in published)
     results = tmp_path / "results" / "runs" / run.name
     written_after = [
         path
@@ -303,7 +303,7 @@ def test_a_command_tasks_program_is_stopped_once_its_checkpoint_cannot_be_saved(
     copy fails, and the program gets SIGTERM at once instead of training on to its end for nothing
     (the fault test above uses a program too quick to show it); the copy's error is the job's."""
     with small_filesystem(tmp_path / "shared", "1m") as shared:
-        mirroring = CheckpointStore(shared / "run", "COMPLETE").mirroring(tmp_path / "local")
+        mirroring = CheckpointStore(RunFolder(shared / "run"), "COMPLETE").mirroring(tmp_path / "local")
         stop = StopForwarder(tmp_path / "stop-requested")
         argv = [sys.executable, "-c", SAVES_THEN_TRAINS_ON, str(tmp_path / "local")]
         started = time.monotonic()

@@ -5,14 +5,16 @@ by strace (benchmarks/shared_storage.py), never timed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from scratchflow import checkpoints, piece
+from scratchflow import lease, piece
 from scratchflow.checkpoints import CheckpointStore
+from scratchflow.lease import RunFolder
 from scratchflow.ledger import RunLedger
 from scratchflow.piece import Piece, PieceSpec
 from scratchflow.schedule import CheckpointInterval
@@ -49,8 +51,7 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
         run_id="r1",
         identity={"dataset": {}, "training": {}},
         model=None,
-        store=CheckpointStore(folder, "COMPLETE"),
-        ledger=RunLedger(folder),
+        store=CheckpointStore(RunFolder(folder), "COMPLETE"),
         tracking_dir=tmp_path / "tensorboard",
         tracking="tensorboard",
         checkpoint_every=CheckpointInterval(steps=10),
@@ -60,7 +61,9 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
     )
     trainer = Piece(spec)
     written = []
-    monkeypatch.setattr(RunLedger, "report_progress", lambda ledger, progress: written.append(progress["step"]))
+    monkeypatch.setattr(
+        RunLedger, "report_progress", lambda _ledger, progress, _publication=None: written.append(progress["step"])
+    )
     for step in range(1, 101):  # a report a second for 100 seconds
         clock[0] += 1
         trainer.report_progress({"step": step})
@@ -88,8 +91,7 @@ def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_pa
         run_id="r1",
         identity={"dataset": {}, "training": {}},
         model=None,
-        store=CheckpointStore(tmp_path / "checkpoints" / "r1", "COMPLETE"),
-        ledger=RunLedger(tmp_path / "checkpoints" / "r1"),
+        store=CheckpointStore(RunFolder(tmp_path / "checkpoints" / "r1", results=run_folder), "COMPLETE"),
         tracking_dir=run_folder / "tensorboard",
         tracking="tensorboard",
         checkpoint_every=CheckpointInterval(steps=10),
@@ -104,17 +106,16 @@ def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_pa
     checkpoint.mkdir(parents=True)
     (checkpoint / "COMPLETE").touch()
     published = spec.tracking_dir / events.name
-    copy_whole = checkpoints.copy_whole
+    copied_whole = lease.copied_whole
     seen = []
 
-    def copy_noting_the_curves_as_it_is_renamed(source, destination, before_rename=None):
-        def then():
-            before_rename()
-            seen.append(published.read_bytes() if published.exists() else None)
+    @contextlib.contextmanager
+    def copied_noting_the_curves_as_it_is_renamed(source, destination):
+        with copied_whole(source, destination):
+            yield
+            seen.append(published.read_bytes() if published.exists() else None)  # the rename comes next
 
-        return copy_whole(source, destination, before_rename=then)
-
-    monkeypatch.setattr(checkpoints, "copy_whole", copy_noting_the_curves_as_it_is_renamed)
+    monkeypatch.setattr(lease, "copied_whole", copied_noting_the_curves_as_it_is_renamed)
     Piece(spec).checkpoint_saved(checkpoint)
     assert seen == [b"the curves to step 10"], "the curves were there when the checkpoint was renamed into place"
     assert (spec.store.folder / "checkpoint-10" / "COMPLETE").is_file()

@@ -664,9 +664,9 @@ def test_a_labs_training_whose_nodes_slurmd_dies_and_whose_old_piece_trains_on_a
     partition takes it first; no other test's job is there) when n3's slurmd dies and the job's
     processes live on, frozen until the requeued job holds the run, as by a hung filesystem. Slurm
     declares n3 DOWN after SlurmdTimeout, ends the job NODE_FAIL and requeues it under its id; it
-    starts on another node, takes the run's next epoch and resumes from the newest checkpoint. The
+    starts on another node, takes the run's next term and resumes from the newest checkpoint. The
     old piece, thawed with another learning rate given by hand (so that anything it wrote would
-    differ), trains on until its next write, finds the newer epoch and ends superseded: nothing it
+    differ), trains on until its next write, finds the newer term and ends superseded: nothing it
     wrote is dated after the newer piece held the run, its job's own Snakemake removes none of the
     newer piece's outputs, the lab's `make status` says so, and the run ends with the weights and
     metrics of the same pipeline run uninterrupted beside it, spending no retry."""
@@ -696,7 +696,7 @@ def test_a_labs_training_whose_nodes_slurmd_dies_and_whose_old_piece_trains_on_a
 
     old_piece, took_over = requeued_beside_its_old_piece(slurm, workflow, lab, job, ("n3",), another_learning_rate)
     superseded_end = run / "lease" / "000001.superseded"
-    wait_until(superseded_end.exists, workflow, lab, "the old piece to find the newer epoch", timeout=240)
+    wait_until(superseded_end.exists, workflow, lab, "the old piece to find the newer term", timeout=240)
     assert nothing_written_by_the_old_piece_after(run, took_over)
     status = slurm.run("make", "-C", str(lab), "status", env=ACTIVATED).stdout
     assert "piece 1 superseded (trained on after a newer piece took the run over)" in status, status
@@ -705,7 +705,7 @@ def test_a_labs_training_whose_nodes_slurmd_dies_and_whose_old_piece_trains_on_a
     assert finish(uninterrupted, reference)[0] == 0
     old, resumed = pieces_of(lab)
     assert old["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
-    assert (old["outcome"], old["epoch"], old["requeued"]) == ("superseded", 1, "node failure"), old
+    assert (old["outcome"], old["term"], old["requeued"]) == ("superseded", 1, "node failure"), old
     assert "n3" not in resumed["ranks"] and resumed["resumed_from_step"] == old["reached_step"] > 0
     assert same_weights(lab, reference, "model.pt") and same_metrics(lab, reference)
     assert not still_training(old_piece), "the old piece's processes ended"
@@ -716,7 +716,7 @@ def requeued_beside_its_old_piece(
 ) -> tuple[list[int], float]:
     """The slurmd of each of `nodes` (all of `job`'s) dies and the job's processes there live on,
     frozen (SIGSTOP) as by a hung filesystem; Slurm requeues the job under its id, and it starts on
-    other nodes. Once its piece holds the run (the run's epoch 2), `meanwhile` is done and the old
+    other nodes. Once its piece holds the run (the run's term 2), `meanwhile` is done and the old
     processes thaw. Their pids, and when the newer piece took the run over."""
     before = slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
     lost_at = time.time()
@@ -729,8 +729,8 @@ def requeued_beside_its_old_piece(
     if pending_again(slurm, job):  # not in the two minutes Slurm may hold it: the old piece waits frozen
         slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
     (run,) = (workdir / "checkpoints").iterdir()
-    newer_epoch = run / "lease" / "000002"
-    wait_until(newer_epoch.exists, workflow, workdir, "the requeued job's piece holding the run", timeout=240)
+    newer_term = run / "lease" / "000002"
+    wait_until(newer_term.exists, workflow, workdir, "the requeued job's piece holding the run", timeout=240)
     if meanwhile is not None:
         meanwhile()
     for pid in old_piece:
@@ -738,7 +738,7 @@ def requeued_beside_its_old_piece(
             os.kill(pid, signal.SIGCONT)
     for node in nodes:
         assert declared_down_since(slurm, node, lost_at), slurm.node_state(node)
-    return old_piece, newer_epoch.stat().st_mtime
+    return old_piece, newer_term.stat().st_mtime
 
 
 def still_training(pids: list[int], timeout: float = 60) -> list[str]:
@@ -759,12 +759,12 @@ def still_training(pids: list[int], timeout: float = 60) -> list[str]:
 
 
 def nothing_written_by_the_old_piece_after(run: Path, took_over: float) -> bool:
-    """Whether the run's folder holds nothing the first epoch published after `took_over`: no line of
-    published.jsonl, no checkpoint (each says its epoch in contents.json)."""
+    """Whether the run's folder holds nothing the first term published after `took_over`: no line of
+    published.jsonl, no checkpoint (each says its term in contents.json)."""
     published = [json.loads(line) for line in (run / "published.jsonl").read_text().splitlines()]
-    late = [line for line in published if line["epoch"] == 1 and line["at"] > took_over]
+    late = [line for line in published if line["term"] == 1 and line["at"] > took_over]
     contents = [json.loads(path.read_text()) | {"path": path} for path in run.glob("checkpoint-*/contents.json")]
-    late += [content for content in contents if content["epoch"] == 1 and content["path"].stat().st_mtime > took_over]
+    late += [content for content in contents if content["term"] == 1 and content["path"].stat().st_mtime > took_over]
     assert late == [], late
     return True
 
@@ -820,7 +820,7 @@ def test_a_two_node_training_whose_slurmds_die_and_whose_old_piece_trains_on_end
     """2 nodes x 2 processes (the OSCER profile, on CPUs) on the `fragile` nodes n3 and n4, whose slurmds both
     die while the nodes and every process of the job live on, frozen until the requeued job holds the
     run. Slurm declares them DOWN, ends the job NODE_FAIL and requeues it under its id; it starts on
-    n1 and n2, takes the run's next epoch and resumes. The old piece's four ranks, thawed, train on
+    n1 and n2, takes the run's next term and resumes. The old piece's four ranks, thawed, train on
     together until their next write, which the fence refuses: the piece ends superseded, writing
     nothing dated after the newer piece held the run, and the run ends with the uninterrupted
     two-node run's results, byte for byte, spending no retry."""
@@ -847,7 +847,7 @@ def test_a_two_node_training_whose_slurmds_die_and_whose_old_piece_trains_on_end
     assert returncode == 0, output[-6000:]
     old, resumed = pieces_of(workdir)
     assert old["slurm_job_id"] == resumed["slurm_job_id"] == job, "requeued by Slurm, not retried"
-    assert (old["outcome"], old["epoch"], old["requeued"]) == ("superseded", 1, "node failure"), old
+    assert (old["outcome"], old["term"], old["requeued"]) == ("superseded", 1, "node failure"), old
     assert resumed["ranks"] == {"n1": [0, 1], "n2": [2, 3]}
     assert resumed["resumed_from_step"] == old["reached_step"] > 0
     reference, _output = two_node_run

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 from scratchflow import staging
-from scratchflow.files import HOST, NoSpace, read_json, write_json_atomically, written_whole
+from scratchflow.files import HOST, NoSpace, read_json, remove_leftovers, write_json_atomically, written_whole
 from scratchflow.snakemake_adapter import keep_job_variables
 from scratchflow.staging import (
     StagingError,
     archive_dataset,
     copy_whole,
-    remove_leftovers,
     resolve_scratch_root,
     scratch_directory,
     stage_in,

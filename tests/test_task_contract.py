@@ -22,6 +22,7 @@ import yaml
 from conftest import REPO, command_config, image_config, validated, workflow_config, workflow_env
 from scratchflow import contract
 from scratchflow.config import ConfigError, configured_task
+from scratchflow.lease import RunFolder
 from scratchflow.tasks import UnknownTask, WrongPredicted, available_tasks, load_task, raised_at, training_schema
 
 TASKS = available_tasks()
@@ -231,7 +232,7 @@ def test_the_contract_finds_a_model_shipped_in_a_package_as_the_workflow_does(tm
     from scratchflow.checkpoints import CheckpointStore
 
     config = validated(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
-    spec = contract.piece_spec(config, tmp_path, 1, CheckpointStore(tmp_path / "shared", "marker"))
+    spec = contract.piece_spec(config, tmp_path, 1, CheckpointStore(RunFolder(tmp_path / "shared"), "marker"))
     assert spec.model.is_dir() and (spec.model / "config.json").is_file(), spec.model
 
 
@@ -434,7 +435,7 @@ def test_a_predict_job_refuses_what_a_task_returned_wrongly_naming_the_task_and_
     config, _ = lab_task(
         tmp_path, monkeypatch, (PREDICTING, PREDICTING.replace("predictions=predictions", "predictions=[{}]"))
     )
-    run = CheckpointStore(tmp_path / "shared", "COMPLETE")
+    run = CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE")
     trained = contract.trained_piece(contract.piece_spec(config, tmp_path / "train", 1, run))
     archive_dataset(config["dataset"], tmp_path / "data.tar", tmp_path / "data.manifest.json")
     results = tmp_path / "results"

@@ -31,6 +31,7 @@ from conftest import (
 )
 from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
+from scratchflow.lease import RunFolder
 from scratchflow.record import git_state
 
 pytestmark = pytest.mark.slow
@@ -223,7 +224,9 @@ def test_a_rung_jobs_progress_counts_to_the_rungs_end(tmp_path):
     from scratchflow.hf_trainer import ProgressLog
     from scratchflow.ledger import PROGRESS_FILE, RunLedger
 
-    context = SimpleNamespace(run_id="rung0run00", budget_epochs=1, report_progress=RunLedger(tmp_path).report_progress)
+    context = SimpleNamespace(
+        run_id="rung0run00", budget_epochs=1, report_progress=RunLedger(RunFolder(tmp_path)).report_progress
+    )
     progress = ProgressLog(context)
     args = SimpleNamespace(num_train_epochs=2, per_device_train_batch_size=8, world_size=1)
     state = SimpleNamespace(global_step=1, max_steps=60, is_world_process_zero=True)

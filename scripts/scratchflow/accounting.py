@@ -76,7 +76,7 @@ def _megabytes(value: str) -> float:
     return float(value[:-1]) * units[value[-1]] if value[-1:] in units else float(value) / 2**20
 
 
-def _epoch(stamp: str) -> float | None:
+def _unix_time(stamp: str) -> float | None:
     """sacct's Start or End (local time, no zone) as seconds; None for Unknown (still running)."""
     if not stamp or stamp in ("Unknown", "None"):
         return None
@@ -100,8 +100,8 @@ def parse_sacct(text: str, site: Site) -> dict[str, list[JobRun]]:
             JobRun(
                 job_id=job["JobIDRaw"],
                 state=job["State"].split()[0],
-                start=_epoch(job["Start"]) or 0.0,
-                end=_epoch(job["End"]),
+                start=_unix_time(job["Start"]) or 0.0,
+                end=_unix_time(job["End"]),
                 elapsed_seconds=float(job["ElapsedRaw"] or 0),
                 cpus=int(allocated.get("cpu", 0)),
                 gpus=int(allocated.get("gres/gpu", 0)) if site.gpus else None,

@@ -14,11 +14,12 @@ its own. Each checkpoint carries `contents.json`, its files' sizes and sha256, w
 published: a job verifies the newest before resuming from it, and sets a damaged one aside
 (`checkpoint-<step>.damaged`, with `damage.txt` saying what was wrong) to resume from the one
 before. `published.jsonl` has a line per checkpoint published: when a piece that ended unfinished
-last saved (scratchflow.accounting counts what it trained after as lost), and by which epoch.
+last saved (scratchflow.accounting counts what it trained after as lost), and by which term.
 
-A store a piece holds carries the piece's `Fence` (scratchflow.lease): each of its writes (a
-publication, the pruning after it, a damaged checkpoint set aside) happens only while no newer piece
-holds the run, and each checkpoint records the epoch that published it in its contents.json.
+A store writes only through its run's gate (scratchflow.lease.RunFolder): held by a piece, each
+write (a publication with the pruning after it, a checkpoint set aside) happens only while no newer
+piece holds the run. Each checkpoint records the term that published it in its contents.json, and a
+reader ignores one that an older term published after a newer term began (`newest`, `newest_intact`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import shutil
 import threading
@@ -36,15 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scratchflow.files import (
-    OWNER_TAG,
     file_sha256,
     filesystem_of,
     read_json,
     require_free_space,
+    tree_bytes,
     write_json_atomically,
 )
-from scratchflow.lease import Fence
-from scratchflow.staging import StagingError, copy_whole, tree_bytes
+from scratchflow.lease import Publication, RunFolder
+from scratchflow.staging import StagingError, copy_whole
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ WORLD_FILE = "world.json"
 CONTENTS_FILE = "contents.json"
 DAMAGED_SUFFIX = ".damaged"
 DAMAGE_FILE = "damage.txt"
+# A checkpoint an older term published after a newer term began: set aside, never resumed from.
+STALE_SUFFIX = ".stale"
 
 
 class WorldSizeChanged(RuntimeError):
@@ -94,15 +96,29 @@ def step_of(checkpoint: Path) -> int:
     return int(named.group(1))
 
 
-def write_contents(checkpoint: Path, epoch: int | None = None) -> None:
-    """Record each file of `checkpoint` with its size and sha256, and the epoch of the piece that
-    publishes it, in the checkpoint itself."""
+def contents_of(checkpoint: Path, term: int | None = None) -> dict:
+    """What a checkpoint's contents.json holds: each file of `checkpoint` with its size and sha256,
+    and the term of the piece that publishes it."""
     files = {
         str(path.relative_to(checkpoint)): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
         for path in sorted(checkpoint.rglob("*"))
         if path.is_file() and path.name != CONTENTS_FILE
     }
-    write_json_atomically({"files": files, "epoch": epoch}, checkpoint / CONTENTS_FILE)
+    return {"files": files, "term": term}
+
+
+def write_contents(checkpoint: Path, term: int | None = None) -> None:
+    """A checkpoint's contents.json (`contents_of`), on scratch, where the task saved it."""
+    write_json_atomically(contents_of(checkpoint, term), checkpoint / CONTENTS_FILE)
+
+
+def term_of(checkpoint: Path) -> int | None:
+    """The term that published `checkpoint` (None: unknown, or no piece held the run)."""
+    try:
+        contents = read_json(checkpoint / CONTENTS_FILE)
+    except (OSError, ValueError):
+        return None
+    return contents.get("term", contents.get("epoch"))  # "epoch": as main wrote it before 0.4.0
 
 
 def checkpoint_damage(checkpoint: Path, read_bytes: bool = True) -> str | None:
@@ -126,60 +142,70 @@ def checkpoint_damage(checkpoint: Path, read_bytes: bool = True) -> str | None:
     return None
 
 
-def remove_whole(path: Path) -> None:
-    """Delete a directory so that no half-deleted copy keeps its name: rename first, then delete."""
-    doomed = path.with_name(f".{path.name}.deleting{OWNER_TAG}")
-    os.rename(path, doomed)
-    shutil.rmtree(doomed)
-
-
 @dataclass(frozen=True)
 class CheckpointStore:
-    """The checkpoints of one run on shared storage: the newest complete (and intact) one, restored
-    to scratch; each new one published whole; all of them released once the run is done. `marker`
-    is the file a task writes last into a checkpoint."""
+    """The checkpoints of one run on shared storage (in `run_folder`, through which it writes): the
+    newest complete (and intact) one, restored to scratch; each new one published whole; all of them
+    released once the run is done. `marker` is the file a task writes last into a checkpoint."""
 
-    folder: Path
+    run_folder: RunFolder
     marker: str
     keep: int = 2
-    fence: Fence | None = None  # the holding piece's: every write checks it (None: no piece holds it here)
-
-    def check_fence(self) -> None:
-        """Raise Superseded where a newer piece than this store's holds the run."""
-        if self.fence is not None:
-            self.fence.check()
 
     @property
-    def epoch(self) -> int | None:
-        return self.fence.epoch if self.fence else None
+    def folder(self) -> Path:
+        return self.run_folder.path
+
+    @property
+    def term(self) -> int | None:
+        return self.run_folder.term
 
     def complete(self) -> list[tuple[int, Path]]:
         return complete_checkpoints(self.folder, self.marker)
 
     def newest(self) -> Path | None:
-        return newest_complete_checkpoint(self.folder, self.marker)
+        """The newest complete checkpoint a reader may trust (`too_late`)."""
+        return next(
+            (checkpoint for _step, checkpoint in reversed(self.complete()) if not self.too_late(checkpoint)), None
+        )
 
     def newest_step(self) -> int | None:
         newest = self.newest()
         return step_of(newest) if newest else None
 
-    def newest_intact(self) -> Path | None:
-        """The newest complete checkpoint whose files are those it was saved with; each newer one that
-        is not is set aside (renamed checkpoint-<step>.damaged, with damage.txt), and said."""
+    def too_late(self, checkpoint: Path) -> str | None:
+        """Why `checkpoint` is not to be trusted: an older term published it after a newer term
+        began (scratchflow.lease); None to trust it. Costs a listing where the run had one term."""
+        if len(self.run_folder.terms_listed()) < 2:
+            return None
+        term = term_of(checkpoint)
+        mine = [line for line in self.published() if line["checkpoint"] == checkpoint.name and _term(line) == term]
+        return self.run_folder.published_too_late(term, mine[-1]["at"] if mine else None)
+
+    def newest_intact(self) -> tuple[Path | None, dict[str, str]]:
+        """The newest complete checkpoint whose files are those it was saved with and that its term
+        published in time, and those newer that were set aside, by name, with why: a damaged one
+        (renamed checkpoint-<step>.damaged, with damage.txt), one published too late
+        (checkpoint-<step>.stale, likewise); each said."""
+        aside: dict[str, str] = {}
         for _step, checkpoint in reversed(self.complete()):
-            damage = checkpoint_damage(checkpoint)
-            if damage is None:
-                return checkpoint
-            aside = checkpoint.with_name(checkpoint.name + DAMAGED_SUFFIX)
-            self.check_fence()
-            if aside.exists():
-                remove_whole(aside)
-            os.rename(checkpoint, aside)
-            (aside / DAMAGE_FILE).write_text(damage + "\n")
+            late = self.too_late(checkpoint)
+            damage = None if late else checkpoint_damage(checkpoint)
+            if late is None and damage is None:
+                return checkpoint, aside
+            suffix = STALE_SUFFIX if late else DAMAGED_SUFFIX
+            with self.run_folder.publishing() as publication:
+                moved = checkpoint.with_name(checkpoint.name + suffix)
+                if moved.exists():
+                    publication.remove(moved)
+                publication.rename(checkpoint, moved)
+                publication.write_text((late or damage or "") + "\n", moved / DAMAGE_FILE)
+            aside[checkpoint.name] = late or f"damaged: {damage}"
             log.warning(
-                "%s is damaged (%s): set aside as %s; resuming from the one before", checkpoint, damage, aside.name
+                "%s %s: set aside as %s; resuming from the one before",
+                *(checkpoint, late or f"is damaged ({damage})", moved.name),
             )
-        return None
+        return None, aside
 
     def check_space_for_the_next(self, newest: Path | None) -> None:
         """Fail at once, before a piece trains, when the folder's filesystem has no room for one
@@ -243,54 +269,47 @@ class CheckpointStore:
         (on scratch) to this shared folder; `restored_step`: the step restored from here, if any."""
         return CheckpointMirroring(self, local_folder, restored_step)
 
-    def mirror(self, local_checkpoint: Path, with_it: Callable[[], None] | None = None) -> Path:
+    def mirror(self, local_checkpoint: Path, with_it: Callable[[Publication], None] | None = None) -> Path:
         """Copy a checkpoint the task just wrote on scratch into the shared folder, whole or not at
         all, then drop all but the newest `keep` complete ones. `with_it`: what goes to shared storage
-        with it, just before it is renamed into place (`publishing`)."""
+        in the same publication, just before it is renamed into place."""
         destination = self.folder / local_checkpoint.name
-        write_contents(local_checkpoint, self.epoch)
-        copy_whole(local_checkpoint, destination, before_rename=lambda: self.publishing(with_it))
-        self._note_published(destination)
-        self._prune()
+        write_contents(local_checkpoint, self.term)
+        publication = self.run_folder.publish_copy(local_checkpoint, destination, with_it)
+        self._after_publication(destination, publication)
         return destination
 
-    def publishing(self, with_it: Callable[[], None] | None) -> None:
-        """Just before a checkpoint is renamed into place: the fence looked at (one listing a
-        publication: this piece's writes from here to the rename, `with_it`'s too, go only where no
-        newer piece held the run when it looked), then `with_it` written."""
-        self.check_fence()
-        if with_it is not None:
-            with_it()
-
-    def _prune(self) -> None:
-        """All but the newest `keep` complete checkpoints removed (right after a publication, whose
-        look at the fence covers it)."""
+    def _after_publication(self, checkpoint: Path, publication: Publication) -> None:
+        """Its line in published.jsonl, and all but the newest `keep` complete checkpoints removed,
+        never the one just published (a newer one may be a stale term's), in its publication."""
+        publication.append_line(
+            {"checkpoint": checkpoint.name, "at": time.time(), "term": self.term}, self.folder / PUBLISHED_FILE
+        )
         for _step, old in self.complete()[: -self.keep]:
-            remove_whole(old)
-
-    def _note_published(self, checkpoint: Path) -> None:
-        """A line in published.jsonl: appended whole (one short write), from whichever process
-        published, without a lock."""
-        with open(self.folder / PUBLISHED_FILE, "a") as out:
-            out.write(json.dumps({"checkpoint": checkpoint.name, "at": time.time(), "epoch": self.epoch}) + "\n")
+            if old != checkpoint:
+                publication.remove(old)
 
     def last_published_since(self, since: float) -> float | None:
         """When the newest checkpoint published at or after `since` was published (None: none was)."""
         times = [line["at"] for line in self.published()]
         return max((at for at in times if at >= since), default=None)
 
-    def last_published_by(self, epoch: int) -> tuple[int, float] | None:
-        """The step of the last checkpoint the piece of `epoch` published, and when (None: none)."""
-        mine = [line for line in self.published() if line.get("epoch") == epoch]
+    def last_published_by(self, term: int) -> tuple[int, float] | None:
+        """The step of the last checkpoint the piece of `term` published, and when (None: none)."""
+        mine = [line for line in self.published() if _term(line) == term]
         return (step_of(Path(mine[-1]["checkpoint"])), mine[-1]["at"]) if mine else None
 
     def published(self) -> list[dict]:
-        """published.jsonl's lines, oldest first."""
+        """published.jsonl's lines, oldest first; a line an older term wrote after a newer term
+        began is left out (scratchflow.lease: readers check the token)."""
         try:
             lines = (self.folder / PUBLISHED_FILE).read_text().splitlines()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in lines if line.strip()]
+        listed = [json.loads(line) for line in lines if line.strip()]
+        if len({_term(line) for line in listed}) < 2:
+            return listed
+        return [line for line in listed if not self.run_folder.published_too_late(_term(line), line["at"])]
 
     def assembly(self, name: str, tag: str) -> Path:
         """Where the parts of checkpoint `name`, written by several processes on several nodes, are
@@ -298,24 +317,32 @@ class CheckpointStore:
         on every node) lets a later job remove what a killed one left."""
         return self.folder / f".{name}.assembling{tag}"
 
-    def publish(self, assembly: Path, world_size: int, with_it: Callable[[], None] | None = None) -> Path:
+    def assemble_part(self, local_checkpoint: Path, assembly: Path) -> None:
+        """One node's part of a checkpoint of several processes, copied into its hidden assembly
+        folder (no reader looks there; `publish` looks at the fence before it gives it its name)."""
+        self.run_folder.unpublished().copy_tree_into(local_checkpoint, assembly)
+
+    def publish(self, assembly: Path, world_size: int, with_it: Callable[[Publication], None] | None = None) -> Path:
         """Give an assembled checkpoint its name, with the number of processes that wrote it, then
         drop all but the newest `keep` complete ones. `with_it`: as `mirror`'s."""
-        write_json_atomically({"world_size": world_size}, assembly / WORLD_FILE)
-        write_contents(assembly, self.epoch)
         destination = self.folder / assembly.name[1:].split(".assembling")[0]
-        self.publishing(with_it)
-        if destination.exists():
-            remove_whole(destination)
-        os.rename(assembly, destination)
-        self._note_published(destination)
-        self._prune()
+        assembling = self.run_folder.unpublished()
+        assembling.write_json({"world_size": world_size}, assembly / WORLD_FILE)
+        assembling.write_json(contents_of(assembly, self.term), assembly / CONTENTS_FILE)
+        with self.run_folder.publishing() as publication:
+            if with_it is not None:
+                with_it(publication)
+            if destination.exists():
+                publication.remove(destination)
+            publication.rename(assembly, destination)
+            self._after_publication(destination, publication)
         return destination
 
     def release(self) -> None:
         """Remove a finished run's checkpoints: its results are on shared storage now."""
         if self.folder.is_dir():
-            remove_whole(self.folder)
+            with self.run_folder.publishing() as publication:
+                publication.remove(self.folder)
 
 
 class CheckpointMirroring:
@@ -327,9 +354,9 @@ class CheckpointMirroring:
         self.run, self.local_folder = run, local_folder
         self.failure: BaseException | None = None  # the watching thread's, once a copy failed
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
-        # Called just before each checkpoint is renamed into place: what must be on shared storage
-        # once it is there.
-        self.with_each: Callable[[], None] | None = None
+        # Called just before each checkpoint is renamed into place, in its publication: what must be
+        # on shared storage once it is there.
+        self.with_each: Callable[[Publication], None] | None = None
         # Called once each is there, with its step and when its publication began (time.monotonic).
         self.published: Callable[[int, float], None] | None = None
 
@@ -424,3 +451,8 @@ def space_warning(root: Path, runs: int, keep: int, model: Path | None) -> str |
         f"filesystem ({kind} at {mount_point}) has {free / 1e9:.1f} GB free. A job that finds no room for its next "
         "checkpoint fails; free space there, lower checkpointing.keep, or train the grid in parts"
     )
+
+
+def _term(line: dict) -> int | None:
+    """A published.jsonl line's term ("epoch" as main wrote it before 0.4.0)."""
+    return line.get("term", line.get("epoch"))

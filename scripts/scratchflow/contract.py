@@ -45,7 +45,7 @@ from scratchflow.dataset import (
     share_package_locations,
 )
 from scratchflow.files import read_json
-from scratchflow.ledger import RunLedger
+from scratchflow.lease import Publication, RunFolder
 from scratchflow.piece import Paused, Piece, PieceOutcome, PieceSpec, restore
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.tasks import (
@@ -150,19 +150,20 @@ class StopsAfterFirstCheckpoint(CheckpointStore):
     def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
         return QuickMirroring(self, local_folder, restored_step)
 
-    def mirror(self, local_checkpoint: Path, with_it: Callable[[], None] | None = None) -> Path:
+    def mirror(self, local_checkpoint: Path, with_it: Callable[[Publication], None] | None = None) -> Path:
         destination = super().mirror(local_checkpoint, with_it)
         if self.stop and len(self.complete()) == 1:
             os.kill(os.getpid(), signals.stop_signal())
         return destination
 
 
-@dataclasses.dataclass(frozen=True)
-class ProgressChecked(RunLedger):
-    """The run's ledger; what the task reports of its progress is checked as it comes: `make status`
-    reads it."""
+class ProgressCheckedPiece(Piece):
+    """A piece whose task's progress reports are checked as they come (`make status` reads them),
+    and each written, not one an interval."""
 
-    since: float = dataclasses.field(default_factory=time.time)
+    def __init__(self, spec: PieceSpec) -> None:
+        super().__init__(spec)
+        self.since, self.progress_interval = time.time(), 0.0
 
     def report_progress(self, progress: dict[str, Any]) -> None:
         problem = progress_problem(progress, self.since)
@@ -198,7 +199,6 @@ def piece_spec(config: dict[str, Any], work: Path, piece: int, store: Checkpoint
         identity={"dataset": config["dataset"], "training": config["training"]},
         model=resolve_location(config["model"]["source"]) if config.get("model") else None,  # package: too
         store=store,
-        ledger=ProgressChecked(store.folder),
         tracking_dir=work / "tensorboard",
         tracking="tensorboard",
         checkpoint_every=CheckpointInterval.of(config["checkpointing"]),
@@ -212,10 +212,9 @@ def piece_spec(config: dict[str, Any], work: Path, piece: int, store: Checkpoint
 
 def train_piece(spec: PieceSpec) -> PieceOutcome:
     """The piece's training as on a node the job prepared: from the newest checkpoint, restored.
-    Every progress report is written (and so checked: ProgressChecked), not one an interval."""
+    Every progress report is checked (ProgressCheckedPiece)."""
     restore(spec)
-    trainer = Piece(spec)
-    trainer.progress_interval = 0.0
+    trainer = ProgressCheckedPiece(spec)
     outcome = trainer.train()
     if not trainer.task.LAUNCHES_OWN_PROCESSES and trainer.schedule.costs and not trainer.schedule.asked:
         raise ContractBroken(
@@ -238,7 +237,7 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
     task, marker = config["task"], load_task(config["task"]).CHECKPOINT_MARKER
     signals.use_stop_signal("USR2")
     try:
-        first = StopsAfterFirstCheckpoint(work / "shared", marker)
+        first = StopsAfterFirstCheckpoint(RunFolder(work / "shared"), marker)
         outcome = train_piece(piece_spec(config, work, 1, first))
         if isinstance(outcome, Paused):
             if outcome.signal != "SIGUSR2" or outcome.reached_step is None:
@@ -263,7 +262,7 @@ def check_stops_and_resumes(config: dict[str, Any], work: Path) -> Trained:
         stopped_at = first.newest_step()
         if signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN:
             raise ContractBroken(f"{task}: left the stop signal ignored")
-        resumed = StopsAfterFirstCheckpoint(work / "shared", marker, stop=False)
+        resumed = StopsAfterFirstCheckpoint(RunFolder(work / "shared"), marker, stop=False)
         trained = trained_piece(piece_spec(config, work, 2, resumed))
     finally:
         signals.use_stop_signal(signals.DEFAULT_STOP_SIGNAL)
@@ -284,7 +283,7 @@ def check_rung(config: dict[str, Any], work: Path) -> None:
     checkpoint trains no further and reports the same; the run's last job resumes from the rung."""
     task = config["task"]
     config = {**config, "training": {**config["training"], "epochs": 2}}
-    run = CheckpointStore(work / "shared-rung", load_task(task).CHECKPOINT_MARKER)
+    run = CheckpointStore(RunFolder(work / "shared-rung"), load_task(task).CHECKPOINT_MARKER)
     rung = trained_piece(dataclasses.replace(piece_spec(config, work / "rung", 1, run), budget_epochs=1))
     retried = trained_piece(dataclasses.replace(piece_spec(config, work / "rung", 2, run), budget_epochs=1))
     validation = rung.metrics.get("validation")
@@ -315,7 +314,7 @@ def check_predicts(config: dict[str, Any], work: Path, trained: Trained | None =
     What it returns is what the workflow writes (scratchflow.tasks.check_predicted)."""
     task = config["task"]
     if trained is None:
-        run = CheckpointStore(work / "shared", load_task(task).CHECKPOINT_MARKER)
+        run = CheckpointStore(RunFolder(work / "shared"), load_task(task).CHECKPOINT_MARKER)
         trained = trained_piece(piece_spec(config, work, 1, run))
     scratch = work / "predict"
     shutil.copytree(trained.output, scratch / "model")
@@ -341,7 +340,7 @@ def check_resumes_exactly(config: dict[str, Any], work: Path, resumed: Trained |
     task = config["task"]
     if resumed is None:
         raise ContractBroken(f"{task}: not checked: the run was not stopped and resumed (the check before failed)")
-    store = StopsAfterFirstCheckpoint(work / "shared", load_task(task).CHECKPOINT_MARKER, stop=False)
+    store = StopsAfterFirstCheckpoint(RunFolder(work / "shared"), load_task(task).CHECKPOINT_MARKER, stop=False)
     uninterrupted = trained_piece(piece_spec(config, work, 1, store))
     differing = different_files(resumed.output, uninterrupted.output)
     if differing:

@@ -38,7 +38,6 @@ from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR, signals
 from scratchflow.files import read_json, write_json_atomically
-from scratchflow.lease import Superseded
 from scratchflow.piece import (
     Paused,
     Piece,
@@ -191,14 +190,14 @@ def seeing_in_image(environ: dict[str, str], scratch: Path) -> dict[str, str]:
     return {**environ, "PYXIS_CONTAINER_MOUNTS": ",".join(mounts)}
 
 
-def rendezvous_port(job_id: str, epoch: int | None) -> int:
+def rendezvous_port(job_id: str, term: int | None) -> int:
     """The same on every node of a piece, and different for jobs that may share a node, and for two
-    pieces of one requeued job (its id kept; the run's epoch not): an old piece that trains on where
+    pieces of one requeued job (its id kept; the run's term not): an old piece that trains on where
     Slurm can no longer reach it holds its port still."""
-    return 20_000 + (int(job_id) + EPOCH_PORT_STRIDE * (epoch or 0)) % 20_000
+    return 20_000 + (int(job_id) + TERM_PORT_STRIDE * (term or 0)) % 20_000
 
 
-EPOCH_PORT_STRIDE = 7919  # a prime: the ports of one job's pieces far apart, not those of its neighbouring ids
+TERM_PORT_STRIDE = 7919  # a prime: the ports of one job's pieces far apart, not those of its neighbouring ids
 
 
 def run_node(spec_file: Path) -> int:
@@ -214,7 +213,7 @@ def run_node(spec_file: Path) -> int:
         f"--nnodes={spec.shape.nodes}",
         f"--node-rank={node_rank}",
         f"--master-addr={os.environ['SLURM_LAUNCH_NODE_IPADDR']}",
-        f"--master-port={rendezvous_port(os.environ['SLURM_JOB_ID'], spec.store.epoch)}",
+        f"--master-port={rendezvous_port(os.environ['SLURM_JOB_ID'], spec.store.term)}",
     ]
     if node_rank == 0:
         if node != spec.batch_node:
@@ -236,20 +235,12 @@ def _node_torchrun(spec: PieceSpec, rendezvous: list[str], spec_file: Path) -> i
     stop = StopForwarder(spec.work_dir / STOP_FILE_NAME, to_children=True)
     grace = spec.stop_grace_seconds + LAUNCHER_EXTRA_GRACE_SECONDS
     code, _tail = run_program(argv, launch_environment(spec.threads, spec.shape), stop, grace)
-    if code and superseded(spec):
+    if code and spec.run_folder.superseded():
         # Ended quietly: srun, seeing a task fail, would kill the job's step by its id, which names
         # the newer piece's step now (a requeued job keeps its id, and its steps start from 0 again).
         log.warning("this node's processes ended: a newer piece holds the run")
         return 0
     return 0 if stop.received else code
-
-
-def superseded(spec: PieceSpec) -> bool:
-    try:
-        spec.store.check_fence()
-    except Superseded:
-        return True
-    return False
 
 
 def main(spec_file: Path) -> None:

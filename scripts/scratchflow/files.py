@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,10 @@ def process_may_live(host: str, pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def written_whole(
-    path: Path, needed: int | None = None, before_rename: Callable[[], None] | None = None
-) -> Iterator[Path]:
-    """Yield a hidden partial name to write `path` under; rename it into place only if the writing
-    succeeds (and `before_rename`, called last, raises nothing: a piece's fence). Readers see the
-    old file or the whole new one, never a part. A full filesystem or quota is raised as NoSpace,
-    with the figures (`needed`: the bytes the writing takes, if known)."""
+def written_whole(path: Path, needed: int | None = None) -> Iterator[Path]:
+    """Yield a hidden partial name to write `path` under; rename it into place only if the block
+    raises nothing. Readers see the old file or the whole new one, never a part. A full filesystem
+    or quota is raised as NoSpace, with the figures (`needed`: the bytes the writing takes, if known)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial{OWNER_TAG}")
     try:
@@ -52,12 +49,6 @@ def written_whole(
         if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
             raise NoSpace(no_space_line(path.parent, needed, f"writing {path.name} there")) from error
         raise
-    if before_rename is not None:
-        try:
-            before_rename()
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
     os.replace(partial, path)
 
 
@@ -100,22 +91,58 @@ def filesystem_of(path: Path) -> tuple[str, str]:
     return found
 
 
-def write_json_atomically(
-    data: Any,
-    path: Path,
-    sort_keys: bool = True,
-    durable: bool = True,
-    before_rename: Callable[[], None] | None = None,
-) -> None:
+def write_json_atomically(data: Any, path: Path, sort_keys: bool = True, durable: bool = True) -> None:
     """`data` as JSON in `path`, whole or not at all; `durable`: on disk before it is renamed into
-    place (an fsync: a round trip to a shared filesystem's servers, spared for what a crash may lose);
-    `before_rename`: as `written_whole`'s."""
-    with written_whole(path, before_rename=before_rename) as partial, open(partial, "w") as out:
+    place (an fsync: a round trip to a shared filesystem's servers, spared for what a crash may lose)."""
+    with written_whole(path) as partial:
+        write_json(data, partial, sort_keys, durable)
+
+
+def write_json(data: Any, path: Path, sort_keys: bool = True, durable: bool = True) -> None:
+    """`data` as JSON in `path` (a partial name: written_whole renames it into place)."""
+    with open(path, "w") as out:
         json.dump(data, out, indent=2, sort_keys=sort_keys)
         out.write("\n")
         if durable:
             out.flush()
             os.fsync(out.fileno())
+
+
+def remove_whole(path: Path) -> None:
+    """Delete a directory so that no half-deleted copy keeps its name: rename first, then delete."""
+    doomed = path.with_name(f".{path.name}.deleting{OWNER_TAG}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def _owner_is_gone(name: str) -> bool:
+    """True only when `name` carries this host's tag and a pid that no longer exists."""
+    parts = name.split("@")
+    if len(parts) < 3 or parts[1] != HOST or not parts[2].isdigit():
+        return False
+    return not process_may_live(parts[1], int(parts[2]))
+
+
+def remove_leftovers(folder: Path, prefix: str = "") -> list[Path]:
+    """Delete owner-tagged entries of `folder` (those starting with `prefix`, if given) whose owning
+    process has died on this host."""
+    removed = []
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.name.startswith(prefix) and _owner_is_gone(entry.name):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of the files under `path` (or of the file)."""
+    if not path.is_dir():
+        return path.stat().st_size if path.exists() else 0
+    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
 
 
 def file_sha256(path: Path) -> str:

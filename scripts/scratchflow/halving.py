@@ -1,5 +1,5 @@
 """Successive halving (`search: {kind: halving}`, rules/search.smk), in one place: a rung's job
-records the run's validation metrics at the rung's epochs (`Rung`, `write_rung_record`); after each
+records the run's validation metrics at the rung's epochs (`Rung`, `rung_record`); after each
 rung but the last, the decision ranks the settings by them and names the runs that go on
 (`promote_job`, `promoted`); the comparison adds every run's rungs as a table and a figure
 (`rung_table`, `plot_rungs`). What a search is and how its trials are drawn: scratchflow.search.
@@ -19,7 +19,6 @@ from scratchflow.aggregation import cell
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json, write_json_atomically
 from scratchflow.ledger import PieceRecord
-from scratchflow.record import plain
 
 log = logging.getLogger(__name__)
 
@@ -94,20 +93,19 @@ class RungRecord:
     timings_seconds: dict[str, float]  # this rung's piece's phases
 
 
-def write_rung_record(
+def rung_record(
     run_id: str, params: dict[str, Any], rung: Rung, training: dict[str, Any], pieces: list[PieceRecord]
-) -> None:
-    """The run's record of the rung (`rung.record_out`), written by its last piece."""
+) -> RungRecord:
+    """The run's record of the rung (for `rung.record_out`), as its last piece ends."""
     if not training.get("validation"):
         raise ValueError(
             f"rung {rung.index} of run {run_id}: the training reported no validation metrics, and a "
             "halving search ranks the runs by them (a command program writes validation.json: docs/search.md)"
         )
-    record = RungRecord(
+    return RungRecord(
         *(run_id, rung.index, rung.budget_epochs, params, training.get("global_steps"), training["validation"], pieces),
         timings_seconds=pieces[-1].timings_seconds,
     )
-    write_json_atomically(plain(record), rung.record_out)
 
 
 def promote_job(

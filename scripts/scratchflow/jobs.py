@@ -21,8 +21,8 @@ from scratchflow import accounting, aggregation, halving, report, signals, slurm
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
 from scratchflow.files import read_json, write_json_atomically, written_whole
-from scratchflow.lease import Superseded
-from scratchflow.ledger import PieceRecord, RunLedger
+from scratchflow.lease import RunFolder, Superseded
+from scratchflow.ledger import PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import Paused, PieceSpec, Shape, Staging, TrainingStopped, finished, run_piece
 from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
@@ -184,16 +184,15 @@ def train_job(job: TrainJob) -> None:
     signals.use_stop_signal(job.checkpointing["stop_signal"])
     switch_hub_off()
     data = read_json(job.manifest)
-    store = CheckpointStore(job.shared_folder, task.CHECKPOINT_MARKER, job.checkpointing["keep"])
+    store = CheckpointStore(RunFolder(job.shared_folder), task.CHECKPOINT_MARKER, job.checkpointing["keep"])
     spec = piece_spec(job, store, data["sha256"])
-    outcome, fence = run_piece(spec)
+    outcome, run_folder = run_piece(spec)
     trained = finished(outcome)
     pieces = spec.ledger.pieces()
-    fence.check()  # one look for the records below: they too are the newer piece's, where one holds the run now
     if isinstance(job.ends_with, halving.Rung):
-        halving.write_rung_record(job.run_id, job.identity["training"], job.ends_with, trained.metrics, pieces)
+        rung = halving.rung_record(job.run_id, job.identity["training"], job.ends_with, trained.metrics, pieces)
+        run_folder.write_json(plain(rung), job.ends_with.record_out)
         return
-    write_json_atomically(job.identity["training"], job.ends_with.params)
     record = RunRecord(
         *(job.run_id, job.task, job.identity, job.resolved_config, data, trained.metrics, pieces),
         seed=job.identity["training"].get("seed"),
@@ -202,7 +201,10 @@ def train_job(job: TrainJob) -> None:
         environment=environment_record(job.workflow_dir),
         code=code,
     )
-    write_json_atomically(plain(record), job.ends_with.record)
+    # One look for both: they too are the newer piece's, where one holds the run now.
+    with run_folder.publishing() as publication:
+        publication.write_json(job.identity["training"], job.ends_with.params)
+        publication.write_json(plain(record), job.ends_with.record)
     log.info("run %s trained; phases (s): %s", job.run_id, pieces[-1].timings_seconds)
 
 
@@ -216,7 +218,6 @@ def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> Piece
         identity=job.identity,
         model=job.base_model,
         store=store,
-        ledger=RunLedger(store.folder),
         tracking_dir=job.tracking_dir,
         tracking=job.tracking,
         checkpoint_every=CheckpointInterval.of(job.checkpointing),

@@ -7,7 +7,9 @@ the phase it paused in, the step the next piece resumes from), or the error that
 still "running" whose job is gone was killed outright (SIGKILL, a node failure): the next piece
 closes it. A piece that a newer one took the run from while it still trained (its job requeued
 while its node had stopped answering) is `superseded`: it cannot write these files, the newer piece's
-now, and notes its end beside its epoch (scratchflow.lease), which `pieces` reads into its entry.
+now, and notes its end beside its term (scratchflow.lease), which `pieces` reads into its entry; an
+end an older term wrote after a newer term began is not trusted (read as superseded). The ledger
+writes through the run's gate (scratchflow.lease.RunFolder), as every writer to the run's folders.
 Entries written by scratchflow 0.1 and 0.2, which said a pause in a sentence, read as today's
 (`piece_records`).
 """
@@ -27,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from scratchflow.files import read_json, write_json_atomically
-from scratchflow.lease import Fence, Superseded, superseded_ends, this_process
+from scratchflow.files import read_json
+from scratchflow.lease import Publication, RunFolder, Superseded, superseded_ends, this_process
 from scratchflow.record import plain, typed
 from scratchflow.schedule import CheckpointCost
 from scratchflow.slurm_job import requeue_cause
@@ -49,7 +51,7 @@ Phase = Literal["staging", "training", "syncing"]
 
 
 def piece_time(stamp: str) -> float:
-    """A time of a piece's entry (TIME_FORMAT) as seconds since the epoch."""
+    """A time of a piece's entry (TIME_FORMAT) as Unix time (time.time())."""
     return datetime.datetime.strptime(stamp, TIME_FORMAT).timestamp()
 
 
@@ -80,7 +82,10 @@ class PieceRecord:
     rung: int | None = None  # a halving search's rung it trained
     timings_seconds: dict[str, float] = field(default_factory=dict)  # its phases, as they ended
     checkpoints: list[CheckpointCost] = field(default_factory=list)  # what each it published cost
-    epoch: int | None = None  # its epoch of the run (scratchflow.lease; None: written before 0.4)
+    term: int | None = None  # its term of the run (scratchflow.lease; None: written before 0.4)
+    # Checkpoints it did not resume from, by name, with why (damaged; published by an older term
+    # after a newer one began): set aside as checkpoint-<step>.damaged or .stale.
+    set_aside: dict[str, str] = field(default_factory=dict)
 
 
 def piece_records(listed: list[dict[str, Any]]) -> list[PieceRecord]:
@@ -97,6 +102,8 @@ _OLD_CTRL_C = "KeyboardInterrupt: "
 
 
 def _upgraded(entry: dict[str, Any]) -> dict[str, Any]:
+    if "epoch" in entry:  # the term, as main called it before 0.4.0
+        entry = {**{key: value for key, value in entry.items() if key != "epoch"}, "term": entry["epoch"]}
     if entry.get("outcome") == _OLD_CTRL_C:
         return {**entry, "outcome": INTERRUPTED}
     said = _OLD_PAUSE.match(entry.get("outcome", ""))
@@ -115,6 +122,8 @@ def outcome_of(error: BaseException) -> str:
     pause (signals.exit_on_sigterm: a node failure's cancellation, a scancel while it restored)."""
     if isinstance(error, KeyboardInterrupt):
         return INTERRUPTED
+    if isinstance(error, Superseded):
+        return SUPERSEDED
     code = error.code if isinstance(error, SystemExit) else None
     if isinstance(code, int) and code - 128 in {number.value for number in signal.Signals}:
         return f"{KILLED} by {signal.Signals(code - 128).name}"
@@ -123,33 +132,40 @@ def outcome_of(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class RunLedger:
-    """The pieces of one run and its progress, in the run's shared folder."""
+    """The pieces of one run and its progress, in the run's shared folder (`run_folder`, through
+    which it writes)."""
 
-    folder: Path
-    fence: Fence | None = None  # the holding piece's: every write checks it (None: no piece holds it here)
+    run_folder: RunFolder
 
-    def check_fence(self) -> None:
-        """Raise Superseded where a newer piece than this ledger's holds the run."""
-        if self.fence is not None:
-            self.fence.check()
+    @property
+    def folder(self) -> Path:
+        return self.run_folder.path
 
     def pieces(self) -> list[PieceRecord]:
         """The pieces that have trained this run so far, oldest first; a superseded one as it noted
-        its end."""
+        its end, or as superseded where an older term's end came after a newer term began."""
         path = self.folder / PIECES_FILE
         listed = piece_records(read_json(path)) if path.is_file() else []
-        # Only a piece still listed running, or closed as killed by a later one, can have been superseded.
-        if not any(entry.outcome in (RUNNING, KILLED) for entry in listed):
-            return listed
+        terms = self.run_folder.terms_listed()
+        if not any(entry.outcome in (RUNNING, KILLED) for entry in listed) and len(terms) < 2:
+            return listed  # one term, and no piece left running: none was superseded
         ends = superseded_ends(self.folder)
-        return [_as_it_ended(entry, ends[entry.epoch]) if entry.epoch in ends else entry for entry in listed]
+        return [self._as_trusted(entry, ends, terms) for entry in listed]
+
+    def _as_trusted(self, entry: PieceRecord, ends: dict[int, dict[str, Any]], terms: list[int]) -> PieceRecord:
+        if entry.term in ends:
+            return _as_it_ended(entry, ends[entry.term])
+        ended = piece_time(entry.ended_at) if entry.ended_at else None
+        if entry.outcome not in (RUNNING, KILLED) and self.run_folder.published_too_late(entry.term, ended, terms):
+            return dataclasses.replace(entry, outcome=SUPERSEDED)  # its end came after a newer term began
+        return entry
 
     def record(self, entry: PieceRecord) -> None:
         """Add or update (same number) a piece's entry."""
         self._write([listed for listed in self.pieces() if listed.piece != entry.piece] + [entry])
 
     def _write(self, entries: list[PieceRecord]) -> None:
-        write_json_atomically(plain(entries), self.folder / PIECES_FILE, before_rename=self.check_fence)
+        self.run_folder.write_json(plain(entries), self.folder / PIECES_FILE)
 
     @contextlib.contextmanager
     def piece(self, store: CheckpointStore) -> Iterator[PieceRecord]:
@@ -157,7 +173,7 @@ class RunLedger:
         (its shape, its log, a pause); an error that ends the block is its outcome, and an entry
         left running is finished. Called while holding the run: an earlier piece still listed as
         running was killed (no job holds the run), and is closed as such. A piece superseded
-        meanwhile notes its end beside its epoch instead (Fence.note_superseded)."""
+        meanwhile notes its end beside its term instead (RunFolder.note_superseded)."""
         listed = self.pieces()  # read once: the run is held, no other job writes it now
         close_killed_pieces(listed, store)
         note_requeue(listed)
@@ -166,13 +182,13 @@ class RunLedger:
             piece=len(listed) + 1,
             **this_process(),
             started_at=time.strftime(TIME_FORMAT, time.localtime(started)),
-            epoch=self.fence.epoch if self.fence else None,
+            term=self.run_folder.term,
         )
         self._write([*listed, entry])
         try:
             yield entry
         except BaseException as error:
-            entry.outcome = SUPERSEDED if isinstance(error, Superseded) else outcome_of(error)
+            entry.outcome = outcome_of(error)
             raise
         finally:
             if entry.outcome == RUNNING:
@@ -202,29 +218,34 @@ class RunLedger:
             raise
 
     def _end_superseded(self, entry: PieceRecord, store: CheckpointStore) -> None:
-        """A superseded piece's end, noted beside its epoch: where its own last checkpoint is (what it
+        """A superseded piece's end, noted beside its term: where its own last checkpoint is (what it
         trained after is lost, like the rest of its time once the newer piece held the run)."""
-        assert self.fence is not None, "only a fenced ledger's piece is superseded"
-        last = store.last_published_by(self.fence.epoch)
+        assert self.run_folder.term is not None, "only a held folder's piece is superseded"
+        last = store.last_published_by(self.run_folder.term)
         entry.reached_step = last[0] if last else entry.resumed_from_step
         entry.last_checkpoint_at = _stamp(last[1]) if last else None
         entry.trained_to_step = None  # progress.json is the newer piece's now
         entry.ended_at = time.strftime(TIME_FORMAT)
-        self.fence.note_superseded(plain(entry))
+        self.run_folder.note_superseded(plain(entry))
         log.warning("piece %s superseded: it wrote nothing to the run after a newer piece held it", entry.piece)
 
-    def report_progress(self, progress: dict[str, Any]) -> None:
-        """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at):
-        whole, not durable (a crash loses a report the next one replaces). Not fenced here: the piece
-        that reports looks once for this and what it writes with it (CheckpointStore.publishing)."""
-        write_json_atomically(progress, self.folder / PROGRESS_FILE, durable=False)
+    def report_progress(self, progress: dict[str, Any], publication: Publication | None = None) -> None:
+        """Where the training is now (step, max_steps, loss, samples_per_second, seconds_left, at),
+        with the term that reports it, in `publication` (with a checkpoint's), or else in one of its
+        own: whole, not durable (a crash loses a report the next one replaces)."""
+        if publication is None:
+            with self.run_folder.publishing() as own:
+                self.report_progress(progress, own)
+            return
+        publication.write_json({**progress, "term": self.run_folder.term}, self.folder / PROGRESS_FILE, durable=False)
 
     def progress(self) -> dict[str, Any] | None:
-        """The last progress reported, if any."""
+        """The last progress reported, if any (not one an older term wrote after a newer term began)."""
         try:
-            return read_json(self.folder / PROGRESS_FILE)
+            progress = read_json(self.folder / PROGRESS_FILE)
         except (FileNotFoundError, ValueError):
             return None
+        return None if self.run_folder.published_too_late(progress.get("term"), progress.get("at")) else progress
 
     def _progress_step_since(self, started: float) -> int | None:
         """The step this piece's trainer last reported, if it reported since `started`."""

@@ -1,7 +1,7 @@
 """A training piece: one job's share of a run's training, and every duty around a task's `train`.
 
-`run_piece` owns a train job's sequence, in order: it holds the run (scratchflow.lease: its epoch,
-whose fence every write to the run's shared folders checks) and its entry in the run's ledger
+`run_piece` owns a train job's sequence, in order: it holds the run (scratchflow.lease: its term,
+and the gate, `RunFolder`, through which every write to the run's folders goes) and its entry in the run's ledger
 (scratchflow.ledger), a scratch folder and the stop file; verifies the newest
 checkpoint (scratchflow.checkpoints); prepares the node (`prepare_node`: stage the data in, then
 restore the newest checkpoint; each node's launcher calls it too); trains; and syncs the trained
@@ -9,7 +9,7 @@ model back. It returns how the piece ended, a `PieceOutcome`: `Trained`, or `Pau
 signal, the phase it came in, the step the next piece resumes from), recorded as such in the
 ledger; the job ends a paused piece with `finished`, whose TrainingStopped gives the job its exit
 status (scratchflow.jobs.job_context). A piece that finds a newer one holding the run raises
-`Superseded` from the write it was about to make, wherever it is, and ends.
+`Superseded` from the gate as it was about to write, wherever it is, and ends.
 
 A task only trains (scratchflow.tasks, the `Task` protocol); `Piece` does the rest, in each process
 that runs the task (the job's own with one training process, or each one torchrun starts;
@@ -42,7 +42,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -56,14 +55,14 @@ from scratchflow import signals, slurm_job, tracking
 from scratchflow.checkpoints import CheckpointStore, newest_complete_checkpoint, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
-from scratchflow.lease import Fence, RunLease, Superseded
+from scratchflow.lease import Publication, RunFolder, RunLease
 from scratchflow.ledger import PAUSED, Phase, PieceRecord, RunLedger
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.record import PhaseTimer, keep_piece_log, plain, typed
 from scratchflow.schedule import CheckpointCost, CheckpointInterval, CheckpointSchedule
 from scratchflow.signals import STOP_FILE_NAME
-from scratchflow.staging import StagingError, copy_whole, scratch_directory, stage_in
+from scratchflow.staging import StagingError, scratch_directory, stage_in
 from scratchflow.tasks import TrainContext, Trained, load_task
 
 log = logging.getLogger(__name__)
@@ -147,8 +146,7 @@ class PieceSpec:
     run_id: str
     identity: dict[str, Any]  # what determines the run's result: {"dataset": ..., "training": ..., ...}
     model: Path | None  # the base model's cache on shared storage
-    store: CheckpointStore  # the run's checkpoints on shared storage
-    ledger: RunLedger  # the run's pieces and progress on shared storage
+    store: CheckpointStore  # the run's checkpoints on shared storage, in its gate (`run_folder`)
     tracking_dir: Path  # the run's TensorBoard folder on shared storage (scratchflow.tracking)
     tracking: str  # config key tracking: "tensorboard", or "wandb" (W&B offline as well)
     checkpoint_every: CheckpointInterval
@@ -181,6 +179,16 @@ class PieceSpec:
         return self.identity["training"]
 
     @property
+    def run_folder(self) -> RunFolder:
+        """The gate of every write to the run's folders (its term, where the piece holds the run)."""
+        return self.store.run_folder
+
+    @property
+    def ledger(self) -> RunLedger:
+        """The run's pieces and progress on shared storage."""
+        return RunLedger(self.run_folder)
+
+    @property
     def checkpoint_dir(self) -> Path:
         return self.work_dir / CHECKPOINT_FOLDER
 
@@ -189,14 +197,10 @@ class PieceSpec:
         """On scratch: where the task writes its curves (the piece publishes them to tracking_dir)."""
         return self.work_dir / TENSORBOARD_FOLDER
 
-    def fenced(self, fence: Fence) -> PieceSpec:
-        """The spec of the piece that holds the run with `fence`: its checkpoints and ledger write
-        only while no newer piece holds it."""
-        return dataclasses.replace(
-            self,
-            store=dataclasses.replace(self.store, fence=fence),
-            ledger=dataclasses.replace(self.ledger, fence=fence),
-        )
+    def holding(self, run_folder: RunFolder) -> PieceSpec:
+        """The spec of the piece that holds the run through `run_folder` (its term): its writes go
+        only where no newer piece holds it."""
+        return dataclasses.replace(self, store=dataclasses.replace(self.store, run_folder=run_folder))
 
     def write(self, path: Path) -> None:
         write_json_atomically(plain(self), path)
@@ -255,16 +259,16 @@ def finished(outcome: PieceOutcome) -> Trained:
     return outcome
 
 
-def run_piece(spec: PieceSpec) -> tuple[PieceOutcome, Fence]:
+def run_piece(spec: PieceSpec) -> tuple[PieceOutcome, RunFolder]:
     """One job's piece of the run, in order: hold the run and its entry in the ledger, a scratch
     folder and the stop file (a stop before the piece listens, or after, is not lost); verify the
     newest checkpoint and that the next fits; prepare the node; train; sync the model back.
-    What it returns is recorded in the ledger as how the piece ended; with it, the piece's fence,
-    which the job's last writes (its records) check too."""
+    What it returns is recorded in the ledger as how the piece ended; with it, the piece's gate to
+    the run's folders, through which the job writes its records."""
     lease, timer = RunLease(spec.store.folder), PhaseTimer()
     lease.claim({"run_id": spec.run_id, **spec.identity, "data_sha256": spec.data_sha256})
-    with lease.held() as fence:
-        return _held_piece(spec.fenced(fence), timer), fence
+    with lease.held(spec.tracking_dir.parent) as run_folder:
+        return _held_piece(spec.holding(run_folder), timer), run_folder
 
 
 def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome:
@@ -286,13 +290,13 @@ def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome:
             with timer.phase("train"):
                 outcome = distributed.train(node)
         except Exception:
-            spec.store.check_fence()  # a process superseded ends the others with it: said as such
+            spec.run_folder.look()  # a process superseded ends the others with it: said as such
             raise
         finally:
             entry.checkpoints = checkpoint_costs(scratch)
         if isinstance(outcome, Trained) and spec.model_out is not None:
             with timer.phase("sync"):
-                copy_whole(outcome.output, spec.model_out, before_rename=spec.store.check_fence)
+                spec.run_folder.publish_copy(outcome.output, spec.model_out)
             outcome = _terminated_while_syncing(scratch, outcome)
         return _ended(entry, outcome, piece_log)
 
@@ -301,7 +305,7 @@ def _begin(spec: PieceSpec, entry: PieceRecord, scratch: Path, timer: PhaseTimer
     """The run's newest checkpoint verified (a damaged one set aside), the room for the next one
     checked, and the piece's entry completed with what it is: a killed piece then says where it
     started and where its log is. Returns the piece's own log."""
-    newest = spec.store.newest_intact()
+    newest, entry.set_aside = spec.store.newest_intact()
     spec.store.check_space_for_the_next(newest)
     piece_log = keep_piece_log(spec.log, entry.piece) if spec.log else None
     job_id = os.environ.get("SLURM_JOB_ID")
@@ -434,14 +438,16 @@ class Piece:
             try:
                 trained = self.task.train(TrainContext(self.spec, self.resume_from, self))
             except BaseException:
-                with contextlib.suppress(Superseded):  # the progress file is the newer piece's now
-                    self.spec.store.check_fence()
-                    self._write_progress()  # how far it trained: the ledger records what its failure lost
+                # How far it trained: the ledger records what its failure lost (superseded, the
+                # progress file is the newer piece's).
+                with self.spec.run_folder.publishing_if_held() as publication:
+                    if publication is not None:
+                        self._write_progress(publication)
                 raise
             finally:
-                if self.me.rank == 0:
-                    self.spec.store.check_fence()  # superseded: the curves there are the newer piece's
-                self._publish_curves(ending=True)
+                if self.me.rank == 0:  # superseded, the curves there are the newer piece's
+                    with self.spec.run_folder.publishing() as publication:
+                        self._publish_curves(publication, ending=True)
         if trained is not None:
             # The task saves a checkpoint after its last step: the newest one is where it ended.
             steps = {"global_steps": self.saved_step, "resumed_from_step": restored_step}
@@ -496,7 +502,7 @@ class Piece:
         (checkpoint / PART_FILE.format(rank=self.me.rank)).touch()  # after the task's own part
         torch.distributed.barrier()  # every process has written its part
         if self.me.local_rank == 0:
-            shutil.copytree(checkpoint, assembly, dirs_exist_ok=True)  # a hidden folder of this job's
+            self.spec.store.assemble_part(checkpoint, assembly)  # a hidden folder of this job's
         torch.distributed.barrier()  # every node's part is on shared storage
         if self.me.rank == 0:
             parts = (PART_FILE.format(rank=rank) for rank in range(self.me.world_size))
@@ -528,17 +534,15 @@ class Piece:
     def report_progress(self, progress: dict[str, Any]) -> None:
         self.progress = progress
         if time.monotonic() - self.progress_written_at >= self.progress_interval:
-            self.spec.store.check_fence()
             self._write_progress()
 
-    def _with_each_checkpoint(self) -> None:
-        """What goes to shared storage with a checkpoint, just before it (the fence looked at for all
-        three: CheckpointStore.publishing): the curves to its step (a checkpoint there has its
-        curves there), and the latest progress report."""
-        self._publish_curves()
-        self._write_progress()
+    def _with_each_checkpoint(self, publication: Publication) -> None:
+        """What goes to shared storage with a checkpoint, in its publication, just before it: the
+        curves to its step (a checkpoint there has its curves there), and the latest progress report."""
+        self._publish_curves(publication)
+        self._write_progress(publication)
 
-    def _publish_curves(self, ending: bool = False) -> None:
+    def _publish_curves(self, publication: Publication, ending: bool = False) -> None:
         """The curves the task wrote on scratch, to the run's folder (from the first process, which
         writes them): with each checkpoint, and as the piece ends, its W&B offline run too. Tracking
         never stops training: a failure to publish is said and left."""
@@ -546,13 +550,13 @@ class Piece:
             return
         try:
             shared = self.spec.tracking_dir.parent
-            tracking.publish_curves(self.spec.work_dir, shared, self.curves_published, wandb_too=ending)
+            tracking.publish_curves(self.spec.work_dir, shared, self.curves_published, publication, wandb_too=ending)
         except Exception as error:
             log.warning("the curves were not published to %s: %s", self.spec.tracking_dir, error)
 
-    def _write_progress(self) -> None:
+    def _write_progress(self, publication: Publication | None = None) -> None:
         if self.progress is not None:
-            self.spec.ledger.report_progress(self.progress)
+            self.spec.ledger.report_progress(self.progress, publication)
             self.progress, self.progress_written_at = None, time.monotonic()
 
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:

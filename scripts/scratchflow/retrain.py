@@ -27,9 +27,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from scratchflow import SCRATCHFLOW_DIR
-from scratchflow.checkpoints import CheckpointStore, remove_whole
-from scratchflow.files import read_json
-from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, holder_is_alive
+from scratchflow.checkpoints import CheckpointStore
+from scratchflow.files import read_json, remove_whole
+from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, RunFolder, holder_is_alive
 from scratchflow.plan import COMPARISON_OUTPUTS, PACK_OUTPUT, PACK_STAGES, Plan
 from scratchflow.status import slurm_jobs
 
@@ -124,7 +124,7 @@ def release(workdir: Path, plan: Plan, run_ids: list[str]) -> None:
         (workdir / derived).unlink(missing_ok=True)
     for run_id in run_ids:
         paths = plan.paths(run_id)
-        CheckpointStore(workdir / paths.checkpoints, plan.checkpoint_marker).release()
+        CheckpointStore(RunFolder(workdir / paths.checkpoints), plan.checkpoint_marker).release()
         results = (workdir / paths.record).parent
         if results.is_dir():
             remove_whole(results)

@@ -23,19 +23,19 @@ import string
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
 from scratchflow.dataset import WHOLE, data_sources, list_files
 from scratchflow.files import (
-    HOST,
     OWNER_TAG,
     NoSpace,
     no_space_line,
-    process_may_live,
     read_json,
+    remove_leftovers,
+    tree_bytes,
     write_json_atomically,
     written_whole,
 )
@@ -467,33 +467,18 @@ def _check_space(scratch: Path, manifest: dict[str, Any]) -> None:
         )
 
 
-def _owner_is_gone(name: str) -> bool:
-    """True only when `name` carries this host's tag and a pid that no longer exists."""
-    parts = name.split("@")
-    if len(parts) < 3 or parts[1] != HOST or not parts[2].isdigit():
-        return False
-    return not process_may_live(parts[1], int(parts[2]))
+def copy_whole(source: Path, destination: Path) -> None:
+    """rsync a file or directory to `destination` (scratch to shared storage, or back), renamed into
+    place once it matches the source (every file, size and time)."""
+    with copied_whole(source, destination):
+        pass
 
 
-def remove_leftovers(folder: Path, prefix: str = "") -> list[Path]:
-    """Delete owner-tagged entries of `folder` (those starting with `prefix`, if given) whose owning
-    process has died on this host."""
-    removed = []
-    if folder.is_dir():
-        for entry in folder.iterdir():
-            if entry.name.startswith(prefix) and _owner_is_gone(entry.name):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-                removed.append(entry)
-    return removed
-
-
-def copy_whole(source: Path, destination: Path, before_rename: Callable[[], None] | None = None) -> None:
-    """rsync a file or directory to `destination` (scratch to shared storage, or back), then rename
-    it into place once it matches the source (every file, size and time) and `before_rename` (a
-    piece's fence) raised nothing.
+@contextlib.contextmanager
+def copied_whole(source: Path, destination: Path) -> Iterator[None]:
+    """rsync a file or directory to a hidden partial name beside `destination` until it matches the
+    source (every file, size and time), run the block, then rename it into place, unless the block
+    raised (a run's gate, scratchflow.lease, looks at its fence there).
 
     Until the rename, the result exists only under a hidden partial name, so a killed copy never
     looks finished. A copy that fails removes its partial; one left by a dead process is removed first.
@@ -504,8 +489,7 @@ def copy_whole(source: Path, destination: Path, before_rename: Callable[[], None
     partial = destination.with_name(f".{destination.name}.partial{OWNER_TAG}")
     try:
         _copy_until_whole(source, partial)
-        if before_rename is not None:
-            before_rename()
+        yield
     except BaseException:
         _remove_partial(partial)
         raise
@@ -545,13 +529,6 @@ def _copy_until_whole(source: Path, partial: Path) -> None:
         f"rsync did not copy {source} whole in {COPY_TRIES} tries (it reported success each time): "
         f"{'; '.join(differences[:10])}"
     )
-
-
-def tree_bytes(path: Path) -> int:
-    """The bytes of the files under `path` (or of the file)."""
-    if not path.is_dir():
-        return path.stat().st_size if path.exists() else 0
-    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
 
 
 def _remove_partial(partial: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from scratchflow.accounting import grid_cost
 from scratchflow.checkpoints import CheckpointStore, checkpoint_damage, step_of
-from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, holder_is_alive
+from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, RunFolder, holder_is_alive
 from scratchflow.ledger import (
     INTERRUPTED,
     KILLED,
@@ -159,7 +159,7 @@ def run_status(
         if failure:
             return RunStatus(run_id, "failed", f"prediction failed: {failure}", paths.predict_log)
         return RunStatus(run_id, "predicts", "trained; prediction waits")
-    run = CheckpointStore(workdir / paths.checkpoints, plan.checkpoint_marker)
+    run = CheckpointStore(RunFolder(workdir / paths.checkpoints), plan.checkpoint_marker)
     last_rung = plan.last_rung  # None: a grid, no rungs
     in_rung = last_rung is not None and rung < last_rung
     log = RUNG_LOG.format(run_id=run_id, rung=rung) if in_rung else paths.train_log
@@ -215,7 +215,7 @@ def _training_status(
     active_jobs: dict[str, SlurmJob] | None,
     now: float,
 ) -> RunStatus:
-    pieces = _read_pieces(RunLedger(run.folder))
+    pieces = _read_pieces(RunLedger(run.run_folder))
     if not pieces:
         queued = f" ({job.describe()})" if job else ""
         return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
@@ -311,7 +311,7 @@ def _training_detail(run: CheckpointStore, piece: PieceRecord, now: float) -> st
     or else what the run's folder shows (a command task's program reports no progress): how long the
     piece has run and its newest checkpoint."""
     where = f"piece {piece.piece}"
-    progress = RunLedger(run.folder).progress()
+    progress = RunLedger(run.run_folder).progress()
     started = piece_time(piece.started_at)
     if progress is not None and progress["at"] >= started:
         step, total = progress["step"], progress["max_steps"]

@@ -18,12 +18,13 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from scratchflow.figures import pyplot, save_png
-from scratchflow.files import written_whole
 from scratchflow.plan import TENSORBOARD_FOLDER
-from scratchflow.staging import copy_whole
+
+if TYPE_CHECKING:
+    from scratchflow.lease import Publication
 
 # results/runs/<run_id>/wandb/offline-run-*: W&B's offline runs of `tracking: wandb`.
 WANDB_FOLDER = "wandb"
@@ -189,22 +190,22 @@ def wandb_run(environment: dict[str, str], config: dict[str, Any]) -> Iterator[A
             logging.getLogger(__name__).warning("W&B run %s not finished cleanly: %s", run.id, error)
 
 
-def publish_curves(local: Path, shared: Path, published: dict[str, int], wandb_too: bool = False) -> None:
+def publish_curves(
+    local: Path, shared: Path, published: dict[str, int], publication: Publication, wandb_too: bool = False
+) -> None:
     """This piece's curves, in its run folder `local` on scratch, copied whole into the run's folder
-    `shared`: each TensorBoard events file that grew since it was last published (`published`: its
-    size then, by name), and with `wandb_too` (when the piece ends) its W&B offline runs."""
+    `shared`, in `publication` (the run's gate, scratchflow.lease): each TensorBoard events file that
+    grew since it was last published (`published`: its size then, by name), and with `wandb_too`
+    (when the piece ends) its W&B offline runs."""
     events = local / TENSORBOARD_FOLDER
     for written in sorted(events.iterdir()) if events.is_dir() else ():
         size = written.stat().st_size
         if written.is_file() and published.get(written.name) != size:
-            # One small file: copied under a partial name and renamed (rsync's copy_whole, for a
-            # checkpoint's many files, costs the metadata server ten times the operations).
-            with written_whole(shared / TENSORBOARD_FOLDER / written.name) as partial:
-                shutil.copyfile(written, partial)
+            publication.copy_file(written, shared / TENSORBOARD_FOLDER / written.name)
             published[written.name] = size
     runs = local / WANDB_FOLDER
     for offline_run in sorted(runs.glob("offline-run-*")) if wandb_too and runs.is_dir() else ():
-        copy_whole(offline_run, shared / WANDB_FOLDER / offline_run.name)
+        publication.copy_tree(offline_run, shared / WANDB_FOLDER / offline_run.name)
 
 
 def remove_wandb_runs(run_folder: Path, wandb_id: str) -> None:

@@ -45,6 +45,7 @@ from scratchflow.dataset import (
     resolve_location,
     share_package_locations,
 )
+from scratchflow.lease import RunFolder
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
 from scratchflow.software import default_requirements_variable, job_software_problem, pipeline_requirements
@@ -289,7 +290,7 @@ def on_success(config: dict[str, Any], plan: Plan) -> str:
         for run_id in plan.runs:
             paths = plan.paths(run_id)
             if Path(paths.record).is_file() or run_id in stopped:
-                CheckpointStore(Path(paths.checkpoints), plan.checkpoint_marker).release()
+                CheckpointStore(RunFolder(Path(paths.checkpoints)), plan.checkpoint_marker).release()
     return describe_results(plan, config["tracking"])
 
 
