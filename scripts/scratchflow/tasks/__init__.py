@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from scratchflow.piece import PieceSpec
     from scratchflow.schedule import CheckpointInterval
 
-DEFAULT_TASK = "text-classification"
 # What a progress report holds, each a number: where training is, where this job stops, the loss,
 # the speed, the seconds left at that speed, and when it was reported (time.time()).
 PROGRESS_KEYS = ("step", "max_steps", "loss", "samples_per_second", "seconds_left", "at")
