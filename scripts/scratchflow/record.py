@@ -1,7 +1,7 @@
-"""What a run records about itself so that it can be reproduced and its overhead seen; what trained
-each run of a grid, where the runs differ in it, and the line that trains the odd ones again. Typed
-records (a piece's spec, its entry in pieces.json, record.json) go to and from JSON through one pair
-of functions: `plain` and `typed`."""
+"""What a run records about itself so that it can be reproduced (how long its phases took:
+scratchflow.timing); what trained each run of a grid, where the runs differ in it, and the line that
+trains the odd ones again. Typed records (a piece's spec, its entry in pieces.json, record.json) go
+to and from JSON through one pair of functions: `plain` and `typed`."""
 
 from __future__ import annotations
 
@@ -68,21 +68,6 @@ def _as(kind: Any, data: Any) -> Any:
         hints = typing.get_type_hints(kind)
         return kind(**{name: _as(hints[name], item) for name, item in data.items() if name in hints})
     return data
-
-
-class PhaseTimer:
-    """Wall-clock seconds per lifecycle phase (stage, train, sync, cleanup, ...)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
 
 
 def git_state(directory: Path) -> dict[str, Any]:
