@@ -26,7 +26,8 @@ from scratchflow.ledger import PieceRecord, RunLedger
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import Paused, PieceSpec, Shape, Staging, TrainingStopped, finished, run_piece
 from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
-from scratchflow.record import code_record, environment_record, output_to_log, plain
+from scratchflow.provenance import code_record
+from scratchflow.record import environment_record, output_to_log, plain
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure

@@ -374,6 +374,13 @@ def find_lab_tasks_in(folder: Path) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), *paths]))
 
 
+def module_root(task: str, module_file: Path) -> Path:
+    """The folder a lab's task module is imported from: `ourlab.mlp` at <root>/ourlab/mlp.py (or
+    <root>/ourlab/mlp/__init__.py)."""
+    depth = len(task.split(".")) - (module_file.name != "__init__.py")
+    return module_file.resolve().parents[depth]
+
+
 def available_tasks() -> list[str]:
     """The built-in tasks."""
     return sorted(info.name.replace("_", "-") for info in pkgutil.iter_modules(__path__) if not info.ispkg)
