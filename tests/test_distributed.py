@@ -28,10 +28,11 @@ from scratchflow.checkpoints import CheckpointStore, WorldSizeChanged, complete_
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.dataset import load_examples
-from scratchflow.distributed import requested_gpus_per_node, seeing_in_image, shape_of
+from scratchflow.distributed import seeing_in_image, shape_of
 from scratchflow.lease import RunFolder
 from scratchflow.piece import Piece, PieceSpec, Rank, Shape, Staging
 from scratchflow.plan import TENSORBOARD_FOLDER
+from scratchflow.preflight import requested_gpus_per_node
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.tracking import read_curves

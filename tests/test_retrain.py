@@ -1,6 +1,6 @@
 """What trained each run, shown; and training chosen runs again from zero: each record names its
-task's code by sha256 (scratchflow.record.code_record), the status says which runs were trained by
-other code or packages with the line that trains them again, and that line (scripts/retrain.py,
+task's code by sha256 (scratchflow.provenance.code_record), the status says which runs were trained
+by other code or packages with the line that trains them again, and that line (scripts/retrain.py,
 `make retrain`) releases those runs only, or refuses, releasing nothing."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, jobs_run, lab_pipeline, workflow_env
 from scratchflow.plan import COMPARISON_OUTPUTS, Plan
-from scratchflow.record import code_record, difference_lines, retrain_line
+from scratchflow.provenance import code_record, difference_lines, retrain_line
 
 STATUS = REPO / "scripts" / "status.py"
 RETRAIN = REPO / "scripts" / "retrain.py"

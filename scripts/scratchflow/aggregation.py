@@ -14,7 +14,7 @@ from scratchflow.accounting import Cost
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json
 from scratchflow.plan import REPLICATE_KEY
-from scratchflow.record import SHORT, TRAINED_BY, trained_by
+from scratchflow.provenance import SHORT, TRAINED_BY, trained_by
 
 # A plot stays readable up to about this many bars; larger grids show their best settings.
 MOST_SETTINGS_PLOTTED = 40

@@ -16,9 +16,9 @@ from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR
 from scratchflow.dataset import DatasetError, data_sources, resolve_location, table_columns
-from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.models import is_local_source
 from scratchflow.plan import TRAINING_RULES
+from scratchflow.preflight import requested_gpus_per_node
 from scratchflow.search import BUDGET_KEY, HALVING, SearchError, check_halving, check_space, search_size, swept_values
 from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
 from scratchflow.tasks import (

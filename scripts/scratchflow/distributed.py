@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,22 +68,6 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
     """The GPUs this job may use on its node, as Slurm lists them (CUDA_VISIBLE_DEVICES)."""
     listed = environ.get("CUDA_VISIBLE_DEVICES", "")
     return len([device for device in listed.split(",") if device.strip()])
-
-
-def requested_gpus_per_node(resources: Mapping[str, Any]) -> int | None:
-    """The GPUs a rule's resources ask for on each node, in any of the syntaxes the profiles use
-    (`gres: gpu[:type]:N`, `gpu: N` with `gpu_model`, `--gpus-per-node=[type:]N` in slurm_extra);
-    None when it asks for none."""
-    for request in str(resources.get("gres") or "").split(","):
-        name, *rest = request.strip().split(":")
-        if name == "gpu":
-            return int(rest[-1]) if rest and rest[-1].isdigit() else 1
-    per_node = re.search(r"--gpus-per-node[= ](?:[\w.-]+:)?(\d+)", str(resources.get("slurm_extra") or ""))
-    if per_node:
-        return int(per_node.group(1))
-    if resources.get("gpu"):
-        return -(-int(resources["gpu"]) // int(resources.get("nodes") or 1))
-    return None
 
 
 def shape_of(resources: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Shape:

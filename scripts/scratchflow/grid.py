@@ -8,9 +8,11 @@ import json
 from typing import Any
 
 from scratchflow.search import expand_search
-from scratchflow.tasks import DEFAULT_TASK
 
 RUN_ID_LENGTH = 10
+# The task of a config without `task:` (config.schema.yaml's default), left out of a run's identity:
+# runs from before there were tasks keep their ids.
+DEFAULT_TASK = "text-classification"
 
 # Dataset settings that change what a run trains and is tested on. The dataset's path is left out on
 # purpose: moving the data must not rename every run.

@@ -26,12 +26,14 @@ from scratchflow.ledger import PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import Paused, PieceSpec, Shape, Staging, TrainingStopped, finished, run_piece
 from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
-from scratchflow.record import PhaseTimer, code_record, environment_record, output_to_log, plain
+from scratchflow.provenance import code_record
+from scratchflow.record import environment_record, output_to_log, plain
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
 from scratchflow.tasks import PredictContext, check_predicted, load_task, loaded_file
+from scratchflow.timing import PhaseTimer
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -59,11 +59,12 @@ from scratchflow.lease import Publication, RunFolder, RunLease
 from scratchflow.ledger import PAUSED, Phase, PieceRecord, RunLedger
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
-from scratchflow.record import PhaseTimer, keep_piece_log, plain, typed
+from scratchflow.record import keep_piece_log, plain, typed
 from scratchflow.schedule import CheckpointCost, CheckpointInterval, CheckpointSchedule
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import StagingError, scratch_directory, stage_in
 from scratchflow.tasks import TrainContext, Trained, load_task
+from scratchflow.timing import PhaseTimer
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,9 @@ asked for; an account set by the profile or $SBATCH_ACCOUNT is one of the user's
 whether the scratch root is writable on a compute node, which takes a job. A query the cluster does
 not allow (sacctmgr locked down) is a warning, never a refusal.
 
+A rule's request is read from its resources in every syntax the profiles use (`request_of`; its GPUs
+per node, `requested_gpus_per_node`, which the config's start-up checks read too).
+
 `cluster_overview` is what `make cluster` prints: idle and total GPUs by type and pending jobs, per
 partition.
 """
@@ -28,7 +31,6 @@ from typing import Any
 
 import yaml
 
-from scratchflow.distributed import requested_gpus_per_node
 from scratchflow.profiles import layered
 
 QUERY_SECONDS = 30
@@ -221,6 +223,22 @@ def _option(extra: str, long: str, short: str | None = None) -> str | None:
             return word.split("=", 1)[1]
         if word in (f"--{long}", *([f"-{short}"] if short else [])) and index + 1 < len(words):
             return words[index + 1]
+    return None
+
+
+def requested_gpus_per_node(resources: Mapping[str, Any]) -> int | None:
+    """The GPUs a rule's resources ask for on each node, in any of the syntaxes the profiles use
+    (`gres: gpu[:type]:N`, `gpu: N` with `gpu_model`, `--gpus-per-node=[type:]N` in slurm_extra);
+    None when it asks for none."""
+    for request in str(resources.get("gres") or "").split(","):
+        name, *rest = request.strip().split(":")
+        if name == "gpu":
+            return int(rest[-1]) if rest and rest[-1].isdigit() else 1
+    per_node = re.search(r"--gpus-per-node[= ](?:[\w.-]+:)?(\d+)", str(resources.get("slurm_extra") or ""))
+    if per_node:
+        return int(per_node.group(1))
+    if resources.get("gpu"):
+        return -(-int(resources["gpu"]) // int(resources.get("nodes") or 1))
     return None
 
 

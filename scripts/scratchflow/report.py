@@ -17,7 +17,7 @@ from scratchflow.accounting import GridCost, described
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import written_whole
 from scratchflow.ledger import SUPERSEDED
-from scratchflow.record import SHORT, difference_lines
+from scratchflow.provenance import SHORT, difference_lines
 from scratchflow.search import HALVING
 
 # Sorting on a click of a column's head (again: the other way); empty cells last.
@@ -121,7 +121,7 @@ def task_code(record: dict[str, Any]) -> str:
 
 def trained_by_paragraph(records: dict[str, dict[str, Any]], workdir: Path) -> str:
     """Where the runs differ in what trained them, and the line that trains the odd ones again
-    (scratchflow.record.difference_lines), as a paragraph of the page; empty where they do not."""
+    (scratchflow.provenance.difference_lines), as a paragraph of the page; empty where they do not."""
     halving = any(record.get("config", {}).get("search", {}).get("kind") == HALVING for record in records.values())
     lines = difference_lines(records, workdir, halving)
     if not lines:

@@ -39,8 +39,8 @@ from scratchflow.files import (
     write_json_atomically,
     written_whole,
 )
-from scratchflow.record import PhaseTimer
 from scratchflow.snakemake_adapter import JOB_VARIABLES
+from scratchflow.timing import PhaseTimer
 
 log = logging.getLogger(__name__)
 # Slurm sends every process of a job its wall-time warning, a configured stop signal (USR1, USR2,

@@ -7,8 +7,8 @@ paused between pieces (a stop signal saved its progress; the next job resumes), 
 is trained and waits for or runs its prediction, or is finished (its test metric). In a halving
 search, a run trains to its rung's epochs, waits for the rung's decision, and goes on, or is stopped
 there (its validation metric); a line says which rung the search is in. Where the runs were trained
-by different code or packages (scratchflow.record.differences), lines say which runs and how, and
-the line that trains them again."""
+by different code or packages (scratchflow.provenance.differences), lines say which runs and how,
+and the line that trains them again."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from scratchflow.ledger import (
 )
 from scratchflow.piece import Paused
 from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
-from scratchflow.record import difference_lines
+from scratchflow.provenance import difference_lines
 from scratchflow.slurm_job import requeue_cause
 from scratchflow.tracking import duration
 
@@ -413,7 +413,7 @@ def summary_line(statuses: list[RunStatus]) -> str:
 
 def trained_by_lines(workdir: Path, records: dict[str, dict[str, Any]]) -> list[str]:
     """Where the trained runs differ in what trained them, with the line that trains the odd ones
-    again (scratchflow.record.difference_lines)."""
+    again (scratchflow.provenance.difference_lines)."""
     return difference_lines(records, workdir, Plan.read(workdir).halving)
 
 

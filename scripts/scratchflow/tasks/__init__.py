@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from scratchflow.piece import PieceSpec
     from scratchflow.schedule import CheckpointInterval
 
-DEFAULT_TASK = "text-classification"
 # What a progress report holds, each a number: where training is, where this job stops, the loss,
 # the speed, the seconds left at that speed, and when it was reported (time.time()).
 PROGRESS_KEYS = ("step", "max_steps", "loss", "samples_per_second", "seconds_left", "at")
@@ -373,6 +372,13 @@ def find_lab_tasks_in(folder: Path) -> None:
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(folder) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), *paths]))
+
+
+def module_root(task: str, module_file: Path) -> Path:
+    """The folder a lab's task module is imported from: `ourlab.mlp` at <root>/ourlab/mlp.py (or
+    <root>/ourlab/mlp/__init__.py)."""
+    depth = len(task.split(".")) - (module_file.name != "__init__.py")
+    return module_file.resolve().parents[depth]
 
 
 def available_tasks() -> list[str]:

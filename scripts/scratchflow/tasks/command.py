@@ -163,6 +163,13 @@ def interpreted_script(argv: list[str]) -> str | None:
     return None
 
 
+def program_file(argv: list[str]) -> Path | None:
+    """The file of the program (the script a known interpreter runs, or the program itself), as
+    `training.program_git` finds it; None for a program found on PATH."""
+    program = Path(interpreted_script(argv) or argv[0]).expanduser()
+    return program if program.is_file() else None
+
+
 def check_data(dataset: dict[str, Any], sources: dict[str, Path]) -> None:
     """The program reads the data itself, in its own format; that each location holds a file to read
     is all that can be checked here."""
