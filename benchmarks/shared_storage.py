@@ -159,23 +159,23 @@ def job_process(spec_path: Path) -> None:
     """The train job of `spec_path`'s setting, in this process (run under strace)."""
     spec = json.loads(spec_path.read_text())
     sys.path.insert(0, str(LAB))
-    from scratchflow import checkpoints, jobs, piece
+    from scratchflow import checkpoints, jobs, training_process
 
     if "report_every_seconds" in spec:
         import ourlab.mlp  # a lab's task: its reporting interval set here, as a lab might write it
 
         ourlab.mlp.REPORT_EVERY_SECONDS = spec["report_every_seconds"]
     marks: dict[str, float] = {}
-    train = piece.Piece.train
+    train = training_process.TrainingProcess.train
 
-    def marked_train(self: piece.Piece) -> piece.PieceOutcome:
+    def marked_train(self: training_process.TrainingProcess) -> training_process.PieceOutcome:
         marks["training"] = time.time()
         try:
             return train(self)
         finally:
             marks["end"] = time.time()
 
-    piece.Piece.train = marked_train  # type: ignore[method-assign]
+    training_process.TrainingProcess.train = marked_train  # type: ignore[method-assign]
     publications: list[tuple[float, float]] = []
 
     def timed(publishing: Callable[..., Any]) -> Callable[..., Any]:
@@ -191,8 +191,12 @@ def job_process(spec_path: Path) -> None:
     checkpoints.CheckpointStore.mirror = timed(checkpoints.CheckpointStore.mirror)  # type: ignore[method-assign]
     checkpoints.CheckpointStore.publish = timed(checkpoints.CheckpointStore.publish)  # type: ignore[method-assign]
     for publishing in ("_before_publishing", "_publish_curves"):  # before 0.3, neither: curves went straight there
-        if hasattr(piece.Piece, publishing):
-            setattr(piece.Piece, publishing, timed(getattr(piece.Piece, publishing)))
+        if hasattr(training_process.TrainingProcess, publishing):
+            setattr(
+                training_process.TrainingProcess,
+                publishing,
+                timed(getattr(training_process.TrainingProcess, publishing)),
+            )
     work, run = Path(spec["work"]), "storage"
     runs = work / "results" / "runs" / run
     runs.mkdir(parents=True)  # Snakemake makes its outputs' folders before the job starts

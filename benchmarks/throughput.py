@@ -34,10 +34,11 @@ from scratchflow.checkpoints import CheckpointStore
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import label_names, labelled_files, load_examples, resolve_location, split_examples
 from scratchflow.lease import RunFolder
-from scratchflow.piece import Piece, PieceSpec
+from scratchflow.piece_spec import PieceSpec
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.tasks import image_classification, text_classification
 from scratchflow.tiny_model import build_tiny_resnet
+from scratchflow.training_process import TrainingProcess
 from transformers import (
     AutoImageProcessor,
     AutoModelForImageClassification,
@@ -101,7 +102,7 @@ def scratchflow_train(
     original, hf_trainer.StopWhenAsked = hf_trainer.StopWhenAsked, ClockedStopWhenAsked
     started = time.perf_counter()
     try:
-        Piece(spec).train()
+        TrainingProcess(spec).train()
     finally:
         hf_trainer.StopWhenAsked = original
     return loop_rate(clock, params["batch_size"]), time.perf_counter() - started

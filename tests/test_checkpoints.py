@@ -114,7 +114,7 @@ def test_a_checkpoint_from_before_contents_were_recorded_is_taken_as_it_is(tmp_p
 def test_release_removes_the_folder(tmp_path):
     folder = tmp_path / "abc"
     make_checkpoint(folder, 5)
-    CheckpointStore(RunFolder(folder), MARKER).release()
+    CheckpointStore(RunFolder(folder), MARKER).remove_all()
     assert list(tmp_path.iterdir()) == []
 
 
@@ -357,7 +357,7 @@ def test_each_holder_takes_the_next_term_and_an_older_one_is_superseded_by_it(tm
     with pytest.raises(lease.Superseded, match=r"a newer piece holds the run \(term 2: Slurm job 7 on b\)"):
         first.look()
     assert first.superseded() and not second.superseded()
-    CheckpointStore(RunFolder(tmp_path), MARKER).release()
+    CheckpointStore(RunFolder(tmp_path), MARKER).remove_all()
     with pytest.raises(lease.Superseded, match="is gone"):
         second.look()
 

@@ -25,7 +25,7 @@ from conftest import (
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.files import read_json
 from scratchflow.lease import RunFolder
-from scratchflow.piece import Piece, PieceSpec
+from scratchflow.piece_spec import PieceSpec
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.schedule import CheckpointInterval
@@ -36,6 +36,7 @@ from scratchflow.tasks.command import (
     interpreted_script,
     read_metrics,
 )
+from scratchflow.training_process import TrainingProcess
 
 IGNORES_STOPS = """
 import pathlib, signal, sys, time
@@ -163,7 +164,7 @@ def test_with_tracking_wandb_a_bare_wandb_init_logs_the_piece_offline_beside_its
         stop_grace_seconds=1,
         threads=1,
     )
-    Piece(spec).train()
+    TrainingProcess(spec).train()
     (piece,) = wandb_offline_runs(run_folder).values()
     assert (piece["id"], piece["group"], piece["job_type"]) == ("r1-piece3", "r1", "train-piece")
     assert piece["history"] == {10: {"train/loss": 0.1}, 20: {"train/loss": 0.05}}

@@ -30,12 +30,13 @@ from scratchflow.config import ConfigError, check_precision, check_resources
 from scratchflow.dataset import load_examples
 from scratchflow.distributed import seeing_in_image, shape_of
 from scratchflow.lease import RunFolder
-from scratchflow.piece import Piece, PieceSpec, Rank, Shape, Staging
+from scratchflow.piece_spec import PieceSpec, Rank, Shape, Staging
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.preflight import requested_gpus_per_node
 from scratchflow.processes import StopForwarder, run_program
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.tracking import read_curves
+from scratchflow.training_process import TrainingProcess
 
 TWO_PROCESSES = ("--set-resources", "train:processes_per_node=2")
 MARKER = TRAINER_CHECKPOINT_MARKER
@@ -208,7 +209,7 @@ def test_a_stop_that_comes_just_after_the_processes_agreed_is_counted_at_the_nex
         stop_grace_seconds=1,
         threads=1,
     )
-    piece = Piece(spec, Rank(rank=1, local_rank=1, world_size=2))
+    piece = TrainingProcess(spec, Rank(rank=1, local_rank=1, world_size=2))
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         agree = torch.distributed.all_reduce

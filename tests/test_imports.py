@@ -147,12 +147,10 @@ def test_every_import_counts_wherever_it_is_in_a_file(tmp_path):
 # The start-up checks run whenever the workflow is read, before any job: they need none of the
 # training code, and importing it would tie them to the training's modules (and to torch and
 # transformers, seconds to import).
-TRAINING = ("scratchflow.piece", "scratchflow.distributed", "scratchflow.checkpoints")
-STARTUP_CHECKS = {
-    "scratchflow.config": TRAINING,
-    # It warns at start-up where the grid's checkpoints may not fit (checkpoints.space_warning).
-    "scratchflow.workflow_hooks": tuple(module for module in TRAINING if module != "scratchflow.checkpoints"),
-}
+# What trains: a piece's sequence, its processes and their launchers (the run's storage, checkpoints
+# and ledger, is not: the start-up warns where the grid's checkpoints may not fit).
+TRAINING = ("scratchflow.piece", "scratchflow.training_process", "scratchflow.distributed")
+STARTUP_CHECKS = {"scratchflow.config": TRAINING, "scratchflow.workflow_hooks": TRAINING}
 
 
 @pytest.mark.parametrize("module", STARTUP_CHECKS)

@@ -44,7 +44,8 @@ def test_a_paused_piece_says_so_at_info_and_names_the_log_it_keeps(tmp_path):
     job = f"""
 from pathlib import Path
 from scratchflow.jobs import job_context
-from scratchflow.piece import Paused, finished
+from scratchflow.piece import finished
+from scratchflow.piece_spec import Paused
 
 with job_context({str(log)!r}):
     finished(Paused("SIGUSR1", "training", 40, log=Path({str(kept)!r})))
@@ -130,7 +131,8 @@ def test_a_sigterm_while_the_model_is_copied_back_pauses_the_piece_and_the_stop_
     on Slurm the job step's Snakemake, which had it too, fails the job and removes its outputs; so
     the piece pauses instead of recording a run that would be removed. The stop signal (the warning
     before the wall time, with time left) does not end the job: the run is recorded."""
-    from scratchflow.piece import Paused, Trained, _terminated_while_syncing
+    from scratchflow.piece import Trained, _terminated_while_syncing
+    from scratchflow.piece_spec import Paused
     from scratchflow.signals import STOP_FILE_NAME, write_stop_file
 
     trained = Trained(tmp_path / "model", {"global_steps": 60})

@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from scratchflow import lease, piece
+from scratchflow import lease, training_process
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.lease import RunFolder
 from scratchflow.ledger import RunLedger
-from scratchflow.piece import Piece, PieceSpec
+from scratchflow.piece_spec import PieceSpec
 from scratchflow.schedule import CheckpointInterval
+from scratchflow.training_process import TrainingProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
     PROGRESS_WRITE_SECONDS; a piece whose task fails writes its last one, which the ledger reads
     to record how far it trained past its newest checkpoint."""
     clock = [1000.0]
-    monkeypatch.setattr(piece.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(training_process.time, "monotonic", lambda: clock[0])
     folder = tmp_path / "shared"
     spec = PieceSpec(
         task="command",
@@ -59,7 +60,7 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
         threads=1,
         work_dir=tmp_path / "scratch",
     )
-    trainer = Piece(spec)
+    trainer = TrainingProcess(spec)
     written = []
     monkeypatch.setattr(
         RunLedger, "report_progress", lambda _ledger, progress, _publication=None: written.append(progress["step"])
@@ -67,7 +68,7 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
     for step in range(1, 101):  # a report a second for 100 seconds
         clock[0] += 1
         trainer.report_progress({"step": step})
-    interval = int(piece.PROGRESS_WRITE_SECONDS)
+    interval = int(training_process.PROGRESS_WRITE_SECONDS)
     assert written == list(range(interval, 101, interval))
 
     def failing_train(context):
@@ -116,6 +117,6 @@ def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_pa
             seen.append(published.read_bytes() if published.exists() else None)  # the rename comes next
 
     monkeypatch.setattr(lease, "copied_whole", copied_noting_the_curves_as_it_is_renamed)
-    Piece(spec).checkpoint_saved(checkpoint)
+    TrainingProcess(spec).checkpoint_saved(checkpoint)
     assert seen == [b"the curves to step 10"], "the curves were there when the checkpoint was renamed into place"
     assert (spec.store.folder / "checkpoint-10" / "COMPLETE").is_file()

@@ -146,7 +146,7 @@ def checkpoint_damage(checkpoint: Path, read_bytes: bool = True) -> str | None:
 class CheckpointStore:
     """The checkpoints of one run on shared storage (in `run_folder`, through which it writes): the
     newest complete (and intact) one, restored to scratch; each new one published whole; all of them
-    released once the run is done. `marker` is the file a task writes last into a checkpoint."""
+    removed once the run is done. `marker` is the file a task writes last into a checkpoint."""
 
     run_folder: RunFolder
     marker: str
@@ -338,7 +338,7 @@ class CheckpointStore:
             self._after_publication(destination, publication)
         return destination
 
-    def release(self) -> None:
+    def remove_all(self) -> None:
         """Remove a finished run's checkpoints: its results are on shared storage now."""
         if self.folder.is_dir():
             with self.run_folder.publishing() as publication:
@@ -350,8 +350,8 @@ class CheckpointMirroring:
     a task after it saves (`mirror_newest`), or from a thread that looks every `poll_seconds` while a
     program runs that saves on its own (`watching`), and once more when it ends."""
 
-    def __init__(self, run: CheckpointStore, local_folder: Path, restored_step: int | None = None):
-        self.run, self.local_folder = run, local_folder
+    def __init__(self, store: CheckpointStore, local_folder: Path, restored_step: int | None = None):
+        self.store, self.local_folder = store, local_folder
         self.failure: BaseException | None = None  # the watching thread's, once a copy failed
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
         # Called just before each checkpoint is renamed into place, in its publication: what must be
@@ -362,18 +362,18 @@ class CheckpointMirroring:
 
     def mirror_newest(self) -> Path | None:
         """The newest complete checkpoint on scratch, copied if it is new; None if there is none new."""
-        newest = newest_complete_checkpoint(self.local_folder, self.run.marker)
+        newest = newest_complete_checkpoint(self.local_folder, self.store.marker)
         if newest is None or (self.mirrored_step is not None and step_of(newest) <= self.mirrored_step):
             return None
         started = time.monotonic()
         try:
-            self.run.mirror(newest, self.with_each)
+            self.store.mirror(newest, self.with_each)
         except (StagingError, OSError):
             if newest.exists():
                 raise
             return None  # the task pruned it while it was copied: a newer one is there
         self.mirrored_step = step_of(newest)
-        log.info("checkpoint %s saved to %s", newest.name, self.run.folder)
+        log.info("checkpoint %s saved to %s", newest.name, self.store.folder)
         if self.published is not None:
             self.published(self.mirrored_step, started)
         return newest

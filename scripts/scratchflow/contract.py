@@ -46,7 +46,7 @@ from scratchflow.dataset import (
 )
 from scratchflow.files import read_json
 from scratchflow.lease import Publication, RunFolder
-from scratchflow.piece import Paused, Piece, PieceOutcome, PieceSpec, restore
+from scratchflow.piece_spec import Paused, PieceSpec
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.tasks import (
     PROGRESS_KEYS,
@@ -61,6 +61,7 @@ from scratchflow.tasks import (
     task_file,
     training_schema,
 )
+from scratchflow.training_process import PieceOutcome, TrainingProcess, restore
 
 
 class ContractBroken(AssertionError):
@@ -157,7 +158,7 @@ class StopsAfterFirstCheckpoint(CheckpointStore):
         return destination
 
 
-class ProgressCheckedPiece(Piece):
+class ProgressCheckedProcess(TrainingProcess):
     """A piece whose task's progress reports are checked as they come (`make status` reads them),
     and each written, not one an interval."""
 
@@ -212,9 +213,9 @@ def piece_spec(config: dict[str, Any], work: Path, piece: int, store: Checkpoint
 
 def train_piece(spec: PieceSpec) -> PieceOutcome:
     """The piece's training as on a node the job prepared: from the newest checkpoint, restored.
-    Every progress report is checked (ProgressCheckedPiece)."""
+    Every progress report is checked (ProgressCheckedProcess)."""
     restore(spec)
-    trainer = ProgressCheckedPiece(spec)
+    trainer = ProgressCheckedProcess(spec)
     outcome = trainer.train()
     if not trainer.task.LAUNCHES_OWN_PROCESSES and trainer.schedule.costs and not trainer.schedule.asked:
         raise ContractBroken(
@@ -283,9 +284,9 @@ def check_rung(config: dict[str, Any], work: Path) -> None:
     checkpoint trains no further and reports the same; the run's last job resumes from the rung."""
     task = config["task"]
     config = {**config, "training": {**config["training"], "epochs": 2}}
-    run = CheckpointStore(RunFolder(work / "shared-rung"), load_task(task).CHECKPOINT_MARKER)
-    rung = trained_piece(dataclasses.replace(piece_spec(config, work / "rung", 1, run), budget_epochs=1))
-    retried = trained_piece(dataclasses.replace(piece_spec(config, work / "rung", 2, run), budget_epochs=1))
+    store = CheckpointStore(RunFolder(work / "shared-rung"), load_task(task).CHECKPOINT_MARKER)
+    rung = trained_piece(dataclasses.replace(piece_spec(config, work / "rung", 1, store), budget_epochs=1))
+    retried = trained_piece(dataclasses.replace(piece_spec(config, work / "rung", 2, store), budget_epochs=1))
     validation = rung.metrics.get("validation")
     if not validation or retried.metrics.get("validation") != validation:
         raise ContractBroken(
@@ -294,12 +295,12 @@ def check_rung(config: dict[str, Any], work: Path) -> None:
             f"{rung.metrics.get('validation')!r:.200}, the retry's {retried.metrics.get('validation')!r:.200}"
         )
     rung_end = rung.metrics["global_steps"]
-    if rung_end is None or not retried.metrics["global_steps"] == rung_end == run.newest_step():
+    if rung_end is None or not retried.metrics["global_steps"] == rung_end == store.newest_step():
         raise ContractBroken(
             f"{task}: a rung saves a checkpoint at the end of budget_epochs (saved: {rung_end}), and a retry "
             f"from it trains no further (its newest checkpoint: {retried.metrics['global_steps']})"
         )
-    last = trained_piece(piece_spec(config, work / "rung", 3, run))
+    last = trained_piece(piece_spec(config, work / "rung", 3, store))
     if last.metrics["resumed_from_step"] != rung_end or last.metrics["global_steps"] != 2 * rung_end:
         raise ContractBroken(
             f"{task}: the run's last job did not resume from the rung's checkpoint-{rung_end} and train to the "
@@ -314,8 +315,8 @@ def check_predicts(config: dict[str, Any], work: Path, trained: Trained | None =
     What it returns is what the workflow writes (scratchflow.tasks.check_predicted)."""
     task = config["task"]
     if trained is None:
-        run = CheckpointStore(RunFolder(work / "shared"), load_task(task).CHECKPOINT_MARKER)
-        trained = trained_piece(piece_spec(config, work, 1, run))
+        store = CheckpointStore(RunFolder(work / "shared"), load_task(task).CHECKPOINT_MARKER)
+        trained = trained_piece(piece_spec(config, work, 1, store))
     scratch = work / "predict"
     shutil.copytree(trained.output, scratch / "model")
     context = PredictContext(

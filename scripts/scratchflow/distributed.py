@@ -8,7 +8,7 @@ no torchrun. More on one node: the job stages the data in once, then runs
 runs the task's `train` (the Hugging Face Trainer finds its rank in torchrun's environment), and
 rank 0 reports back through a file. Several nodes: the job (on the allocation's first node, the
 batch host) runs `srun --ntasks-per-node=1 … -m scratchflow.distributed node <spec>`, one launcher
-per node; each prepares its own node-local scratch (piece.prepare_node: the data staged in, verified
+per node; each prepares its own node-local scratch (training_process.prepare_node: the data staged in, verified
 as always, and the newest checkpoint restored; the batch host's launcher uses the job's), then
 starts torchrun with a static rendezvous that puts rank 0 on the batch host
 (`--node-rank=$SLURM_NODEID`, `--master-addr=$SLURM_LAUNCH_NODE_IPADDR`), and removes its scratch
@@ -37,21 +37,13 @@ from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR, signals
 from scratchflow.files import read_json, write_json_atomically
-from scratchflow.piece import (
-    Paused,
-    Piece,
-    PieceOutcome,
-    PieceSpec,
-    Rank,
-    Shape,
-    node_name,
-    prepare_node,
-)
+from scratchflow.piece_spec import Paused, PieceSpec, Rank, Shape, node_name
 from scratchflow.processes import StopForwarder, run_program, set_parent_death_signal
 from scratchflow.record import plain, typed
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import scratch_directory
 from scratchflow.tasks import Trained, load_task
+from scratchflow.training_process import PieceOutcome, TrainingProcess, prepare_node
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +72,11 @@ def shape_of(resources: Mapping[str, Any], environ: Mapping[str, str] = os.envir
 
 
 def train(spec: PieceSpec) -> PieceOutcome:
-    """Train one piece of a run with the spec's shape, on this node prepared (piece.prepare_node);
+    """Train one piece of a run with the spec's shape, on this node prepared (training_process.prepare_node);
     one process trains in this one. Several nodes: every other node's launcher prepares its own."""
     shape = spec.shape
     if shape.world_size == 1 or load_task(spec.task).LAUNCHES_OWN_PROCESSES:
-        return Piece(spec).train()
+        return TrainingProcess(spec).train()
     spec_file, result = spec.work_dir / "launch.json", spec.work_dir / RESULT_FILE
     spec.write(spec_file)
     environment = launch_environment(spec.threads, shape)
@@ -240,7 +232,7 @@ def main(spec_file: Path) -> None:
         force=True,
     )
     threads = max(1, spec.threads // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    outcome = Piece(dataclasses.replace(spec, threads=threads), me).train()
+    outcome = TrainingProcess(dataclasses.replace(spec, threads=threads), me).train()
     if me.rank == 0:
         recorded = Outcome(trained=outcome) if isinstance(outcome, Trained) else Outcome(paused=outcome)
         write_json_atomically(plain(recorded), spec.work_dir / RESULT_FILE)

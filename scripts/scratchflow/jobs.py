@@ -24,7 +24,8 @@ from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.lease import RunFolder, Superseded
 from scratchflow.ledger import PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
-from scratchflow.piece import Paused, PieceSpec, Shape, Staging, TrainingStopped, finished, run_piece
+from scratchflow.piece import TrainingStopped, finished, run_piece
+from scratchflow.piece_spec import Paused, PieceSpec, Shape, Staging
 from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
 from scratchflow.provenance import code_record
 from scratchflow.record import environment_record, output_to_log, plain

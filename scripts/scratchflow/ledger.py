@@ -144,8 +144,7 @@ class RunLedger:
     def pieces(self) -> list[PieceRecord]:
         """The pieces that have trained this run so far, oldest first; a superseded one as it noted
         its end, or as superseded where an older term's end came after a newer term began."""
-        path = self.folder / PIECES_FILE
-        listed = piece_records(read_json(path)) if path.is_file() else []
+        listed = self._listed()
         terms = self.run_folder.terms_listed()
         if not any(entry.outcome in (RUNNING, KILLED) for entry in listed) and len(terms) < 2:
             return listed  # one term, and no piece left running: none was superseded
@@ -160,9 +159,14 @@ class RunLedger:
             return dataclasses.replace(entry, outcome=SUPERSEDED)  # its end came after a newer term began
         return entry
 
+    def _listed(self) -> list[PieceRecord]:
+        """pieces.json's entries as written."""
+        path = self.folder / PIECES_FILE
+        return piece_records(read_json(path)) if path.is_file() else []
+
     def record(self, entry: PieceRecord) -> None:
         """Add or update (same number) a piece's entry."""
-        self._write([listed for listed in self.pieces() if listed.piece != entry.piece] + [entry])
+        self._write([listed for listed in self._listed() if listed.piece != entry.piece] + [entry])
 
     def _write(self, entries: list[PieceRecord]) -> None:
         self.run_folder.write_json(plain(entries), self.folder / PIECES_FILE)

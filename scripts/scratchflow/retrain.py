@@ -124,7 +124,7 @@ def release(workdir: Path, plan: Plan, run_ids: list[str]) -> None:
         (workdir / derived).unlink(missing_ok=True)
     for run_id in run_ids:
         paths = plan.paths(run_id)
-        CheckpointStore(RunFolder(workdir / paths.checkpoints), plan.checkpoint_marker).release()
+        CheckpointStore(RunFolder(workdir / paths.checkpoints), plan.checkpoint_marker).remove_all()
         results = (workdir / paths.record).parent
         if results.is_dir():
             remove_whole(results)

@@ -29,16 +29,16 @@ from scratchflow.ledger import (
     INTERRUPTED,
     KILLED,
     PAUSED,
-    PIECES_FILE,
     RUNNING,
     SUPERSEDED,
     PieceRecord,
     RunLedger,
     piece_time,
 )
-from scratchflow.piece import Paused
+from scratchflow.piece_spec import Paused
 from scratchflow.plan import RUNG_LOG, RUNG_RECORD, TRAINING_RULES, Plan
 from scratchflow.provenance import difference_lines
+from scratchflow.record import plain
 from scratchflow.slurm_job import requeue_cause
 from scratchflow.tracking import duration
 
@@ -107,16 +107,16 @@ def _read(path: Path) -> Any:
         return None
 
 
-def _newest_checkpoint(run: CheckpointStore) -> tuple[int, float] | None:
+def _newest_checkpoint(store: CheckpointStore) -> tuple[int, float] | None:
     """The step of the run's newest complete checkpoint and when it was saved (when its marker was
     written, last)."""
-    newest = run.newest()
+    newest = store.newest()
     if newest is None:
         return None
     try:
-        return step_of(newest), (newest / run.marker).stat().st_mtime
+        return step_of(newest), (newest / store.marker).stat().st_mtime
     except FileNotFoundError:  # dropped meanwhile for a newer one
-        return _newest_checkpoint(run)
+        return _newest_checkpoint(store)
 
 
 def _failure(log: Path) -> str | None:
@@ -159,11 +159,11 @@ def run_status(
         if failure:
             return RunStatus(run_id, "failed", f"prediction failed: {failure}", paths.predict_log)
         return RunStatus(run_id, "predicts", "trained; prediction waits")
-    run = CheckpointStore(RunFolder(workdir / paths.checkpoints), plan.checkpoint_marker)
+    store = CheckpointStore(RunFolder(workdir / paths.checkpoints), plan.checkpoint_marker)
     last_rung = plan.last_rung  # None: a grid, no rungs
     in_rung = last_rung is not None and rung < last_rung
     log = RUNG_LOG.format(run_id=run_id, rung=rung) if in_rung else paths.train_log
-    status = _training_status(run, run_id, log, (jobs or {}).get(("train", run_id)), active_jobs, now)
+    status = _training_status(store, run_id, log, (jobs or {}).get(("train", run_id)), active_jobs, now)
     if in_rung:
         return RunStatus(run_id, status.state, f"rung {rung} ({plan.rungs[rung]} epochs): {status.detail}", status.log)
     return status
@@ -208,18 +208,18 @@ def rung_line(plan: Plan, decisions: list[dict[str, Any]]) -> str | None:
 
 
 def _training_status(
-    run: CheckpointStore,
+    store: CheckpointStore,
     run_id: str,
     train_log: str,
     job: SlurmJob | None,
     active_jobs: dict[str, SlurmJob] | None,
     now: float,
 ) -> RunStatus:
-    pieces = _read_pieces(RunLedger(run.run_folder))
+    pieces = _read_pieces(RunLedger(store.run_folder))
     if not pieces:
         queued = f" ({job.describe()})" if job else ""
         return RunStatus(run_id, "trains" if job and job.state == "RUNNING" else "waits", f"not started yet{queued}")
-    status = _last_piece_status(run, run_id, pieces, train_log, job, active_jobs, now)
+    status = _last_piece_status(store, run_id, pieces, train_log, job, active_jobs, now)
     superseded = [str(piece.piece) for piece in pieces if piece.outcome == SUPERSEDED]
     if superseded:
         note = f"; piece {', '.join(superseded)} superseded (trained on after a newer piece took the run over)"
@@ -228,7 +228,7 @@ def _training_status(
 
 
 def _last_piece_status(
-    run: CheckpointStore,
+    store: CheckpointStore,
     run_id: str,
     pieces: list[PieceRecord],
     train_log: str,
@@ -236,7 +236,7 @@ def _last_piece_status(
     active_jobs: dict[str, SlurmJob] | None,
     now: float,
 ) -> RunStatus:
-    folder = run.folder
+    folder = store.folder
     queued = f" ({job.describe()})" if job else ""
     last = pieces[-1]
     holder = _read(folder / HOLDER_FILE)
@@ -244,8 +244,8 @@ def _last_piece_status(
         if job is None and active_jobs:  # a packed run: its pack's job
             packed = active_jobs.get(holder.get("slurm_job_id"))
             queued = f" ({packed.describe()})" if packed else ""
-        return RunStatus(run_id, "trains", _training_detail(run, last, now) + queued)
-    resumes = _resume_point(run)
+        return RunStatus(run_id, "trains", _training_detail(store, last, now) + queued)
+    resumes = _resume_point(store)
     piece_log = last.log or train_log
     requeued = _requeued(last, job)
     if last.outcome == PAUSED and last.signal and last.phase:
@@ -292,12 +292,12 @@ def _requeued(piece: PieceRecord, job: SlurmJob | None) -> str:
     return f" ({cause}: Slurm requeued its job)" if cause else ""
 
 
-def _resume_point(run: CheckpointStore) -> str:
+def _resume_point(store: CheckpointStore) -> str:
     """Where the next piece resumes, past any damaged checkpoint, each named with what is wrong (by
     the files' sizes: the status reads no checkpoint's bytes)."""
-    damaged = [f"{name} is damaged: {what}" for name, what in run.damaged().items()]
+    damaged = [f"{name} is damaged: {what}" for name, what in store.damaged().items()]
     resumes = "starts again from step 0"
-    for _step, checkpoint in reversed(run.complete()):
+    for _step, checkpoint in reversed(store.complete()):
         damage = checkpoint_damage(checkpoint, read_bytes=False)
         if damage is None:
             resumes = f"resumes from {checkpoint.name}"
@@ -306,12 +306,12 @@ def _resume_point(run: CheckpointStore) -> str:
     return resumes + (f" ({'; '.join(damaged)})" if damaged else "")
 
 
-def _training_detail(run: CheckpointStore, piece: PieceRecord, now: float) -> str:
+def _training_detail(store: CheckpointStore, piece: PieceRecord, now: float) -> str:
     """Where a training piece is: its progress line (the Hugging Face tasks write one every 10 steps),
     or else what the run's folder shows (a command task's program reports no progress): how long the
     piece has run and its newest checkpoint."""
     where = f"piece {piece.piece}"
-    progress = RunLedger(run.run_folder).progress()
+    progress = RunLedger(store.run_folder).progress()
     started = piece_time(piece.started_at)
     if progress is not None and progress["at"] >= started:
         step, total = progress["step"], progress["max_steps"]
@@ -321,7 +321,7 @@ def _training_detail(run: CheckpointStore, piece: PieceRecord, now: float) -> st
             f"{duration(progress['seconds_left'])} left at that speed (as of {duration(now - progress['at'])} ago)"
         )
     running = f"{where}, running for {duration(now - started)}"
-    newest = _newest_checkpoint(run)
+    newest = _newest_checkpoint(store)
     if newest is None:
         return f"{running}; no checkpoint yet"
     step, saved_at = newest
@@ -379,7 +379,10 @@ def spend_line(workdir: Path, statuses: list[RunStatus], records: dict[str, dict
     for run_id in plan.runs:
         paths = plan.paths(run_id)
         record = records.get(run_id)
-        listed = record.get("pieces") if record else _read(workdir / paths.checkpoints / PIECES_FILE)
+        # An unfinished run's pieces as the ledger reads them (a superseded one as it noted its end).
+        listed = (
+            record.get("pieces") if record else plain(_read_pieces(RunLedger(RunFolder(workdir / paths.checkpoints))))
+        )
         for rung in range(plan.last_rung or 0) if not listed else ():  # a run a halving search stopped
             rung_record = _read(workdir / RUNG_RECORD.format(run_id=run_id, rung=rung))
             listed = rung_record.get("pieces") if rung_record else listed

@@ -290,7 +290,7 @@ def on_success(config: dict[str, Any], plan: Plan) -> str:
         for run_id in plan.runs:
             paths = plan.paths(run_id)
             if Path(paths.record).is_file() or run_id in stopped:
-                CheckpointStore(RunFolder(Path(paths.checkpoints)), plan.checkpoint_marker).release()
+                CheckpointStore(RunFolder(Path(paths.checkpoints)), plan.checkpoint_marker).remove_all()
     return describe_results(plan, config["tracking"])
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 import yaml
 
 if TYPE_CHECKING:
-    from scratchflow.piece import PieceSpec
+    from scratchflow.piece_spec import PieceSpec
     from scratchflow.schedule import CheckpointInterval
 
 # What a progress report holds, each a number: where training is, where this job stops, the loss,
@@ -45,7 +45,7 @@ class UnknownTask(ValueError):
 
 
 class Lifecycle(Protocol):
-    """What the piece does for a task while it trains (scratchflow.piece.Piece)."""
+    """What the piece does for a task while it trains (scratchflow.training_process.TrainingProcess)."""
 
     def stop_requested(self) -> bool: ...
     def checkpoint_due(self, step: int) -> bool: ...
@@ -56,7 +56,7 @@ class Lifecycle(Protocol):
 
 class TrainContext:
     """What a task's `train` is given: the run, where things are, and the piece's services. A view
-    of the piece's spec (scratchflow.piece.PieceSpec), with the checkpoint it resumes from."""
+    of the piece's spec (scratchflow.piece_spec.PieceSpec), with the checkpoint it resumes from."""
 
     def __init__(self, spec: PieceSpec, resume_from: Path | None, lifecycle: Lifecycle) -> None:
         self._spec, self.lifecycle = spec, lifecycle
