@@ -118,7 +118,7 @@ def term_of(checkpoint: Path) -> int | None:
         contents = read_json(checkpoint / CONTENTS_FILE)
     except (OSError, ValueError):
         return None
-    return contents.get("term", contents.get("epoch"))  # "epoch": as main wrote it before 0.4.0
+    return contents.get("term", contents.get("epoch"))  # "epoch": as main wrote it between 0.3.0 and 0.4.0
 
 
 def checkpoint_damage(checkpoint: Path, read_bytes: bool = True) -> str | None:
@@ -454,5 +454,5 @@ def space_warning(root: Path, runs: int, keep: int, model: Path | None) -> str |
 
 
 def _term(line: dict) -> int | None:
-    """A published.jsonl line's term ("epoch" as main wrote it before 0.4.0)."""
+    """A published.jsonl line's term ("epoch" as main wrote it between 0.3.0 and 0.4.0)."""
     return line.get("term", line.get("epoch"))

@@ -8,7 +8,7 @@ while an orphaned job still trains) waits instead of writing the same checkpoint
 Waiting needs the holder to be known alive, which no one can know of a job whose node stopped
 answering: Slurm requeues it under the same id (its slurmd died, a network partition) while its
 processes may train on. So each holder also takes the run's next **term**, a number that only grows
-(`lease/000007`, created exclusively; records before 0.4 called it `epoch`), and every write of its
+(`lease/000007`, created exclusively; records of main between 0.3.0 and 0.4.0 called it `epoch`), and every write of its
 piece to the run's folders (`checkpoints/<run_id>/`, `results/runs/<run_id>/`) goes through one
 gate, `RunFolder`, which looks first that no newer term exists (one listing of `lease/`, once per
 publication: `RunFolder.publishing`). A piece that finds one is `Superseded`: it writes nothing more

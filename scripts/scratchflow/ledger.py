@@ -102,7 +102,7 @@ _OLD_CTRL_C = "KeyboardInterrupt: "
 
 
 def _upgraded(entry: dict[str, Any]) -> dict[str, Any]:
-    if "epoch" in entry:  # the term, as main called it before 0.4.0
+    if "epoch" in entry:  # the term, as main called it between 0.3.0 and 0.4.0
         entry = {**{key: value for key, value in entry.items() if key != "epoch"}, "term": entry["epoch"]}
     if entry.get("outcome") == _OLD_CTRL_C:
         return {**entry, "outcome": INTERRUPTED}
