@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from scratchflow.files import (
     file_sha256,
@@ -264,10 +265,11 @@ class CheckpointStore:
         log.info("resuming from %s", newest)
         return local
 
-    def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
+    def mirroring(self, local_folder: Path, restored_step: int | None = None, **then: Any) -> CheckpointMirroring:
         """The service that copies each new complete checkpoint a task writes into `local_folder`
-        (on scratch) to this shared folder; `restored_step`: the step restored from here, if any."""
-        return CheckpointMirroring(self, local_folder, restored_step)
+        (on scratch) to this shared folder; `restored_step`: the step restored from here, if any;
+        `then`: CheckpointMirroring's `with_each` and `published`."""
+        return CheckpointMirroring(self, local_folder, restored_step, **then)
 
     def mirror(self, local_checkpoint: Path, with_it: Callable[[Publication], None] | None = None) -> Path:
         """Copy a checkpoint the task just wrote on scratch into the shared folder, whole or not at
@@ -350,15 +352,22 @@ class CheckpointMirroring:
     a task after it saves (`mirror_newest`), or from a thread that looks every `poll_seconds` while a
     program runs that saves on its own (`watching`), and once more when it ends."""
 
-    def __init__(self, store: CheckpointStore, local_folder: Path, restored_step: int | None = None):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        local_folder: Path,
+        restored_step: int | None = None,
+        with_each: Callable[[Publication], None] | None = None,
+        published: Callable[[int, float], None] | None = None,
+    ):
         self.store, self.local_folder = store, local_folder
         self.failure: BaseException | None = None  # the watching thread's, once a copy failed
         self.mirrored_step = restored_step  # a restored checkpoint is on shared storage already
         # Called just before each checkpoint is renamed into place, in its publication: what must be
         # on shared storage once it is there.
-        self.with_each: Callable[[Publication], None] | None = None
+        self.with_each = with_each
         # Called once each is there, with its step and when its publication began (time.monotonic).
-        self.published: Callable[[int, float], None] | None = None
+        self.published = published
 
     def mirror_newest(self) -> Path | None:
         """The newest complete checkpoint on scratch, copied if it is new; None if there is none new."""

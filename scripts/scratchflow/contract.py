@@ -148,8 +148,8 @@ class StopsAfterFirstCheckpoint(CheckpointStore):
 
     stop: bool = True
 
-    def mirroring(self, local_folder: Path, restored_step: int | None = None) -> CheckpointMirroring:
-        return QuickMirroring(self, local_folder, restored_step)
+    def mirroring(self, local_folder: Path, restored_step: int | None = None, **then: Any) -> CheckpointMirroring:
+        return QuickMirroring(self, local_folder, restored_step, **then)
 
     def mirror(self, local_checkpoint: Path, with_it: Callable[[Publication], None] | None = None) -> Path:
         destination = super().mirror(local_checkpoint, with_it)

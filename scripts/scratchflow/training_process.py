@@ -112,15 +112,15 @@ class TrainingProcess:
         # Set when it trains: what copies each checkpoint the task saves to shared storage, and
         # the task's curves to that step before it (a piece killed just after a checkpoint appeared
         # would otherwise leave a gap in them, which the next piece, resuming there, never fills).
-        self.mirroring = spec.store.mirroring(spec.checkpoint_dir)
-        self.mirroring.with_each = self._with_each_checkpoint
+        self.mirroring = spec.store.mirroring(
+            spec.checkpoint_dir, with_each=self._with_each_checkpoint, published=self._published
+        )
         self.curves_published: dict[str, int] = {}  # the size of each events file as last published
         self.saved_step: int | None = None  # the newest checkpoint's step: restored, then each saved
         self.progress: dict[str, Any] | None = None  # the task's latest progress report, not yet written
         self.progress_written_at = time.monotonic()  # the piece's start: its first report after the interval
         self.progress_interval = PROGRESS_WRITE_SECONDS
         self.schedule = CheckpointSchedule(spec.checkpoint_every)
-        self.mirroring.published = self._published
 
     def train(self) -> PieceOutcome:
         """Train the task from the checkpoint restored on this node (`restore`), listening for the
