@@ -9,6 +9,6 @@ that jobs train (`tasks`). Only `snakemake_adapter` reaches into Snakemake's int
 from pathlib import Path
 
 # The release (CHANGELOG.md); recorded in every run's record.json with the commit it ran from.
-__version__ = "0.4.0"
+__version__ = "0.5.0.dev0"
 # scratchflow's own folder (Snakefile, rules, scripts), also when a lab's Snakefile uses it as a module.
 SCRATCHFLOW_DIR = Path(__file__).resolve().parents[2]
