@@ -362,16 +362,23 @@ def test_each_holder_takes_the_next_term_and_an_older_one_is_superseded_by_it(tm
         second.look()
 
 
-def test_a_superseded_store_publishes_nothing_and_touches_none_of_the_newer_pieces_checkpoints(tmp_path):
-    """The older piece's checkpoint copied whole under its partial name is not renamed into place once
-    a newer term exists: neither over the newer piece's checkpoint of the same step, nor a new one,
-    and it prunes nothing. Each published checkpoint says its term (contents.json, published.jsonl)."""
+def published_by_two_terms(tmp_path) -> tuple[CheckpointStore, CheckpointStore]:
+    """checkpoint-10 published by term 1, then checkpoint-20 by term 2 (in tmp_path / "shared"): their stores."""
     scratch, shared = tmp_path / "scratch", tmp_path / "shared"
     shared.mkdir()
     older, _ledger, _gate = fenced(shared)
     older.mirror(make_checkpoint(scratch / "old", 10))
     newer, _ledger, _gate = fenced(shared, holder="b")
     newer.mirror(make_checkpoint(scratch / "new", 20))
+    return older, newer
+
+
+def test_a_superseded_store_publishes_nothing_and_touches_none_of_the_newer_pieces_checkpoints(tmp_path):
+    """The older piece's checkpoint copied whole under its partial name is not renamed into place once
+    a newer term exists: neither over the newer piece's checkpoint of the same step, nor a new one,
+    and it prunes nothing. Each published checkpoint says its term (contents.json, published.jsonl)."""
+    older, newer = published_by_two_terms(tmp_path)
+    scratch, shared = tmp_path / "scratch", tmp_path / "shared"
     before = {path: path.read_bytes() for path in shared.rglob("*") if path.is_file()}
     for step in (20, 30):
         with pytest.raises(lease.Superseded):
@@ -413,12 +420,8 @@ def test_a_checkpoint_an_older_term_published_after_a_newer_term_began_is_not_re
     """The fencing token checked where it is used: restore takes the newest checkpoint of the newer
     term, the late one is set aside as checkpoint-30.stale and named with why (the piece keeps
     that in its entry: set_aside), and the ledger's reading of published.jsonl leaves its line out."""
+    older, newer = published_by_two_terms(tmp_path)
     scratch, shared = tmp_path / "scratch", tmp_path / "shared"
-    shared.mkdir()
-    older, _ledger, _gate = fenced(shared)
-    older.mirror(make_checkpoint(scratch / "old", 10))
-    newer, _ledger, _gate = fenced(shared, holder="b")
-    newer.mirror(make_checkpoint(scratch / "new", 20))
     publish_late_by_hand(shared, scratch, 30, term=1)
     assert [step for step, _ in newer.complete()] == [20, 30]  # in place, and newest by its step
 
