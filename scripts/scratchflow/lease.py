@@ -67,7 +67,7 @@ class CheckpointMismatch(RuntimeError):
 
 
 class Superseded(RuntimeError):
-    """A newer piece holds the run (or the run is over and its folder released): this piece may write
+    """A newer piece holds the run (or the run is over and its folder removed): this piece may write
     nothing more to the run's shared folders."""
 
 
@@ -90,7 +90,7 @@ class RunFolder:
     def publishing(self) -> Iterator[Publication]:
         """One look at the fence (one listing of lease/), then the block's writes, made through the
         `Publication` it yields: all of them go only where no newer piece held the run when it looked."""
-        self._look()
+        self.look()
         yield Publication(self)
 
     @contextlib.contextmanager
@@ -98,7 +98,7 @@ class RunFolder:
         """As `publishing`, or None where a newer piece holds the run: for what a piece writes as it
         ends, superseded or not (its last progress, its end)."""
         try:
-            self._look()
+            self.look()
         except Superseded:
             yield None
         else:
@@ -108,11 +108,6 @@ class RunFolder:
         """Whether a newer piece holds the run now (or its folder is gone)."""
         with self.publishing_if_held() as publication:
             return publication is None
-
-    def look(self) -> None:
-        """Raise Superseded where a newer piece holds the run: where a piece's failure may be its
-        supersession (a process superseded ends the others with it)."""
-        self._look()
 
     def write_json(self, data: Any, path: Path, durable: bool = True) -> None:
         """One file written whole, in a publication of its own."""
@@ -140,7 +135,7 @@ class RunFolder:
         """A superseded piece's end (its ledger entry), in its own term's file of lease/ (the ledger's
         own files are the newer piece's now), which the ledger reads (`superseded_ends`)."""
         assert self.term is not None, "only a held folder's piece is superseded"
-        with contextlib.suppress(FileNotFoundError):  # the run's folder released: nothing left to tell
+        with contextlib.suppress(FileNotFoundError):  # the run's folder removed: nothing left to tell
             path = self.lease_folder / (TERM_NAME.format(term=self.term) + SUPERSEDED_SUFFIX)
             write_json_atomically(end, path, durable=False)
 
@@ -167,16 +162,17 @@ class RunFolder:
         except FileNotFoundError:
             return []
 
-    def _look(self) -> None:
+    def look(self) -> None:
         """Raise Superseded where a newer term holds the run, or the run's folder is gone (a finished
-        workflow released it): one listing of the lease folder."""
+        workflow removed it): one listing of the lease folder. Every write of a held folder's comes
+        after one (`publishing`); a piece calls it itself where its failure may be its supersession."""
         if self.term is None:
             return
         try:
             newest = max(terms_in(self.lease_folder))
         except (FileNotFoundError, ValueError):
             raise Superseded(
-                f"the run's folder {self.path} is gone (a finished workflow released it): this piece "
+                f"the run's folder {self.path} is gone (a finished workflow removed it): this piece "
                 f"(term {self.term}) writes nothing more"
             ) from None
         if newest > self.term:
@@ -339,7 +335,7 @@ class RunLease:
                 try:
                     holder = read_json(holder_file)
                 except (FileNotFoundError, ValueError):
-                    time.sleep(1)  # being written or just released: look again
+                    time.sleep(1)  # being written or just removed: look again
                     continue
                 if holder_is_alive(holder):
                     log.warning("another job is training this run (%s); waiting for it to end", holder)
