@@ -401,8 +401,7 @@ def test_the_spend_so_far_and_what_the_rest_will_cost_at_the_finished_runs_mean(
         "threads": 2,
     }
     write(tmp_path / "checkpoints/half000000/pieces.json", [half])
-    shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True, check=True)
-    spend = shown.stdout.splitlines()[-1]
+    spend = spend_shown(tmp_path)
     assert spend.startswith(
         "spent so far: no Slurm accounting: GPU-hours not known, 5.13 CPU-hours (19% lost to faults)"
     )
@@ -422,3 +421,26 @@ def test_a_piece_a_newer_one_took_the_run_from_is_said_superseded_while_the_newe
     (status,) = statuses_in(tmp_path)
     assert status.state == "trains"
     assert status.detail.endswith("; piece 1 superseded (trained on after a newer piece took the run over)")
+
+
+def test_the_spend_counts_a_superseded_piece_to_its_noted_end_not_as_killed(tmp_path):
+    """An unfinished run whose piece 1 (started an hour ago) a newer piece took over 50 minutes ago,
+    while piece 1 trained on for 30 more minutes (its end noted beside its term): the spend reads the
+    pieces through the ledger, 40 + 50 minutes of 2 threads (3 CPU-hours, piece 1's 1.33 lost), not
+    piece 1 closed as killed when piece 2 took the run (10 + 50 minutes: 2 CPU-hours)."""
+    now = time.time()
+    write_grid(tmp_path, {"taken00000": {}}, "accuracy", "max", "local")
+    folder = tmp_path / "checkpoints" / "taken00000"
+    old = {**piece(1, "killed", now - 3600), "threads": 2, "term": 1}
+    newer = {**piece(2, "finished", now - 3000), "threads": 2, "term": 2, "ended_at": time.strftime(STAMP)}
+    write(folder / "pieces.json", [old, newer])
+    ended = time.strftime(STAMP, time.localtime(now - 1200))
+    write(folder / "lease" / "000001.superseded", {**old, "outcome": "superseded", "ended_at": ended})
+    spend = spend_shown(tmp_path)
+    assert spend.startswith("spent so far: no Slurm accounting: GPU-hours not known, 3 CPU-hours (44% lost"), spend
+
+
+def spend_shown(workdir: Path) -> str:
+    """The spend line `scripts/status.py` shows last."""
+    shown = subprocess.run([sys.executable, STATUS_SCRIPT, workdir], capture_output=True, text=True, check=True)
+    return shown.stdout.splitlines()[-1]
