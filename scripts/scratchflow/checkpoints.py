@@ -177,11 +177,15 @@ class CheckpointStore:
     def too_late(self, checkpoint: Path) -> str | None:
         """Why `checkpoint` is not to be trusted: an older term published it after a newer term
         began (scratchflow.lease); None to trust it. Costs a listing where the run had one term."""
-        if len(self.run_folder.terms_listed()) < 2:
+        terms = self.run_folder.terms_listed()
+        if len(terms) < 2:
             return None
         term = term_of(checkpoint)
-        mine = [line for line in self.published() if line["checkpoint"] == checkpoint.name and _term(line) == term]
-        return self.run_folder.published_too_late(term, mine[-1]["at"] if mine else None)
+        listed = self._published_lines()
+        mine = [line for line in listed if line["checkpoint"] == checkpoint.name and _term(line) == term]
+        return self.run_folder.published_too_late(
+            term, mine[-1]["at"] if mine else None, self.run_folder.terms_began(terms)
+        )
 
     def newest_intact(self) -> tuple[Path | None, dict[str, str]]:
         """The newest complete checkpoint whose files are those it was saved with and that its term
@@ -304,14 +308,18 @@ class CheckpointStore:
     def published(self) -> list[dict]:
         """published.jsonl's lines, oldest first; a line an older term wrote after a newer term
         began is left out (scratchflow.lease: readers check the token)."""
+        listed = self._published_lines()
+        if len({_term(line) for line in listed}) < 2:
+            return listed
+        began = self.run_folder.terms_began(self.run_folder.terms_listed())
+        return [line for line in listed if not self.run_folder.published_too_late(_term(line), line["at"], began)]
+
+    def _published_lines(self) -> list[dict]:
         try:
             lines = (self.folder / PUBLISHED_FILE).read_text().splitlines()
         except FileNotFoundError:
             return []
-        listed = [json.loads(line) for line in lines if line.strip()]
-        if len({_term(line) for line in listed}) < 2:
-            return listed
-        return [line for line in listed if not self.run_folder.published_too_late(_term(line), line["at"])]
+        return [json.loads(line) for line in lines if line.strip()]
 
     def assembly(self, name: str, tag: str) -> Path:
         """Where the parts of checkpoint `name`, written by several processes on several nodes, are

@@ -139,21 +139,28 @@ class RunFolder:
             path = self.lease_folder / (TERM_NAME.format(term=self.term) + SUPERSEDED_SUFFIX)
             write_json_atomically(end, path, durable=False)
 
-    def published_too_late(self, term: int | None, at: float | None, terms: list[int] | None = None) -> str | None:
+    def published_too_late(
+        self, term: int | None, at: float | None, began: dict[int, float | None] | None = None
+    ) -> str | None:
         """Why what the piece of `term` published at `at` (time.time()) is to be ignored: it came
         after a newer term began (a frozen process's write, between its look and its rename); or
         None, to trust it. Unknown times (`at` None) of an older term than the newest are not trusted.
-        `terms`: the run's, where the caller listed them already."""
+        `began`: `terms_began()`, where the caller judges several things at once."""
         if term is None:
             return None  # written where no piece held the run (before 0.4, or by a task's check)
-        newer = [number for number in (self.terms_listed() if terms is None else terms) if number > term]
+        began = self.terms_began(self.terms_listed()) if began is None else began
+        newer = [number for number in began if number > term]
         if not newer:
             return None
         first = min(newer)  # terms are taken in order: the first newer one began first
-        began = _read_or_empty(self.lease_folder / TERM_NAME.format(term=first)).get("began_at")
-        if at is None or began is None or at > began:
+        first_began = began[first]
+        if at is None or first_began is None or at > first_began:
             return f"published by term {term} after term {first} began"
         return None
+
+    def terms_began(self, terms: list[int]) -> dict[int, float | None]:
+        """When each of `terms` began (None: unknown), from its file in lease/."""
+        return {term: _read_or_empty(self.lease_folder / TERM_NAME.format(term=term)).get("began_at") for term in terms}
 
     def terms_listed(self) -> list[int]:
         """The run's terms (one listing of lease/)."""

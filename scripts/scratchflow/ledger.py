@@ -148,14 +148,16 @@ class RunLedger:
         terms = self.run_folder.terms_listed()
         if not any(entry.outcome in (RUNNING, KILLED) for entry in listed) and len(terms) < 2:
             return listed  # one term, and no piece left running: none was superseded
-        ends = superseded_ends(self.folder)
-        return [self._as_trusted(entry, ends, terms) for entry in listed]
+        ends, began = superseded_ends(self.folder), self.run_folder.terms_began(terms)
+        return [self._as_trusted(entry, ends, began) for entry in listed]
 
-    def _as_trusted(self, entry: PieceRecord, ends: dict[int, dict[str, Any]], terms: list[int]) -> PieceRecord:
+    def _as_trusted(
+        self, entry: PieceRecord, ends: dict[int, dict[str, Any]], began: dict[int, float | None]
+    ) -> PieceRecord:
         if entry.term in ends:
             return _as_it_ended(entry, ends[entry.term])
         ended = piece_time(entry.ended_at) if entry.ended_at else None
-        if entry.outcome not in (RUNNING, KILLED) and self.run_folder.published_too_late(entry.term, ended, terms):
+        if entry.outcome not in (RUNNING, KILLED) and self.run_folder.published_too_late(entry.term, ended, began):
             return dataclasses.replace(entry, outcome=SUPERSEDED)  # its end came after a newer term began
         return entry
 
