@@ -116,6 +116,8 @@ def test_a_command_tasks_program_is_recorded_by_its_sha256_and_scratchflows_own_
     write(tmp_path / "train.py", "print('training')\n")
     code = code_record("command", Path("unused"), {"command": ["python", "train.py", "--fast"]})
     assert code["files"] == {"train.py": sha256("print('training')\n")} and code["folder"] == str(tmp_path)
+    launched = ["python", "-m", "scratchflow.trainer_script", "train.py", "--epochs", "3"]  # a lab's Trainer script
+    assert code_record("command", Path("unused"), {"command": launched})["files"] == code["files"]
     for command in (["python", "-c", "print(1)"], ["true"]):  # inline code; a program on PATH
         assert code_record("command", Path("unused"), {"command": command})["files"] == {}
     builtin = code_record("text-classification", REPO / "scripts/scratchflow/tasks/text_classification.py", {})

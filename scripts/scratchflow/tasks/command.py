@@ -164,9 +164,9 @@ def interpreted_script(argv: list[str]) -> str | None:
 
 
 def program_file(argv: list[str]) -> Path | None:
-    """The file of the program (the script a known interpreter runs, or the program itself), as
-    `training.program_git` finds it; None for a program found on PATH."""
-    program = Path(interpreted_script(argv) or argv[0]).expanduser()
+    """The file of the program (the script the Trainer launcher or a known interpreter runs, or the
+    program itself), as `program_git` finds it; None for a program found on PATH."""
+    program = Path(trainer_script.launched_script(argv) or interpreted_script(argv) or argv[0]).expanduser()
     return program if program.is_file() else None
 
 
@@ -273,8 +273,8 @@ def program_git(argv: list[str]) -> dict[str, Any] | None:
     """The commit of the repository the program's file is in (the script a known interpreter runs or
     scratchflow.trainer_script launches, or the program itself), and whether it had uncommitted
     changes; None for a program on PATH."""
-    program = Path(trainer_script.launched_script(argv) or interpreted_script(argv) or argv[0]).expanduser()
-    return git_state(program.resolve().parent) if program.is_file() else None
+    program = program_file(argv)
+    return git_state(program.resolve().parent) if program else None
 
 
 def predict(context: PredictContext) -> Predicted:
