@@ -94,13 +94,7 @@ def filesystem_of(path: Path) -> tuple[str, str]:
 def write_json_atomically(data: Any, path: Path, sort_keys: bool = True, durable: bool = True) -> None:
     """`data` as JSON in `path`, whole or not at all; `durable`: on disk before it is renamed into
     place (an fsync: a round trip to a shared filesystem's servers, spared for what a crash may lose)."""
-    with written_whole(path) as partial:
-        write_json(data, partial, sort_keys, durable)
-
-
-def write_json(data: Any, path: Path, sort_keys: bool = True, durable: bool = True) -> None:
-    """`data` as JSON in `path` (a partial name: written_whole renames it into place)."""
-    with open(path, "w") as out:
+    with written_whole(path) as partial, open(partial, "w") as out:
         json.dump(data, out, indent=2, sort_keys=sort_keys)
         out.write("\n")
         if durable:

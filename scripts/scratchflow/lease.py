@@ -42,7 +42,6 @@ from scratchflow.files import (
     read_json,
     remove_leftovers,
     remove_whole,
-    write_json,
     write_json_atomically,
     written_whole,
 )
@@ -211,8 +210,7 @@ class Publication:
         """`durable`: on disk before it is renamed into place (an fsync: a round trip to a shared
         filesystem's servers, spared for what a crash may lose)."""
         self.gate._inside(path)
-        with written_whole(path) as partial:
-            write_json(data, partial, durable=durable)
+        write_json_atomically(data, path, durable=durable)
 
     def write_text(self, text: str, path: Path) -> None:
         self.gate._inside(path)
