@@ -715,12 +715,16 @@ def requeued_beside_its_old_piece(
     slurm, workflow: subprocess.Popen, workdir: Path, job: str, nodes: tuple[str, ...], meanwhile=None
 ) -> tuple[list[int], float]:
     """The slurmd of each of `nodes` (all of `job`'s) dies and the job's processes there live on,
-    frozen (SIGSTOP) as by a hung filesystem; Slurm requeues the job under its id, and it starts on
-    other nodes. Once its piece holds the run (the run's term 2), `meanwhile` is done and the old
-    processes thaw. Their pids, and when the newer piece took the run over."""
+    its Python ones (the training, the job's Snakemake) frozen (SIGSTOP) as by a hung filesystem;
+    Slurm requeues the job under its id, and it starts on other nodes. Once its piece holds the run
+    (the run's term 2), `meanwhile` is done and the old processes thaw. Their pids, and when the
+    newer piece took the run over. Slurm's own processes there (slurmstepd, the batch script's srun)
+    touch no shared file and go on: a frozen srun learnt of the node's failure only when thawed,
+    after the requeued job had begun its step under the same id, and cancelled that step (CI, once
+    in four: "STEP 4.0 ON n4 CANCELLED"), which no hung filesystem does."""
     before = slurm.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
     lost_at = time.time()
-    old_piece = [pid for node in nodes for pid in slurm.stop_answering(node)]
+    old_piece = [pid for node in nodes for pid in slurm.stop_answering(node) if runs_python(pid)]
     for pid in old_piece:
         os.kill(pid, signal.SIGSTOP)
     wait_until(
@@ -739,6 +743,14 @@ def requeued_beside_its_old_piece(
     for node in nodes:
         assert declared_down_since(slurm, node, lost_at), slurm.node_state(node)
     return old_piece, newer_term.stat().st_mtime
+
+
+def runs_python(pid: int) -> bool:
+    """Whether process `pid` runs Python (a training process, a job's Snakemake); not if it ended."""
+    try:
+        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def still_training(pids: list[int], timeout: float = 60) -> list[str]:
