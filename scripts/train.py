@@ -6,6 +6,7 @@ from scratchflow.distributed import shape_of
 from scratchflow.halving import Rung
 from scratchflow.jobs import RunOutputs, TrainJob, job_context, train_job
 from scratchflow.plan import RUN_PATHS
+from scratchflow.slurm_job import signal_lead_seconds
 
 # A rung's job is the one named by its rung (its rule's name may carry a module's prefix).
 rung_number = snakemake.wildcards.get("rung")
@@ -39,5 +40,6 @@ with job_context(snakemake.log[0], snakemake.threads, ends_its_slurm_job=not pac
             ends_with=rung
             or RunOutputs(Path(snakemake.output.model), Path(snakemake.output.params), Path(snakemake.output.record)),
             shape=shape_of(snakemake.resources),
+            warning_lead_seconds=signal_lead_seconds(snakemake.resources.get("slurm_extra")),
         )
     )

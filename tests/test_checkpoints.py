@@ -13,7 +13,7 @@ from scratchflow import ledger as ledger_module
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.files import NoSpace
 from scratchflow.lease import RunFolder, RunLease, this_process
-from scratchflow.ledger import PieceRecord, RunLedger, piece_records
+from scratchflow.ledger import PieceRecord, PiecesLimit, PiecesLimitReached, RunLedger, piece_records
 
 MARKER = "COMPLETE"  # any file a task writes last into a checkpoint
 
@@ -237,6 +237,30 @@ def test_a_job_slurm_requeued_marks_its_earlier_piece_with_the_cause(tmp_path, m
     with ledger.piece(run):  # the same job again, unrequeued: a local retry inside an salloc allocation
         pass
     assert ledger.pieces()[2].requeued is None
+
+
+def test_a_run_that_trained_in_max_pieces_is_refused_the_next_naming_the_key_and_a_rung_counts_its_own(tmp_path):
+    """cluster.max_pieces: a job that requeues itself on every wall-time warning is never stopped by
+    Slurm; the run's next piece past the limit is refused in one line naming the key and where the
+    run goes on from, and records nothing. A halving search's rung counts its own pieces."""
+    run, ledger = CheckpointStore(RunFolder(tmp_path), MARKER), RunLedger(RunFolder(tmp_path))
+    limit = PiecesLimit(max_pieces=2)
+    for _ in range(2):
+        with pytest.raises(SystemExit), ledger.piece(run, limit):
+            raise SystemExit(128 + 10)  # a pause
+    make_checkpoint(tmp_path, 40)
+    with pytest.raises(PiecesLimitReached) as refused, ledger.piece(run, limit):
+        pytest.fail("a third piece trained")
+    assert str(refused.value) == (
+        f"run {tmp_path.name} has trained in 2 pieces (jobs), the most config key cluster.max_pieces (2) allows, "
+        "and is not finished: raise cluster.max_pieces and run the same command again to train on from checkpoint-40"
+    )
+    assert len(ledger.pieces()) == 2, "the refused piece recorded nothing"
+    with ledger.piece(run, PiecesLimit(max_pieces=2, rung=1)) as entry:  # the next rung's first piece
+        entry.rung = 1
+    with ledger.piece(run, PiecesLimit(max_pieces=3)):  # the limit raised: the run trains on
+        pass
+    assert [piece.outcome for piece in ledger.pieces()][-2:] == ["finished", "finished"]
 
 
 def test_a_failed_piece_says_how_far_it_trained_past_its_newest_checkpoint(tmp_path):

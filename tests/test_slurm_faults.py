@@ -333,22 +333,31 @@ def held_until_signalled(pid: int, signal_number: int) -> bool:
     return pending or not status["State"].startswith("T")
 
 
-def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resumes(
+def test_a_job_at_its_wall_time_saves_on_the_warning_and_requeues_itself_spending_no_retry(
     slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):
     """With USR2 as the stop signal (checkpointing.stop_signal), as where NCCL takes USR1 for itself:
     Slurm's own warning (`--signal=USR2@90`) before a three-minute limit reaches the trainer, which
-    saves and ends its job before the limit; the retry resumes and ends with the weights of an
-    uninterrupted run. slurmctld checks time limits every 30 s and sends the warning at the first
-    check that finds fewer than 90 + 30 s left: 60 to 90 s into the job. The long run trains for
-    about 16 s, so once its first checkpoint is on shared storage (its trainer listens by then) the
-    trainer is held with SIGSTOP until the warning waits for it, then let go: it takes the signal at
-    once, as a trainer still training would."""
+    saves, and its job requeues itself under its id (`scontrol requeue`, as a preempted one does):
+    with no retry to spend (--retries 0), no error in the workflow's output, the job's next run
+    resumes and ends with the weights of an uninterrupted run, and the GPU-hours are sacct's, both
+    runs of the job counted. slurmctld checks time limits every 30 s and sends the warning at the
+    first check that finds fewer than 90 + 30 s left: 60 to 90 s into the job. The long run trains
+    for about 16 s, so once its first checkpoint is on shared storage (its trainer listens by then)
+    the trainer is held with SIGSTOP until the warning waits for it, then let go: it takes the
+    signal at once, as a trainer still training would. The requeued job waits Slurm's requeue delay
+    (120 s) before it may start: it is started once nothing of its first run is left."""
     config = configure_long_run(tmp_path, bbc_subset, tiny_model)
     config["checkpointing"]["stop_signal"] = "USR2"
     write_config(tmp_path, config)
     workflow = start(
-        slurm, tmp_path, "--set-resources", "train:runtime=3*attempt", "train:slurm_extra='--signal=USR2@90'"
+        slurm,
+        tmp_path,
+        "--retries",
+        "0",
+        "--set-resources",
+        "train:runtime=3*attempt",
+        "train:slurm_extra='--signal=USR2@90'",
     )
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     (job,) = active_jobs(slurm, tmp_path, "train")
@@ -362,16 +371,22 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_signal_and_the_retry_resume
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(trainer, signal.SIGCONT)
+    wait_until(lambda: pending_again(slurm, job), workflow, tmp_path, "the job requeued")
+    start_now_if_held(slurm, job)
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
+    assert "Error in rule" not in output and "CalledProcessError" not in output, output[-6000:]
 
     first, second = pieces_of(tmp_path)
     step = stopped_at(first, "SIGUSR2", tmp_path)
     assert step > 20, "it trained on until the warning"
+    assert first["slurm_job_id"] == second["slurm_job_id"] == job, "requeued, not retried"
+    assert first["requeued"] == "time limit" and second["requeued"] is None
     assert second["resumed_from_step"] == step and second["outcome"] == "finished"
-    # The first job ended itself, before Slurm's kill, so that its checkpoint was complete.
-    assert states(slurm, [first["slurm_job_id"], second["slurm_job_id"]]) == ["FAILED", "COMPLETED"]
+    runs = slurm.run("sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", job).stdout.split()
+    assert runs == ["REQUEUED", "COMPLETED"], runs
     assert same_results(tmp_path, uninterrupted_long_run) == []
+    assert_the_cost_is_sacct_s(slurm, tmp_path, "runs.tsv")
 
 
 def test_a_halving_search_with_a_rung_cancelled_decides_and_ends_as_the_uninterrupted_search(

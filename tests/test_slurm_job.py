@@ -3,31 +3,77 @@ the whole path runs on the test cluster (tests/test_slurm_faults.py, a real pree
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from scratchflow import slurm_job
 
 SHOWN = (
     "JobId=7 JobName=x UserId=root(0) JobState=RUNNING Reason=None Requeue={requeue} Restarts=0 "
     "SubmitTime=2026-11-26T17:14:55 PreemptEligibleTime=2026-11-26T17:14:55 PreemptTime={preempt_time} "
-    "Partition=preemptible Command=(null)"
+    "TimeLimit=00:30:00 StartTime=2026-11-26T17:14:55 EndTime=2026-11-26T17:44:55 Partition=preemptible "
+    "Command=(null)"
 )
+ENDS_AT = time.mktime(time.strptime("2026-11-26T17:44:55", "%Y-%m-%dT%H:%M:%S"))  # the job's EndTime
 
 
-@pytest.mark.parametrize(
-    ("requeue", "preempt_time", "expected"),
-    [("1", "2026-11-26T17:15:04", True), ("1", "None", False), ("0", "2026-11-26T17:15:04", False)],
-)
-def test_a_job_is_preempted_and_requeueable_only_with_both_stamped(requeue, preempt_time, expected, monkeypatch):
+def shown(monkeypatch, requeue: str = "1", preempt_time: str = "None") -> None:
     monkeypatch.setattr(
         slurm_job, "ask_slurm", lambda *command: SHOWN.format(requeue=requeue, preempt_time=preempt_time)
     )
-    assert slurm_job.preempted_and_requeueable({"SLURM_JOB_ID": "7"}) is expected
 
 
-def test_outside_slurm_or_without_its_clients_a_job_is_not_preempted(monkeypatch):
-    assert slurm_job.preempted_and_requeueable({}) is False
+@pytest.mark.parametrize(
+    ("requeue", "preempt_time", "cause"),
+    [("1", "2026-11-26T17:15:04", "preempted"), ("1", "None", None), ("0", "2026-11-26T17:15:04", None)],
+)
+def test_a_job_requeues_itself_when_preempted_only_where_it_is_requeueable(requeue, preempt_time, cause, monkeypatch):
+    shown(monkeypatch, requeue, preempt_time)
+    assert slurm_job.self_requeue_cause(600, {"SLURM_JOB_ID": "7"}, now=ENDS_AT - 1200) == cause
+
+
+@pytest.mark.parametrize(
+    ("left", "lead", "cause"),
+    [
+        (600, 600, "time limit"),  # the warning when asked
+        (650, 600, "time limit"),  # up to 60 s earlier, as Slurm may send it
+        (500, 600, "time limit"),  # later: the piece took its time to save
+        (700, 600, None),  # a stop sent by hand with more time left: a pause, for the retry
+        (1200, 90, None),
+        (120, 90, "time limit"),
+        (30, None, "time limit"),  # no warning asked: the SIGTERM at the time limit
+        (300, None, None),  # no warning asked, a scancel well before the limit
+    ],
+)
+def test_a_stop_is_the_wall_time_warning_where_less_than_its_lead_and_a_minute_is_left(left, lead, cause, monkeypatch):
+    shown(monkeypatch)
+    assert slurm_job.self_requeue_cause(lead, {"SLURM_JOB_ID": "7"}, now=ENDS_AT - left) == cause
+
+
+def test_a_job_submitted_with_no_requeue_never_requeues_itself(monkeypatch):
+    shown(monkeypatch, requeue="0")
+    assert slurm_job.self_requeue_cause(600, {"SLURM_JOB_ID": "7"}, now=ENDS_AT - 600) is None
+
+
+def test_outside_slurm_or_without_its_clients_a_job_does_not_requeue_itself(monkeypatch):
+    assert slurm_job.self_requeue_cause(600, {}) is None
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert slurm_job.preempted_and_requeueable({"SLURM_JOB_ID": "7"}) is False
+    assert slurm_job.self_requeue_cause(600, {"SLURM_JOB_ID": "7"}) is None
+
+
+@pytest.mark.parametrize(
+    ("slurm_extra", "lead"),
+    [
+        ("--signal=USR1@600", 600),
+        ("'--signal=SIGHUP@600 --container-image=x'", 600),
+        ("--signal=B:USR2@90 --ntasks-per-node=1", 90),
+        ("--signal=12", 60),  # sbatch's default: 60 s
+        ("--ntasks-per-node=1", None),
+        (None, None),
+    ],
+)
+def test_the_warnings_lead_is_read_from_the_rules_slurm_extra(slurm_extra, lead):
+    assert slurm_job.signal_lead_seconds(slurm_extra) == lead
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import signal
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,6 +19,7 @@ from scratchflow.models import is_local_source
 from scratchflow.plan import TRAINING_RULES
 from scratchflow.preflight import requested_gpus_per_node
 from scratchflow.search import BUDGET_KEY, HALVING, SearchError, check_halving, check_space, search_size, swept_values
+from scratchflow.slurm_job import SLURM_SIGNAL_OPTION
 from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
 from scratchflow.tasks import (
     Task,
@@ -414,10 +414,6 @@ def check_training_shape(rule: str, resources: Mapping[str, Any], cluster_name: 
             )
         if "--ntasks-per-node=1" not in str(resources.get("slurm_extra") or ""):
             raise ConfigError(f"resource slurm_extra of rule train: {nodes} nodes need --ntasks-per-node=1 ({recipe})")
-
-
-# sbatch's --signal=[{R|B}:]<sig_num or name>[@sig_time]
-SLURM_SIGNAL_OPTION = re.compile(r"--signal[= ](?:[RB]+:)?(?:SIG)?(\w+)")
 
 
 def check_stop_signal(stop_signal: str, train_slurm_extra: Any) -> None:

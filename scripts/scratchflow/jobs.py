@@ -84,12 +84,13 @@ def job_context(log_path: str, threads: int = 1, ends_its_slurm_job: bool = True
         # Seeing its script fail, the job's own Snakemake would remove the rule's outputs: the newer piece's.
         slurm_job.end_the_jobs_own_snakemakes()
     elif isinstance(failure, TrainingStopped):
-        # Still a failed job for Snakemake, whose retry resumes: said first, with the log that stays.
+        # A failed job for Snakemake, whose retry resumes, unless the job requeues itself (preempted,
+        # its wall time): said first, with the log that stays.
         paused = failure.paused
         kept_log = paused.log or Path(log_path).resolve()
         print(f"scratchflow: {paused_line(paused)}; this piece's log: {kept_log}", file=sys.stderr, flush=True)
         if paused.requeue:
-            slurm_job.requeue_this_job()
+            slurm_job.requeue_this_job(paused.requeue)
     elif failure is not None:
         said = describe_failure(failure)
         if told_by_itself(failure):  # its first line, ending in the program's own last line
@@ -110,7 +111,8 @@ def told_by_itself(error: BaseException) -> bool:
 
 
 def paused_line(paused: Paused) -> str:
-    return f"paused, not failed: {paused.line()}"
+    requeued = f"; its Slurm job requeues itself ({paused.requeue})" if paused.requeue else ""
+    return f"paused, not failed: {paused.line()}{requeued}"
 
 
 def exit_status(failure: BaseException) -> int:
@@ -173,6 +175,8 @@ class TrainJob:
     # the checkpoint kept for the next rung, the rung's record written).
     ends_with: RunOutputs | halving.Rung
     shape: Shape = field(default_factory=Shape)
+    # How long before the time limit the job's --signal asks Slurm to warn it (its slurm_extra).
+    warning_lead_seconds: int | None = None
 
 
 def train_job(job: TrainJob) -> None:
@@ -227,6 +231,8 @@ def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> Piece
         stop_grace_seconds=job.checkpointing["stop_grace_seconds"],
         threads=job.threads,
         shape=job.shape,
+        max_pieces=job.resolved_config.get("cluster", {}).get("max_pieces"),
+        warning_lead_seconds=job.warning_lead_seconds,
         budget_epochs=rung.budget_epochs if rung else None,
         rung=rung.index if rung else None,
         staging=Staging(job.archive, job.manifest, job.scratch_root),

@@ -174,15 +174,18 @@ class RunLedger:
         self.run_folder.write_json(plain(entries), self.folder / PIECES_FILE)
 
     @contextlib.contextmanager
-    def piece(self, store: CheckpointStore) -> Iterator[PieceRecord]:
+    def piece(self, store: CheckpointStore, limit: PiecesLimit | None = None) -> Iterator[PieceRecord]:
         """This job's entry, recorded now and when the block ends: the caller sets what it knows
         (its shape, its log, a pause); an error that ends the block is its outcome, and an entry
         left running is finished. Called while holding the run: an earlier piece still listed as
         running was killed (no job holds the run), and is closed as such. A piece superseded
-        meanwhile notes its end beside its term instead (RunFolder.note_superseded)."""
+        meanwhile notes its end beside its term instead (RunFolder.note_superseded). Refused, with
+        nothing recorded, where the run (its rung) has trained in as many pieces as `limit` allows."""
         listed = self.pieces()  # read once: the run is held, no other job writes it now
         close_killed_pieces(listed, store)
         note_requeue(listed)
+        if limit is not None:
+            limit.check(self.folder.name, listed, store.newest_step())
         started = time.time()
         entry = PieceRecord(
             piece=len(listed) + 1,
@@ -257,6 +260,33 @@ class RunLedger:
         """The step this piece's trainer last reported, if it reported since `started`."""
         progress = self.progress()
         return progress.get("step") if progress and progress.get("at", 0) >= started else None
+
+
+class PiecesLimitReached(Exception):
+    """A run that has trained in the most pieces cluster.max_pieces allows, unfinished."""
+
+
+@dataclass(frozen=True)
+class PiecesLimit:
+    """cluster.max_pieces, for the pieces of one rung (None: a run outside a halving search)."""
+
+    max_pieces: int
+    rung: int | None = None
+
+    def pieces_so_far(self, listed: list[PieceRecord]) -> int:
+        return sum(entry.rung == self.rung for entry in listed)
+
+    def check(self, run_id: str, listed: list[PieceRecord], newest_step: int | None) -> None:
+        """Refuse the next piece where the run (its rung) has trained in `max_pieces` already."""
+        if self.pieces_so_far(listed) < self.max_pieces:
+            return
+        where = f"checkpoint-{newest_step}" if newest_step is not None else "its first step (no checkpoint)"
+        of = f"rung {self.rung} of run {run_id}" if self.rung is not None else f"run {run_id}"
+        raise PiecesLimitReached(
+            f"{of} has trained in {self.pieces_so_far(listed)} pieces (jobs), the most config key "
+            f"cluster.max_pieces ({self.max_pieces}) allows, and is not finished: raise cluster.max_pieces and "
+            f"run the same command again to train on from {where}"
+        )
 
 
 def note_requeue(listed: list[PieceRecord]) -> None:

@@ -69,7 +69,7 @@ def run_piece(spec: PieceSpec) -> tuple[PieceOutcome, RunFolder]:
 def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome:
     scratch_root = spec.staging.scratch_root if spec.staging else None
     with (
-        spec.ledger.piece(spec.store) as entry,
+        spec.ledger.piece(spec.store, spec.pieces_limit) as entry,
         scratch_directory(scratch_root, f"train-{spec.run_id}", timer) as scratch,
         signals.leaving_stop_file(scratch / STOP_FILE_NAME),
     ):
@@ -77,7 +77,7 @@ def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome:
         with timer.phase("stage"):
             node = prepare_node(dataclasses.replace(spec, piece=entry.piece), scratch)
         if isinstance(node, Paused):
-            return _ended(entry, node, piece_log)
+            return _ended(spec, entry, node, piece_log)
         spec.store.check_scratch_space(scratch, spec.store.newest(), spec.model)
         try:
             with timer.phase("train"):
@@ -91,7 +91,7 @@ def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome:
             with timer.phase("sync"):
                 spec.run_folder.publish_copy(outcome.output, spec.model_out)
             outcome = _terminated_while_syncing(scratch, outcome)
-        return _ended(entry, outcome, piece_log)
+        return _ended(spec, entry, outcome, piece_log)
 
 
 def _begin(spec: PieceSpec, entry: PieceRecord, scratch: Path, timer: PhaseTimer) -> Path | None:
@@ -140,19 +140,23 @@ def _terminated_while_syncing(scratch: Path, trained: Trained) -> PieceOutcome:
     return trained
 
 
-def _ended(entry: PieceRecord, outcome: PieceOutcome, piece_log: Path | None) -> PieceOutcome:
+def _ended(spec: PieceSpec, entry: PieceRecord, outcome: PieceOutcome, piece_log: Path | None) -> PieceOutcome:
     """How the piece ended, in its entry; a pause names the piece's log and, where Slurm is
-    preempting the job, requeues it."""
+    preempting the job or the stop was its wall-time warning, requeues it (scratchflow.slurm_job),
+    unless the next piece would be one more than cluster.max_pieces allows."""
     if isinstance(outcome, Trained):
         entry.reached_step = outcome.metrics.get("global_steps")
         return outcome
-    requeue = slurm_job.preempted_and_requeueable()
     entry.outcome, entry.signal, entry.phase, entry.reached_step = (
         PAUSED,
         outcome.signal,
         outcome.phase,
         outcome.reached_step,
     )
-    if requeue:
-        entry.requeued = "preempted"
+    requeue = slurm_job.self_requeue_cause(spec.warning_lead_seconds)
+    limit = spec.pieces_limit
+    if requeue and limit and limit.pieces_so_far(spec.ledger.pieces()) >= limit.max_pieces:
+        log.warning("not requeued (%s): the run has trained in cluster.max_pieces pieces", requeue)
+        requeue = None
+    entry.requeued = requeue or entry.requeued
     return dataclasses.replace(outcome, requeue=requeue, log=piece_log.resolve() if piece_log else None)

@@ -18,7 +18,7 @@ from typing import Any
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.files import HOST, OWNER_TAG, read_json, write_json_atomically
 from scratchflow.lease import RunFolder
-from scratchflow.ledger import Phase, RunLedger
+from scratchflow.ledger import Phase, PiecesLimit, RunLedger
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.record import plain, typed
 from scratchflow.schedule import CheckpointInterval
@@ -100,6 +100,10 @@ class PieceSpec:
     stop_grace_seconds: float
     threads: int  # CPU threads of the job on each node; of each process in a training process
     shape: Shape = Shape()
+    # cluster.max_pieces: the most pieces the run (its rung) trains in; and how long before the time
+    # limit the job's --signal asks Slurm to warn it (None: no warning asked): scratchflow.slurm_job.
+    max_pieces: int | None = None
+    warning_lead_seconds: int | None = None
     # A halving search's rung: train until this many of the run's epochs are done, then stop with
     # a checkpoint and the validation metrics there.
     budget_epochs: int | None = None
@@ -129,6 +133,10 @@ class PieceSpec:
     def run_folder(self) -> RunFolder:
         """The gate of every write to the run's folders (its term, where the piece holds the run)."""
         return self.store.run_folder
+
+    @property
+    def pieces_limit(self) -> PiecesLimit | None:
+        return PiecesLimit(self.max_pieces, self.rung) if self.max_pieces is not None else None
 
     @property
     def ledger(self) -> RunLedger:
@@ -164,7 +172,8 @@ class Paused:
     signal: str  # the stop signal it heard (SIGUSR1, SIGTERM, ...)
     phase: Phase  # what it was doing then
     reached_step: int | None  # the run's newest checkpoint then, where the next piece resumes (None: step 0)
-    requeue: bool = False  # preempted, requeueable: the job requeues itself once it has ended
+    # Why the job requeues itself once it has ended (preempted, its time limit), if it does.
+    requeue: str | None = None
     log: Path | None = None  # the piece's own log (the rule's log is the next piece's)
 
     def stopped(self) -> str:

@@ -10,6 +10,14 @@ every profile's `slurm-requeue: true`) requeues itself: it keeps its id and its 
 start resumes from the checkpoint it saved. With no grace time, Slurm requeues the job at once (it
 is COMPLETING by the time the training has saved, its PreemptTime cleared), and the job leaves it
 to Slurm; its next piece reads the cause from sacct.
+
+A piece paused by the wall-time warning (`--signal=<stop signal>@<lead>` in the train rule's
+slurm_extra) requeues its job the same way: to Snakemake the job is still queued, not failed, so the
+pause spends no retry and prints no error, and the job keeps its id and its time limit (a retry would
+queue a new job at the back). Slurm sends that warning up to 60 s earlier than asked, and not at all
+to say which signal is which: a stop is the warning where less than its lead and those 60 s is left
+of the job's time. A requeued job becomes eligible again after Slurm's requeue delay (120 s by
+default). Slurm puts no limit on a job requeueing itself: scratchflow's is cluster.max_pieces.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,6 +40,12 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 # The state sacct keeps of the run of a job that Slurm then requeued (it keeps its id), in the
 # pieces' and the status's words; "requeued" where sacct does not say (`scontrol requeue` too).
 REQUEUE_CAUSES = {"PREEMPTED": "preempted", "NODE_FAIL": "node failure"}
+# Why a paused job requeues itself (a piece's `requeued`).
+PREEMPTED, TIME_LIMIT = "preempted", "time limit"
+# How much earlier than asked Slurm may send the --signal warning (sbatch.1: "up to 60 seconds").
+SIGNAL_EARLY_SECONDS = 60
+# The --signal option of sbatch: [{R|B}:]<sig>[@<seconds before the time limit, 60 if not given>].
+SLURM_SIGNAL_OPTION = re.compile(r"--signal[= ](?:[RB]+:)?(?:SIG)?(\w+)(?:@(\d+))?")
 
 
 def job_cpus(threads: int, environ: Mapping[str, str] = os.environ) -> tuple[int, str]:
@@ -62,22 +77,50 @@ def ask_slurm(*command: str, timeout: float = 30) -> str | None:
     return answered.stdout if answered.returncode == 0 else None
 
 
-def preempted_and_requeueable(environ: dict[str, str] | os._Environ = os.environ) -> bool:
-    """Whether this job has been selected for preemption (`scontrol show job` stamps its PreemptTime)
-    and was submitted requeueable."""
+def signal_lead_seconds(slurm_extra: object) -> int | None:
+    """How many seconds before the time limit the --signal in a rule's slurm_extra asks Slurm to
+    warn the job (None: it asks for no warning)."""
+    asked = SLURM_SIGNAL_OPTION.search(str(slurm_extra or ""))
+    if asked is None:
+        return None
+    return int(asked.group(2)) if asked.group(2) else 60
+
+
+def self_requeue_cause(
+    warning_lead_seconds: int | None,
+    environ: Mapping[str, str] = os.environ,
+    now: float | None = None,
+) -> str | None:
+    """Why this job, whose piece has just paused, requeues itself: PREEMPTED (Slurm stamped its
+    PreemptTime) or TIME_LIMIT (the stop was the wall-time warning, asked `warning_lead_seconds`
+    before the limit: less than that and SIGNAL_EARLY_SECONDS is left; with no warning asked, the
+    SIGTERM at the limit). None: neither, outside Slurm, or not requeueable (--no-requeue), where
+    Snakemake's retry resumes the run instead. One `scontrol show job`."""
     job_id = environ.get("SLURM_JOB_ID")
     shown = ask_slurm("scontrol", "--oneliner", "show", "job", job_id) if job_id else None
-    if not shown:
-        return False
-    preempt_time = re.search(r"\bPreemptTime=(\S+)", shown)
-    requeue = re.search(r"\bRequeue=(\d)", shown)
-    return bool(preempt_time and preempt_time.group(1) != "None" and requeue and requeue.group(1) == "1")
+    if not shown or _field(shown, "Requeue") != "1":
+        return None
+    if _field(shown, "PreemptTime") not in (None, "None"):
+        return PREEMPTED
+    end_time = _field(shown, "EndTime")
+    try:
+        ends_at = time.mktime(time.strptime(end_time or "", "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:  # Unknown, or no time limit
+        return None
+    left = ends_at - (time.time() if now is None else now)
+    return TIME_LIMIT if left <= (warning_lead_seconds or 0) + SIGNAL_EARLY_SECONDS else None
 
 
-def requeue_this_job(environ: dict[str, str] | os._Environ = os.environ) -> None:
+def _field(shown: str, name: str) -> str | None:
+    found = re.search(rf"\b{name}=(\S+)", shown)
+    return found.group(1) if found else None
+
+
+def requeue_this_job(cause: str, environ: Mapping[str, str] = os.environ) -> None:
     """Put this job back in the queue under its id; Slurm then ends its processes, this one too."""
     job_id = environ["SLURM_JOB_ID"]
-    log.info("Slurm job %s was preempted: it requeues itself and resumes when it starts again", job_id)
+    why = "was preempted" if cause == PREEMPTED else "reached its wall-time warning"
+    log.info("Slurm job %s %s: it requeues itself and resumes when it starts again", job_id, why)
     answered = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     if answered.returncode != 0:  # requeued by Slurm already (no grace time), say
         log.warning("scontrol requeue %s: %s", job_id, answered.stderr.strip())

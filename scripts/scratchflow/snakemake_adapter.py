@@ -192,6 +192,14 @@ def executor_name(workflow: Any) -> str:
     return frame.f_locals["executor"]
 
 
+def jobs_requeueable(workflow: Any, slurm_extra: object) -> bool:
+    """Whether the Slurm plugin submits a rule with `slurm_extra` requeueable: the profile's
+    `slurm-requeue: true` (sbatch --requeue), and no --no-requeue there or in the rule's slurm_extra."""
+    settings = workflow.executor_settings
+    asked = bool(getattr(settings, "requeue", False)) and not getattr(settings, "no_requeue", False)
+    return asked and "--no-requeue" not in str(slurm_extra or "")
+
+
 def is_dry_run(workflow: Any) -> bool:
     """Whether this run is a dry run (-n); known once the workflow runs."""
     return bool(workflow.dryrun)

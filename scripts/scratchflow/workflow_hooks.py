@@ -206,8 +206,23 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     plan.started(executor).write(Path("."))
     warn_of_checkpoint_space(config, plan)
     if executor == "slurm":
+        say_where_pauses_spend_retries(workflow)
         snakemake_adapter.notice_job_ends_at_once(workflow)
         snakemake_adapter.ask_min_job_age_once()
+
+
+def say_where_pauses_spend_retries(workflow: Any) -> None:
+    """One line where train jobs are not requeueable: a piece paused by the wall-time warning (or
+    preempted) cannot requeue its own job, which fails instead, and Snakemake's retry resumes it."""
+    train_extra = snakemake_adapter.rule_requests(workflow).shapes["train"].get("slurm_extra")
+    if not snakemake_adapter.jobs_requeueable(workflow, train_extra):
+        print(
+            "scratchflow: train jobs are submitted not requeueable (no slurm-requeue: true in the profile, or "
+            "--no-requeue): a piece paused at its wall time or preempted ends its job as failed, and Snakemake's "
+            "retry resumes the run, spending one of --retries each time",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def warn_of_checkpoint_space(config: dict[str, Any], plan: Plan) -> None:
