@@ -322,6 +322,27 @@ def test_outside_scratchflow_every_helper_gives_back_what_it_is_given(monkeypatc
     assert trainer_script.training_arguments(output_dir="out", learning_rate=0.5).learning_rate == 0.5
 
 
+def test_a_stop_signal_to_the_program_alone_is_left_for_the_piece_to_record_a_pause(tmp_path, monkeypatch):
+    """The stop signal sent to the program's process only (by hand; on Slurm every process of the
+    step gets it): the helpers save, pause, and leave the signal in the stop file, so that the piece
+    records a pause, not a program that ended without metrics.json (a newcomer's retrain did)."""
+    stop_file = tmp_path / "stop"
+    monkeypatch.setenv("SCRATCHFLOW_RUN_ID", "r1")
+    monkeypatch.setenv("SCRATCHFLOW_STOP_FILE", str(stop_file))
+    monkeypatch.setenv("SCRATCHFLOW_STOP_SIGNAL", "USR1")
+    monkeypatch.setattr(program, "_piece", None)
+    handlers = {number: signal.getsignal(number) for number in program.stop_signals()}
+    try:
+        program.end_if_stopped()  # not asked: goes on
+        os.kill(os.getpid(), signal.SIGUSR1)
+        with pytest.raises(SystemExit) as ended:
+            program.end_if_stopped()
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert ended.value.code == 0 and stop_file.read_text() == "SIGUSR1"
+
+
 def test_only_the_pieces_saves_are_published_and_a_step_saved_at_a_stop_is_not_saved_again(tmp_path, monkeypatch):
     """The script's own saves (its save_strategy) stay on scratch: only the checkpoints the piece asks
     for are marked COMPLETE and published. After a stop mid-epoch the Trainer ends the epoch, and with

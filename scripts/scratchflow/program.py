@@ -127,6 +127,13 @@ class StopRequest:
             self.signal = self.stop_file.read_text() or "a stop request"
         return self.signal is not None
 
+    def tell_the_piece(self) -> None:
+        """A stop this program heard alone (a signal to its own process, not to the job's) left in
+        the stop file (on scratch), so that the piece records a pause, not a program that ended
+        without its metrics."""
+        if self.signal is not None and self.stop_file is not None and not self.stop_file.exists():
+            self.stop_file.write_text(self.signal)
+
 
 class ProgramPiece:
     """The piece, as its program sees it: whether to stop (the signals), whether a checkpoint is due
@@ -169,6 +176,7 @@ def stopped() -> bool:
 def end_if_stopped() -> None:
     """A stopped piece ends here (exit 0, no metrics.json: paused), its checkpoint saved."""
     if stopped():
+        piece().stop.tell_the_piece()
         log.warning("paused at the checkpoint just saved: the next piece resumes from it")
         raise SystemExit(0)
 
