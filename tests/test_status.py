@@ -262,6 +262,13 @@ def test_where_no_grid_exists_the_command_says_so_and_fails(tmp_path):
     shown = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True)
     assert shown.returncode == 2
     assert f"no grid or search in {tmp_path}" in shown.stderr
+    # A workflow's folder whose grid never started (a newcomer's first `make status`): not "elsewhere".
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("task: command\n")
+    with pytest.raises(
+        NoPlan, match=r"no grid or search has started in .* yet .* start it \(a lab's pipeline: make run"
+    ):
+        statuses_in(tmp_path)
 
 
 def test_a_run_whose_program_reports_no_progress_is_told_by_its_newest_checkpoint(tmp_path):

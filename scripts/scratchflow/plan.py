@@ -273,6 +273,12 @@ class Plan:
     def read(cls, workdir: Path) -> Plan:
         path = workdir / PLAN_FILE
         if not path.is_file():
+            if (workdir / "config" / "config.yaml").is_file():  # a workflow's folder, never run yet
+                raise NoPlan(
+                    f"no grid or search has started in {workdir.resolve()} yet ({PLAN_FILE} is written when the "
+                    "workflow starts): start it (a lab's pipeline: make run, or make submit on a cluster), "
+                    "then ask again."
+                )
             raise NoPlan(
                 f"no grid or search in {workdir.resolve()}: {PLAN_FILE} is missing. The workflow writes it when "
                 "it starts; run this in the directory you run snakemake in, or name that directory."
