@@ -21,7 +21,7 @@ def test_a_cluster_profile_submits_to_slurm_with_its_clusters_facts_and_a_wall_t
     facts = (profile.parent / settings["configfile"]).resolve()
     assert facts == REPO / "config" / "clusters" / f"{profile.parent.name}.yaml"
     assert yaml.safe_load(facts.read_text())["cluster"]["name"] == profile.parent.name
-    assert settings["retries"] >= 1 and settings["rerun-incomplete"] is True
+    assert settings["retries"] >= 1 and settings["rerun-incomplete"] is True and settings["keep-going"] is True
     train = settings["set-resources"]["train"]
     assert re.search(r"--signal=USR1@\d+", train["slurm_extra"]), "checkpointing.stop_signal's default"
 

@@ -9,7 +9,7 @@ import pytest
 from scratchflow import slurm_job
 
 SHOWN = (
-    "JobId=7 JobName=x UserId=root(0) JobState=RUNNING Reason=None Requeue={requeue} Restarts=0 "
+    "JobId=7 JobName=x UserId=root(0) JobState={state} Reason=None Requeue={requeue} Restarts=0 "
     "SubmitTime=2026-11-26T17:14:55 PreemptEligibleTime=2026-11-26T17:14:55 PreemptTime={preempt_time} "
     "TimeLimit=00:30:00 StartTime=2026-11-26T17:14:55 EndTime=2026-11-26T17:44:55 Partition=preemptible "
     "Command=(null)"
@@ -17,9 +17,11 @@ SHOWN = (
 ENDS_AT = time.mktime(time.strptime("2026-11-26T17:44:55", "%Y-%m-%dT%H:%M:%S"))  # the job's EndTime
 
 
-def shown(monkeypatch, requeue: str = "1", preempt_time: str = "None") -> None:
+def shown(monkeypatch, requeue: str = "1", preempt_time: str = "None", state: str = "RUNNING") -> None:
     monkeypatch.setattr(
-        slurm_job, "ask_slurm", lambda *command: SHOWN.format(requeue=requeue, preempt_time=preempt_time)
+        slurm_job,
+        "ask_slurm",
+        lambda *command: SHOWN.format(requeue=requeue, preempt_time=preempt_time, state=state),
     )
 
 
@@ -41,13 +43,19 @@ def test_a_job_requeues_itself_when_preempted_only_where_it_is_requeueable(reque
         (700, 600, None),  # a stop sent by hand with more time left: a pause, for the retry
         (1200, 90, None),
         (120, 90, "time limit"),
-        (30, None, "time limit"),  # no warning asked: the SIGTERM at the time limit
-        (300, None, None),  # no warning asked, a scancel well before the limit
+        (30, None, None),  # no warning asked: the TERM at the limit comes as the job times out
     ],
 )
 def test_a_stop_is_the_wall_time_warning_where_less_than_its_lead_and_a_minute_is_left(left, lead, cause, monkeypatch):
     shown(monkeypatch)
     assert slurm_job.self_requeue_cause(lead, {"SLURM_JOB_ID": "7"}, now=ENDS_AT - left) == cause
+
+
+@pytest.mark.parametrize("state", ["COMPLETING", "CANCELLED", "REQUEUED", "PENDING"])
+def test_a_job_that_a_scancel_or_someone_elses_requeue_ended_does_not_requeue_itself(state, monkeypatch):
+    """Its EndTime is then the moment it ended: no time left, yet no time limit."""
+    shown(monkeypatch, state=state)
+    assert slurm_job.self_requeue_cause(600, {"SLURM_JOB_ID": "7"}, now=ENDS_AT) is None
 
 
 def test_a_job_submitted_with_no_requeue_never_requeues_itself(monkeypatch):

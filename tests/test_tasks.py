@@ -19,6 +19,7 @@ from conftest import (
     different_curves,
     image_config,
     job_process,
+    jobs_run,
     metrics_of,
     recipe,
     run_workflow,
@@ -150,13 +151,38 @@ def test_a_failing_command_fails_the_job_with_the_tail_of_its_output(tmp_path, b
     assert list((tmp_path / "scratch").iterdir()) == []
 
 
-def test_a_command_that_writes_no_metrics_fails_naming_the_file(tmp_path, bbc_subset):
-    script = tmp_path / "silent.py"
-    script.write_text("print('trained, but forgot the metrics')\n")
-    write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch", command=["python", str(script)]))
+SOMETIMES_SILENT = """import json, os, pathlib
+if not json.loads(pathlib.Path(os.environ["SCRATCHFLOW_PARAMS"]).read_text())["silent"]:
+    pathlib.Path(os.environ["SCRATCHFLOW_OUTPUT_DIR"], "metrics.json").write_text('{"accuracy": 0.5}')
+print("trained")
+"""
+
+
+def test_a_command_that_writes_no_metrics_fails_naming_the_file_and_the_rest_of_the_grid_goes_on(tmp_path, bbc_subset):
+    """Of a grid of two, the run whose program forgets metrics.json fails (after the local profile's
+    retry) naming the file; the other trains and predicts all the same (keep-going), the workflow
+    exits non-zero without the comparison; the same command after the fix trains only the failed run
+    and compares both."""
+    script = tmp_path / "sometimes_silent.py"
+    script.write_text(SOMETIMES_SILENT)
+    config = command_config(bbc_subset, tmp_path / "scratch", command=["python", str(script)], silent=False)
+    config["grid"] = {"silent": [False, True]}
+    write_config(tmp_path, config)
     result = run_workflow(tmp_path, check=False)
     assert result.returncode != 0
-    assert "metrics.json is missing" in run_log(tmp_path)
+    runs = {json.loads(path.read_text())["silent"]: path.parent for path in tmp_path.glob("results/runs/*/params.json")}
+    assert list(runs) == [False], "only the run that wrote its metrics was trained"
+    assert (runs[False] / "metrics.json").is_file(), "its prediction ran too: the grid went on"
+    (silent_log,) = (
+        log for log in (tmp_path / "logs" / "train").glob("??????????.log") if log.stem != runs[False].name
+    )
+    assert "metrics.json is missing" in silent_log.read_text()
+    assert not (tmp_path / "results" / "summary.tsv").exists()
+
+    script.write_text(SOMETIMES_SILENT.replace('["silent"]', '["silent"] and False'))  # the fix
+    rerun = run_workflow(tmp_path)
+    assert jobs_run(rerun.stdout)["train"] == 1, "the failed run only"
+    assert len(pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")) == 2
 
 
 def recipe_on_tiny_data(name: str, workdir: Path, bbc_subset: Path, tiny_model: Path, epochs: int) -> dict:

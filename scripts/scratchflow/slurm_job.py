@@ -93,22 +93,25 @@ def self_requeue_cause(
 ) -> str | None:
     """Why this job, whose piece has just paused, requeues itself: PREEMPTED (Slurm stamped its
     PreemptTime) or TIME_LIMIT (the stop was the wall-time warning, asked `warning_lead_seconds`
-    before the limit: less than that and SIGNAL_EARLY_SECONDS is left; with no warning asked, the
-    SIGTERM at the limit). None: neither, outside Slurm, or not requeueable (--no-requeue), where
-    Snakemake's retry resumes the run instead. One `scontrol show job`."""
+    before the limit: the job still runs, with less than that and SIGNAL_EARLY_SECONDS left). None:
+    neither (a stop sent by hand, a scancel or a requeue by someone else, which end the job: its
+    EndTime is then its end), no warning asked (the TERM at the limit comes as the job times out),
+    outside Slurm, or not requeueable (--no-requeue), where Snakemake's retry resumes the run
+    instead. One `scontrol show job`."""
     job_id = environ.get("SLURM_JOB_ID")
     shown = ask_slurm("scontrol", "--oneliner", "show", "job", job_id) if job_id else None
     if not shown or _field(shown, "Requeue") != "1":
         return None
     if _field(shown, "PreemptTime") not in (None, "None"):
         return PREEMPTED
-    end_time = _field(shown, "EndTime")
+    if warning_lead_seconds is None or _field(shown, "JobState") != "RUNNING":
+        return None
     try:
-        ends_at = time.mktime(time.strptime(end_time or "", "%Y-%m-%dT%H:%M:%S"))
+        ends_at = time.mktime(time.strptime(_field(shown, "EndTime") or "", "%Y-%m-%dT%H:%M:%S"))
     except ValueError:  # Unknown, or no time limit
         return None
     left = ends_at - (time.time() if now is None else now)
-    return TIME_LIMIT if left <= (warning_lead_seconds or 0) + SIGNAL_EARLY_SECONDS else None
+    return TIME_LIMIT if left <= warning_lead_seconds + SIGNAL_EARLY_SECONDS else None
 
 
 def _field(shown: str, name: str) -> str | None:
