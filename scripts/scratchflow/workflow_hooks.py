@@ -214,7 +214,7 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
 def say_where_pauses_spend_retries(workflow: Any) -> None:
     """One line where train jobs are not requeueable: a piece paused by the wall-time warning (or
     preempted) cannot requeue its own job, which fails instead, and Snakemake's retry resumes it."""
-    train_extra = snakemake_adapter.rule_requests(workflow).shapes["train"].get("slurm_extra")
+    train_extra = snakemake_adapter.evaluated_resource(workflow, "train", "slurm_extra")
     if not snakemake_adapter.jobs_requeueable(workflow, train_extra):
         print(
             "scratchflow: train jobs are submitted not requeueable (no slurm-requeue: true in the profile, or "
