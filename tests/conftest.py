@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from scratchflow.checkpoints import PUBLISHED_FILE, complete_checkpoints
 from scratchflow.dataset import load_examples, resolve_location, split_examples
 from scratchflow.plan import TENSORBOARD_FOLDER
 from scratchflow.tracking import read_curves
@@ -473,6 +474,19 @@ def scratch_named_in_logs(workdir: Path) -> set[Path]:
     for log in (workdir / "logs").rglob("*.log"):
         named.update(map(Path, re.findall(r"(?:in scratch|: scratch|staging into) (/\S+)", log.read_text())))
     return named
+
+
+def published_checkpoint(folder: Path, marker: str) -> Path | None:
+    """The newest complete checkpoint in a run's shared `folder` whose line in published.jsonl is
+    written: a piece killed after that resumes from it. (One killed between a checkpoint's rename and
+    its line leaves a checkpoint its run cannot tell from one a frozen piece published too late: it
+    is set aside as stale and the run resumes from the one before.)"""
+    try:
+        listed = {json.loads(line)["checkpoint"] for line in (folder / PUBLISHED_FILE).read_text().splitlines() if line}
+    except (FileNotFoundError, json.JSONDecodeError):  # a line being appended
+        return None
+    published = [checkpoint for _step, checkpoint in complete_checkpoints(folder, marker) if checkpoint.name in listed]
+    return published[-1] if published else None
 
 
 def live_pieces(workdir: Path) -> list[dict]:

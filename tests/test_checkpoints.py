@@ -462,6 +462,29 @@ def test_a_checkpoint_an_older_term_published_after_a_newer_term_began_is_not_re
     assert older.too_late(shared / "checkpoint-20") is None
 
 
+def test_a_checkpoint_whose_piece_was_killed_between_its_rename_and_its_line_is_set_aside_for_the_one_before(
+    tmp_path,
+):
+    """A piece SIGKILLed just after a checkpoint's rename leaves it with no line in published.jsonl:
+    no time to tell it from a frozen piece's late one, so the next piece resumes from the one before
+    and says why."""
+    scratch, shared = tmp_path / "scratch", tmp_path / "shared"
+    shared.mkdir()
+    killed, _ledger, _gate = fenced(shared)
+    killed.mirror(make_checkpoint(scratch, 10))
+    untimed = make_checkpoint(scratch, 20)
+    checkpoints.write_contents(untimed, killed.term)
+    shutil.copytree(untimed, shared / untimed.name)  # renamed into place; the kill came before its line
+
+    assert killed.newest().name == "checkpoint-20"  # while no newer piece holds the run: its own
+    next_piece, _ledger, _gate = fenced(shared, holder="b")
+    intact, set_aside = next_piece.newest_intact()
+    assert intact.name == "checkpoint-10"
+    assert set_aside == {
+        "checkpoint-20": "published by term 1 with no time noted (its piece ended or froze first); term 2 began"
+    }
+
+
 def test_a_piece_end_an_older_term_wrote_after_a_newer_term_began_reads_as_superseded(tmp_path):
     store, ledger, _gate = fenced(tmp_path)
     with ledger.piece(store):

@@ -39,6 +39,7 @@ from conftest import (
     long_run,
     netscratch_directory,
     processes_in,
+    published_checkpoint,
     queued_jobs,
     recipe,
     same_metrics,
@@ -57,7 +58,6 @@ from conftest import (
 )
 from local_slurm import FRAGILE_NODES, is_zombie
 from scratchflow import __version__
-from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 
 pytestmark = pytest.mark.slow
@@ -177,9 +177,9 @@ def slurm_now(workflow: subprocess.Popen) -> str:
 
 
 def first_checkpoint(workdir: Path, marker: str = TRAINER_CHECKPOINT_MARKER):
-    """The checkpoint folder of the (only) run, once it holds a complete checkpoint."""
+    """The checkpoint folder of the (only) run, once it holds a published checkpoint."""
     folders = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
-    return folders[0] if folders and newest_complete_checkpoint(folders[0], marker) else None
+    return folders[0] if folders and published_checkpoint(folders[0], marker) else None
 
 
 def active_jobs(slurm, workdir: Path, rule: str) -> list[str]:
@@ -264,7 +264,7 @@ def test_packed_runs_share_a_slurm_job_of_one_gpu_and_a_cancelled_pack_resumes_e
         trained = list((tmp_path / "results" / "runs").glob("*/record.json"))
         training = [path for path in (tmp_path / "checkpoints").glob("*") if path.is_dir()]
         return len(trained) == 1 and any(
-            folder.name != trained[0].parent.name and newest_complete_checkpoint(folder, TRAINER_CHECKPOINT_MARKER)
+            folder.name != trained[0].parent.name and published_checkpoint(folder, TRAINER_CHECKPOINT_MARKER)
             for folder in training
         )
 
@@ -585,7 +585,7 @@ def test_a_preemption_with_no_grace_time_to_save_in_resumes_from_the_checkpoint_
     wait_until(lambda: slowed_copy_running(flag, SLOWING[0]), workflow, tmp_path, "a slowed checkpoint copy")
     job = preempt_the_training(slurm, workflow, tmp_path)
     flag.unlink()
-    whole = newest_complete_checkpoint(checkpoints, TRAINER_CHECKPOINT_MARKER)
+    whole = published_checkpoint(checkpoints, TRAINER_CHECKPOINT_MARKER)
     assert [path.name for path in checkpoints.glob(".checkpoint-*.partial*")], "the SIGKILL cut a copy"
     status = grid_status(slurm, tmp_path)
     assert "was killed (preempted: Slurm requeued its job)" in status, status

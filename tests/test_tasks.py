@@ -21,6 +21,7 @@ from conftest import (
     job_process,
     jobs_run,
     metrics_of,
+    published_checkpoint,
     recipe,
     run_workflow,
     same_metrics,
@@ -30,7 +31,6 @@ from conftest import (
     write_config,
     write_recipe_data,
 )
-from scratchflow.checkpoints import newest_complete_checkpoint
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.lease import RunFolder
 from scratchflow.record import git_state
@@ -39,11 +39,11 @@ pytestmark = pytest.mark.slow
 
 
 def wait_for_checkpoint(workdir: Path, workflow: subprocess.Popen, marker: str) -> Path:
-    """The run's shared checkpoint folder, once it holds a complete checkpoint."""
+    """The run's shared checkpoint folder, once it holds a published checkpoint."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and workflow.poll() is None:
         found = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
-        if found and newest_complete_checkpoint(found[0], marker) is not None:
+        if found and published_checkpoint(found[0], marker) is not None:
             return found[0]
         time.sleep(0.05)
     raise AssertionError(f"no checkpoint appeared; the workflow said:\n{workflow.communicate()[0][-4000:]}")

@@ -24,6 +24,7 @@ from conftest import (
     job_process,
     jobs_run,
     long_run,
+    published_checkpoint,
     recipe,
     run_workflow,
     same_results,
@@ -34,7 +35,7 @@ from conftest import (
     write_config,
     write_recipe_data,
 )
-from scratchflow.checkpoints import newest_complete_checkpoint, step_of
+from scratchflow.checkpoints import step_of
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER
 from scratchflow.dataset import load_examples
 from scratchflow.ledger import piece_time
@@ -323,11 +324,11 @@ def test_a_corrupted_archive_stops_the_run_before_training(tmp_path, bbc_subset,
 
 
 def wait_for_first_checkpoint(workdir: Path, workflow: subprocess.Popen, step: int = 0) -> Path:
-    """The run's checkpoint folder, once it holds a complete checkpoint (of `step` or later)."""
+    """The run's checkpoint folder, once it holds a published checkpoint (of `step` or later)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and workflow.poll() is None:
         found = [path for path in (workdir / "checkpoints").glob("*") if path.is_dir()]
-        newest = newest_complete_checkpoint(found[0], TRAINER_CHECKPOINT_MARKER) if found else None
+        newest = published_checkpoint(found[0], TRAINER_CHECKPOINT_MARKER) if found else None
         if newest is not None and step_of(newest) >= step:
             return found[0]
         time.sleep(0.01)

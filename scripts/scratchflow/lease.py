@@ -153,7 +153,9 @@ class RunFolder:
             return None
         first = min(newer)  # terms are taken in order: the first newer one began first
         first_began = began[first]
-        if at is None or first_began is None or at > first_began:
+        if at is None:
+            return f"published by term {term} with no time noted (its piece ended or froze first); term {first} began"
+        if first_began is None or at > first_began:
             return f"published by term {term} after term {first} began"
         return None
 
