@@ -34,7 +34,7 @@ onstart:
 
 
 onsuccess:
-    print(workflow_hooks.on_success(config, PLAN))
+    workflow_hooks.on_success(config, PLAN)
 
 
 # Used as a module, Snakemake runs neither hook above: scratchflow runs them itself.

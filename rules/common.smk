@@ -81,6 +81,14 @@ def model_source_fingerprint(wildcards):
     return None
 
 
+def failure_to_train_again(wildcards):
+    """The newest note of a run whose task failed in a way a retry cannot fix: a new input to its
+    train job, so that Snakemake trains it again (once: then the input is the same as when it last
+    trained). None for a run that never failed."""
+    notes = PLAN.failure_notes(wildcards.run_id)
+    return str(notes[-1]) if notes else []
+
+
 def run_identity_of(wildcards):
     """What determines the run's result (dataset settings, model, training parameters, task)."""
     return PLAN.identity(wildcards.run_id)

@@ -5,6 +5,7 @@ rule train:
     input:
         **PLAN.train_inputs(),
         **PLAN.last_rung_input(),
+        failed_before=failure_to_train_again,
     output:
         model=directory(RUN_PATHS.model),
         params=RUN_PATHS.params,

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 from scratchflow.jobs import PredictJob, job_context, predict_job
+from scratchflow.plan import RUN_PATHS
 
 # A packed run is not its Slurm job's last: its pack job is (rules/pack.smk).
 packed = snakemake.config["cluster"]["pack_runs"] > 1
@@ -22,5 +23,6 @@ with job_context(snakemake.log[0], snakemake.threads, ends_its_slurm_job=not pac
             curves_out=Path(snakemake.output.curves),
             predictions_out=Path(snakemake.output.predictions) if hasattr(snakemake.output, "predictions") else None,
             tracking=snakemake.config["tracking"],
+            train_record=Path(RUN_PATHS.of(snakemake.wildcards.run_id).record),
         )
     )

@@ -454,7 +454,9 @@ def test_a_predict_job_refuses_what_a_task_returned_wrongly_naming_the_task_and_
         curves_out=results / "curves.png",
         predictions_out=results / "predictions.csv",
         tracking="tensorboard",
+        train_record=tmp_path / "record.json",
     )
+    (tmp_path / "record.json").write_text(json.dumps({"run_id": "run0", "outcome": "finished"}))
     with pytest.raises(WrongPredicted) as refused:
         predict_job(job)
     assert str(refused.value) == (

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from conftest import (
     image_config,
     job_process,
     jobs_run,
+    jobs_started,
     metrics_of,
     published_checkpoint,
     recipe,
@@ -134,36 +136,41 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     assert list((tmp_path / "scratch").iterdir()) == []
 
 
-def test_a_failing_command_fails_the_job_with_the_tail_of_its_output(tmp_path, bbc_subset):
+def test_a_command_that_raises_fails_its_run_once_telling_the_tail_of_its_output_and_its_line(tmp_path, bbc_subset):
+    """A lab program that raises fails for good: no retry (the local profile has one), its job ends
+    the run `failed` with the program's last line and the file and line its traceback names, no
+    scratchflow frames; nothing to compare, said in one line."""
     script = tmp_path / "broken.py"
-    script.write_text(
-        "import sys\nprint('loading the data')\nprint('KeyError: no such column', file=sys.stderr)\nsys.exit(3)\n"
-    )
+    script.write_text("import sys\nprint('loading the data')\nraise KeyError('no such column')\n")
     write_config(tmp_path, command_config(bbc_subset, tmp_path / "scratch", command=["python", str(script)]))
     result = run_workflow(tmp_path, check=False)
     assert result.returncode != 0
+    assert jobs_started(result.stdout)["train"] == 1, "not retried"
     log = run_log(tmp_path)
-    assert "exited with 3, its last line: KeyError: no such column; its last lines:" in log
-    assert "Traceback" not in log, "the lab program's failure, not scratchflow's: none of its frames"
-    assert "job failed: CommandFailed: the command ['python', " in result.stdout
-    assert "exited with 3, its last line: KeyError: no such column\n  its log, with the output: " in result.stdout
-    assert not list((tmp_path / "results").glob("runs/*/*"))
+    assert "exited with 1, its last line: KeyError: 'no such column'; its last lines:" in log
+    assert "Traceback (most recent call last):\n  File" not in log.split("its last lines:")[0], "no frames of ours"
+    (record,) = tmp_path.glob("results/runs/*/record.json")
+    failure = json.loads(record.read_text())["failure"]
+    assert failure["where"] == f"{script}:3" and failure["cause"].startswith("CommandFailed: the command ['python'")
+    assert f"a retry cannot fix it: CommandFailed: the command ['python', '{script}'] exited with 1" in result.stdout
+    assert "every run failed, none to compare" in result.stdout
     assert list((tmp_path / "scratch").iterdir()) == []
 
 
-SOMETIMES_SILENT = """import json, os, pathlib, time
+SOMETIMES_SILENT = """import json, os, pathlib
 if not json.loads(pathlib.Path(os.environ["SCRATCHFLOW_PARAMS"]).read_text())["silent"]:
-    time.sleep(5)  # trains on while the other run fails and fails again
     pathlib.Path(os.environ["SCRATCHFLOW_OUTPUT_DIR"], "metrics.json").write_text('{"accuracy": 0.5, "test_loss": 1.0}')
 print("trained")
 """
 
 
-def test_a_command_that_writes_no_metrics_fails_naming_the_file_and_the_rest_of_the_grid_goes_on(tmp_path, bbc_subset):
-    """Of a grid of two, the run whose program forgets metrics.json fails (after the local profile's
-    retry) naming the file; the other trains and predicts all the same (keep-going), the workflow
-    exits non-zero without the comparison; the same command after the fix trains only the failed run
-    and compares both."""
+def test_a_run_that_fails_for_good_costs_one_job_the_grid_is_compared_without_it_and_a_fix_trains_it_alone(
+    tmp_path, bbc_subset
+):
+    """Of a grid of two, the run whose program forgets metrics.json fails once, naming the file (a
+    retry could not fix it); the other trains and is compared alone; the page, runs.tsv and `make
+    status` name the failed run and why; the workflow exits non-zero saying so. The same command
+    after the fix trains only the failed run, and once more nothing."""
     script = tmp_path / "sometimes_silent.py"
     script.write_text(SOMETIMES_SILENT)
     config = command_config(bbc_subset, tmp_path / "scratch", command=["python", str(script)], silent=False)
@@ -171,19 +178,26 @@ def test_a_command_that_writes_no_metrics_fails_naming_the_file_and_the_rest_of_
     write_config(tmp_path, config)
     result = run_workflow(tmp_path, check=False)
     assert result.returncode != 0
+    assert jobs_started(result.stdout)["train"] == 2, "one job each: no retry"
     runs = {json.loads(path.read_text())["silent"]: path.parent for path in tmp_path.glob("results/runs/*/params.json")}
-    assert list(runs) == [False], "only the run that wrote its metrics was trained"
-    assert (runs[False] / "metrics.json").is_file(), "its prediction ran too: the grid went on"
-    (silent_log,) = (
-        log for log in (tmp_path / "logs" / "train").glob("??????????.log") if log.stem != runs[False].name
-    )
-    assert "metrics.json is missing" in silent_log.read_text()
-    assert not (tmp_path / "results" / "summary.tsv").exists()
+    silent = runs[True].name
+    said = f"run {silent} failed: CommandFailed: metrics.json is missing"
+    assert "scratchflow: 1 of 2 runs failed, each in a way a retry cannot fix" in result.stdout
+    assert said in result.stdout
+    table = pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")
+    assert list(table["outcome"]) == ["finished", "failed"] and table["accuracy"].notna().tolist() == [True, False]
+    assert json.loads((tmp_path / "results" / "best_run.json").read_text())["run"]["run_id"] == runs[False].name
+    assert said in (tmp_path / "results" / "summary.html").read_text()
+    status = subprocess.run(
+        [sys.executable, REPO / "scripts" / "status.py", tmp_path], capture_output=True, text=True
+    ).stdout
+    assert f"{silent}  failed" in status and "after a fix, the same command trains it again" in status, status
 
     script.write_text(SOMETIMES_SILENT.replace("if not ", "if True or not "))  # the fix
     rerun = run_workflow(tmp_path)
     assert jobs_run(rerun.stdout)["train"] == 1, "the failed run only"
-    assert len(pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")) == 2
+    assert list(pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")["outcome"]) == ["finished", "finished"]
+    assert "train" not in jobs_run(run_workflow(tmp_path).stdout), "trained: nothing more"
 
 
 def recipe_on_tiny_data(name: str, workdir: Path, bbc_subset: Path, tiny_model: Path, epochs: int) -> dict:

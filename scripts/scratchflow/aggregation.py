@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from scratchflow.accounting import Cost
+from scratchflow.failures import failure_line
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json
 from scratchflow.plan import REPLICATE_KEY
@@ -31,6 +32,35 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float]:
         for name, value in metrics.items()
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     }
+
+
+class NothingToCompare(RuntimeError):
+    """Every run of the grid failed in a way a retry cannot fix: no comparison to make."""
+
+    def __init__(self, failed: dict[str, dict[str, Any]]) -> None:
+        lines = [failure_line(run_id, failure) for run_id, failure in failed.items()]
+        super().__init__(
+            "every run failed, none to compare; fix the task, then run the same command: it trains them "
+            "again.\n  " + "\n  ".join(lines)
+        )
+
+
+def with_failed_runs(
+    table: pd.DataFrame, failed: dict[str, dict[str, Any]], params: dict[str, dict[str, Any]]
+) -> pd.DataFrame:
+    """The runs' table with an `outcome` column (finished, failed) and the failed runs after the
+    finished ones: their parameters, no metrics, and `failure`, their cause and where."""
+    finished = table.assign(outcome="finished", failure="")
+    rows = [
+        {
+            "run_id": run_id,
+            **{key: cell(value) for key, value in params[run_id].items()},
+            "outcome": "failed",
+            "failure": failure_line(run_id, failure).split(" failed: ", 1)[1],
+        }
+        for run_id, failure in failed.items()
+    ]
+    return pd.concat([finished, pd.DataFrame(rows)], ignore_index=True) if rows else finished
 
 
 def summarize(runs: dict[str, dict[str, Path]]) -> pd.DataFrame:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 from scratchflow import accounting, aggregation, halving, report, signals, slurm_job, tracking
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
+from scratchflow.failures import FinalFailure, failed_runs, failure_line
 from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.lease import RunFolder, Superseded
-from scratchflow.ledger import PieceRecord
+from scratchflow.ledger import FAILED, FINISHED, PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import TrainingStopped, finished, run_piece
 from scratchflow.piece_spec import Paused, PieceSpec, Shape, Staging
-from scratchflow.plan import REPLICATE_KEY, RUN_PATHS
+from scratchflow.plan import FAILURE_NOTE, REPLICATE_KEY, RUN_PATHS, Plan
 from scratchflow.provenance import code_record
 from scratchflow.record import environment_record, output_to_log, plain
 from scratchflow.schedule import CheckpointInterval
@@ -194,6 +196,11 @@ def train_job(job: TrainJob) -> None:
     store = CheckpointStore(RunFolder(job.shared_folder), task.CHECKPOINT_MARKER, job.checkpointing["keep"])
     spec = piece_spec(job, store, data["sha256"])
     outcome, run_folder = run_piece(spec)
+    if isinstance(outcome, FinalFailure):
+        if isinstance(job.ends_with, halving.Rung):  # a search's rungs know no failed runs: retried
+            raise RunFailed(f"{outcome.cause} (at {outcome.where or 'no line of the task named'})")
+        record_failed_run(job, outcome, spec.ledger.pieces(), data, code, run_folder, job.ends_with)
+        return
     trained = finished(outcome)
     pieces = spec.ledger.pieces()
     if isinstance(job.ends_with, halving.Rung):
@@ -213,6 +220,54 @@ def train_job(job: TrainJob) -> None:
         publication.write_json(job.identity["training"], job.ends_with.params)
         publication.write_json(plain(record), job.ends_with.record)
     log.info("run %s trained; phases (s): %s", job.run_id, pieces[-1].timings_seconds)
+
+
+class RunFailed(RuntimeError):
+    """A rung's piece failed in a way a retry cannot fix: its job fails (a search retries it)."""
+
+
+# In a failed run's model folder: what happened to the model, for whoever opens the folder.
+FAILED_NOTE = "FAILED.txt"
+
+
+def record_failed_run(
+    job: TrainJob,
+    failure: FinalFailure,
+    pieces: list[PieceRecord],
+    data: dict[str, Any],
+    code: dict[str, Any],
+    run_folder: RunFolder,
+    outputs: RunOutputs,
+) -> None:
+    """The outputs of a run whose task failed in a way a retry cannot fix: its record says `failed`,
+    why and where, its model folder holds a note, and the job succeeds (no retry, no further job for
+    the run; the comparison names it). The failure is also noted beside them (scratchflow.plan,
+    FAILURE_NOTE), which stays: the next run of the workflow trains it again."""
+    ended = pieces[-1]
+    said = {"cause": failure.cause, "where": failure.where, "piece": ended.piece, "step": ended.reached_step}
+    record = RunRecord(
+        *(job.run_id, job.task, job.identity, job.resolved_config, data, {}, pieces),
+        seed=job.identity["training"].get("seed"),
+        threads=job.threads,
+        timings_seconds=phases_of_all_pieces(pieces),
+        environment=environment_record(job.workflow_dir),
+        code=code,
+        outcome=FAILED,
+        failure=said,
+    )
+    with run_folder.publishing() as publication:
+        publication.write_text(f"no model: the run failed: {failure.cause}\n", outputs.model / FAILED_NOTE)
+        note = FAILURE_NOTE.format(run_id=job.run_id, number=len(Plan.failure_notes(job.run_id)) + 1)
+        publication.write_json({**said, "at": time.time()}, Path(note))
+        publication.write_json(job.identity["training"], outputs.params)
+        publication.write_json(plain(record), outputs.record)
+    print(
+        f"scratchflow: run {job.run_id} failed, and a retry cannot fix it: {failure.cause}"
+        f"{f' ({failure.where})' if failure.where else ''}; not retried, the rest of the grid goes on. After a "
+        f"fix, the same command trains it again. Its log: {job.log.resolve()}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> PieceSpec:
@@ -258,6 +313,8 @@ class RunRecord:
     timings_seconds: dict[str, float]  # each phase summed over the pieces
     environment: dict[str, Any]
     code: dict[str, Any]
+    outcome: str = FINISHED  # or FAILED: the task failed in a way a retry cannot fix
+    failure: dict[str, Any] | None = None  # failed: cause, where (file:line), piece, step
 
 
 def write_hparams_view(runs: pd.DataFrame, parameters: list[str], metrics: list[str]) -> None:
@@ -320,10 +377,16 @@ class PredictJob:
     curves_out: Path  # beside the run's tensorboard folder
     predictions_out: Path | None  # for tasks that write predictions
     tracking: str  # config key tracking
+    train_record: Path  # the run's record.json: a failed run has no model to predict with
 
 
 def predict_job(job: PredictJob) -> None:
-    """Stage the data and the trained model in, predict, sync predictions and metrics back."""
+    """Stage the data and the trained model in, predict, sync predictions and metrics back. A run
+    that failed has no model: its outputs say so, at once (`no_prediction`)."""
+    failure = read_json(job.train_record).get("failure")
+    if failure is not None:
+        no_prediction(job, failure)
+        return
     task = load_task(job.task)
     switch_hub_off()
     timer = PhaseTimer()
@@ -368,6 +431,21 @@ def predict_job(job: PredictJob) -> None:
     log.info("run %s: test metrics %s", job.run_id, aggregation.numbers(predicted.metrics))
 
 
+def no_prediction(job: PredictJob, failure: dict[str, Any]) -> None:
+    """A failed run's predict outputs: no metrics, no predictions (an empty file), the curves it
+    trained before it failed, and a record that says why."""
+    write_json_atomically({}, job.metrics_out)
+    if job.predictions_out is not None:
+        with written_whole(job.predictions_out) as partial:
+            partial.write_text("")
+    curves = tracking.read_curves(Path(RUN_PATHS.of(job.run_id).tensorboard))
+    tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id} (failed)")
+    write_json_atomically(
+        {"run_id": job.run_id, "outcome": FAILED, "threads": job.threads, "timings_seconds": {}}, job.record_out
+    )
+    log.info("run %s failed (%s): nothing to predict with", job.run_id, failure["cause"])
+
+
 def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.Curves, metrics: dict) -> None:
     """The W&B offline run `<run_id>`: the run's parameters, its curves as TensorBoard holds them
     (joined across pieces, repeated steps dropped) and its test metrics as the run's summary."""
@@ -406,15 +484,20 @@ def aggregate_job(
     """The grid's tables (per setting, per run; as TSV, and as one sortable page with the runs'
     provenance), with what each run and setting cost (scratchflow.accounting), its best setting and
     run, and its figures. A halving search's: the runs of its last rung, and also every run's
-    validation metric and cost at each rung, in a table and a figure, and in runs.tsv."""
-    table = aggregation.summarize(runs)
+    validation metric and cost at each rung, in a table and a figure, and in runs.tsv. The comparison
+    is of the runs that finished; those that failed are named, in runs.tsv (outcome, failure) and
+    on the page, and counted in the cost."""
+    records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
+    failed = failed_runs(records)
+    if len(failed) == len(runs):
+        raise aggregation.NothingToCompare(failed)
+    table = aggregation.summarize({run_id: files for run_id, files in runs.items() if run_id not in failed})
     aggregation.check_metric(table, metric)
     settings = aggregation.by_setting(table)
     chosen = aggregation.best(table, settings, metric, goal)
     ascending = goal == "min"  # the tables list the best first
     settings = settings.sort_values(f"{metric}_mean", ascending=ascending)
     table = table.sort_values(metric, ascending=ascending)
-    records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
     search = halving_search
     cost = grid_cost_of(runs, records, search.rung_records if search else [], len(search.decisions) if search else None)
     trained_by = aggregation.trained_by_table(records)  # columns only where the runs differ
@@ -422,14 +505,18 @@ def aggregate_job(
     settings_written = settings_written.merge(aggregation.setting_trained_by(settings, trained_by), on="run_ids")
     with written_whole(summary_out) as partial:
         settings_written.to_csv(partial, sep="\t", index=False)
-    runs_written = table.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
+    runs_written = aggregation.with_failed_runs(
+        table, failed, {run_id: read_json(runs[run_id]["params"]) for run_id in failed}
+    )
+    runs_written = runs_written.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
     runs_written = runs_written.merge(trained_by, on="run_id", how="left")
     if search:
         runs_written = with_rungs(search, runs_written, table, records, cost, metric, goal)
     with written_whole(runs_out) as partial:
         runs_written.to_csv(partial, sep="\t", index=False)
     log.info("the grid cost %s", cost.line())
-    write_hparams_view(runs_written, [*aggregation.setting_columns(table), REPLICATE_KEY], table.attrs["metrics"])
+    finished = runs_written[runs_written["outcome"] == FINISHED]
+    write_hparams_view(finished, [*aggregation.setting_columns(table), REPLICATE_KEY], table.attrs["metrics"])
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
     plot_best_curves(table, metric, chosen["run"]["run_id"], curves_out)
@@ -442,6 +529,8 @@ def aggregate_job(
         *(len(table), len(settings), metric, goal, setting["mean"], setting["std"], setting["runs"]),
         *(setting["parameters"], chosen["run"]["run_id"], chosen["run"]["value"]),
     )
+    for run_id, failure in failed.items():
+        log.warning("not compared: %s", failure_line(run_id, failure))
 
 
 def with_rungs(

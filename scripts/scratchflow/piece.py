@@ -6,8 +6,9 @@ scratch folder and the stop file; verifies the newest checkpoint (scratchflow.ch
 the node (scratchflow.training_process.prepare_node: stage the data in, then restore the newest
 checkpoint); trains (scratchflow.distributed.train: in this process, or in the processes it
 launches); and syncs the trained model back. It returns how the piece ended, a `PieceOutcome`:
-`Trained`, or `Paused` (the stop signal, the phase it came in, the step the next piece resumes
-from), recorded as such in the ledger; the job ends a paused piece with `finished`, whose
+`Trained`, `Paused` (the stop signal, the phase it came in, the step the next piece resumes
+from), or `FinalFailure` (the task failed in a way a retry cannot fix: scratchflow.failures),
+recorded as such in the ledger; the job ends a paused piece with `finished`, whose
 TrainingStopped gives the job its exit status (scratchflow.jobs.job_context). A piece that finds a
 newer one holding the run raises `Superseded` from the gate as it was about to write, wherever it
 is, and ends.
@@ -23,15 +24,16 @@ from pathlib import Path
 
 from scratchflow import distributed, signals, slurm_job
 from scratchflow.checkpoints import step_of
+from scratchflow.failures import FinalFailure, final_failure
 from scratchflow.files import read_json
 from scratchflow.lease import RunFolder, RunLease
-from scratchflow.ledger import PAUSED, PieceRecord
+from scratchflow.ledger import FAILED, PAUSED, PieceRecord
 from scratchflow.piece_spec import Paused, PieceSpec, ranks_by_node
 from scratchflow.record import keep_piece_log, typed
 from scratchflow.schedule import CheckpointCost
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import scratch_directory
-from scratchflow.tasks import Trained
+from scratchflow.tasks import Trained, loaded_file
 from scratchflow.timing import PhaseTimer
 from scratchflow.training_process import CHECKPOINT_COSTS_FILE, PieceOutcome, prepare_node
 
@@ -54,7 +56,7 @@ def finished(outcome: PieceOutcome) -> Trained:
     return outcome
 
 
-def run_piece(spec: PieceSpec) -> tuple[PieceOutcome, RunFolder]:
+def run_piece(spec: PieceSpec) -> tuple[PieceOutcome | FinalFailure, RunFolder]:
     """One job's piece of the run, in order: hold the run and its entry in the ledger, a scratch
     folder and the stop file (a stop before the piece listens, or after, is not lost); verify the
     newest checkpoint and that the next fits; prepare the node; train; sync the model back.
@@ -66,7 +68,7 @@ def run_piece(spec: PieceSpec) -> tuple[PieceOutcome, RunFolder]:
         return _held_piece(spec.holding(run_folder), timer), run_folder
 
 
-def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome:
+def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome | FinalFailure:
     scratch_root = spec.staging.scratch_root if spec.staging else None
     with (
         spec.ledger.piece(spec.store, spec.pieces_limit) as entry,
@@ -79,12 +81,13 @@ def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome:
         if isinstance(node, Paused):
             return _ended(spec, entry, node, piece_log)
         spec.store.check_scratch_space(scratch, spec.store.newest(), spec.model)
+        outcome: PieceOutcome | FinalFailure
         try:
             with timer.phase("train"):
                 outcome = distributed.train(node)
-        except Exception:
+        except Exception as error:
             spec.run_folder.look()  # a process superseded ends the others with it: said as such
-            raise
+            outcome = _final_failure(spec, entry, error)
         finally:
             entry.checkpoints = checkpoint_costs(scratch)
         if isinstance(outcome, Trained) and spec.model_out is not None:
@@ -121,6 +124,20 @@ def _begin(spec: PieceSpec, entry: PieceRecord, scratch: Path, timer: PhaseTimer
     return piece_log
 
 
+def _final_failure(spec: PieceSpec, entry: PieceRecord, error: Exception) -> FinalFailure:
+    """`error`, which ended the training, as a failure a retry cannot fix (its traceback in the
+    log); raised again where a retry may fix it (scratchflow.failures)."""
+    before = [piece.outcome for piece in spec.ledger.pieces() if piece.piece == entry.piece - 1]
+    failed = final_failure(error, loaded_file(spec.task), before[0] if before else None)
+    if failed is None:
+        raise error
+    told = getattr(error, "traceback_says_nothing", False)  # a lab program's: its output says it
+    log.error("the task failed, and a retry cannot fix it: %s", failed.cause, exc_info=None if told else error)
+    if told:
+        log.error("%s", error)
+    return failed
+
+
 def checkpoint_costs(scratch: Path) -> list[CheckpointCost]:
     """What each checkpoint the piece published cost, as its first process kept it on scratch."""
     costs = scratch / CHECKPOINT_COSTS_FILE
@@ -140,12 +157,17 @@ def _terminated_while_syncing(scratch: Path, trained: Trained) -> PieceOutcome:
     return trained
 
 
-def _ended(spec: PieceSpec, entry: PieceRecord, outcome: PieceOutcome, piece_log: Path | None) -> PieceOutcome:
+def _ended(
+    spec: PieceSpec, entry: PieceRecord, outcome: PieceOutcome | FinalFailure, piece_log: Path | None
+) -> PieceOutcome | FinalFailure:
     """How the piece ended, in its entry; a pause names the piece's log and, where Slurm is
     preempting the job or the stop was its wall-time warning, requeues it (scratchflow.slurm_job),
     unless the next piece would be one more than cluster.max_pieces allows."""
     if isinstance(outcome, Trained):
         entry.reached_step = outcome.metrics.get("global_steps")
+        return outcome
+    if isinstance(outcome, FinalFailure):
+        entry.outcome, entry.cause, entry.where = FAILED, outcome.cause, outcome.where
         return outcome
     entry.outcome, entry.signal, entry.phase, entry.reached_step = (
         PAUSED,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,11 @@ class RunPaths:
 
 
 RUN_PATHS = RunPaths()
+# Beside a run's record: a note for each time its task failed in a way a retry cannot fix
+# (scratchflow.failures), numbered from 1 and kept. The newest is an input of the run's train job
+# (`newest_failure`): a new one makes Snakemake train the run again, once.
+FAILURE_NOTE = "results/runs/{run_id}/failed-{number}.json"
+FAILURE_NOTE_NAME = re.compile(r"failed-(\d+)\.json")
 MANIFEST = "archives/{dataset}.manifest.json"
 # A halving search's rungs: what a run's rung job writes (its validation metrics at the rung's
 # epochs), and the decision after each rung but the last (the runs that go on).
@@ -186,6 +193,18 @@ class Plan:
         if last_rung is None:  # a grid
             return {}
         return {"last_rung": RUNG_RECORD.format(run_id="{run_id}", rung=last_rung - 1)}
+
+    @staticmethod
+    def failure_notes(run_id: str) -> list[Path]:
+        """The run's failure notes, oldest first (one listing of its results folder)."""
+        folder = Path(RUN_PATHS.of(run_id).record).parent
+        try:
+            names = [
+                (int(found[1]), name) for name in os.listdir(folder) if (found := FAILURE_NOTE_NAME.fullmatch(name))
+            ]
+        except FileNotFoundError:
+            return []
+        return [folder / name for _number, name in sorted(names)]
 
     @staticmethod
     def predict_outputs(writes_predictions: bool) -> dict[str, str]:

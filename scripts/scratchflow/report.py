@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from scratchflow.accounting import GridCost, described
+from scratchflow.failures import failed_runs, failure_line
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import written_whole
 from scratchflow.ledger import SUPERSEDED
@@ -139,12 +140,14 @@ def write_summary_page(
     path: Path,
     workdir: Path = Path(),
 ) -> None:
-    """The settings and runs tables (best first, sortable by any column, with what each cost), the
-    best setting and run, what the grid cost, and the runs' provenance (`records`, by run id), with
-    where they differ in what trained them (their task's code against it as it is now in
-    `workdir`, the grid's directory), in one HTML file with no outside resources."""
+    """The runs that failed, named with why; the settings and runs tables (best first, sortable by
+    any column, with what each cost), the best setting and run, what the grid cost, and the runs'
+    provenance (`records`, by run id), with where they differ in what trained them (their task's
+    code against it as it is now in `workdir`, the grid's directory), in one HTML file with no
+    outside resources."""
     metric, goal = chosen["metric"], chosen["goal"]
     setting, run = chosen["setting"], chosen["run"]
+    failed = failed_runs(records)
     facts = "".join(
         f'<tr><th scope="row">{html.escape(name)}</th><td class="text">{html.escape(value)}</td></tr>'
         for name, value in provenance(list(records.values())).items()
@@ -156,7 +159,8 @@ def write_summary_page(
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>scratchflow: the grid</title><style>{STYLE}</style></head>
 <body>
-<h1>{len(runs)} runs in {len(settings)} settings</h1>
+<h1>{len(runs) - len(failed)} runs in {len(settings)} settings</h1>
+{failed_paragraph(failed)}
 <p>Best setting by its mean test {html.escape(metric)} ({"highest" if goal == "max" else "lowest"}):
 <b>{html.escape(parameters)}</b>, {setting["mean"]:.4f}
 {f"± {setting['std']:.4f} " if setting["std"] is not None else ""}over {setting["runs"]} run(s).
@@ -176,6 +180,18 @@ An empty cost cell: a figure this site does not record.{superseded_sentence(reco
 """
     with written_whole(path) as partial:
         partial.write_text(page)
+
+
+def failed_paragraph(failed: dict[str, dict[str, Any]]) -> str:
+    """The runs that failed in a way a retry cannot fix, each with why and where; empty if none."""
+    if not failed:
+        return ""
+    items = "".join(f"<li>{html.escape(failure_line(run_id, failure))}</li>" for run_id, failure in failed.items())
+    return (
+        f'<div id="failed"><p><b>{len(failed)} run(s) failed</b> and are left out of the comparison (listed '
+        "last in the runs table); after a fix, the same command trains them again:</p>"
+        f"<ul>{items}</ul></div>"
+    )
 
 
 def superseded_sentence(records: dict[str, dict[str, Any]]) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 from scratchflow.accounting import grid_cost
 from scratchflow.checkpoints import CheckpointStore, checkpoint_damage, step_of
+from scratchflow.failures import failure_line
 from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, RunFolder, holder_is_alive
 from scratchflow.ledger import (
     INTERRUPTED,
@@ -107,6 +108,12 @@ def _read(path: Path) -> Any:
         return None
 
 
+def _read_failure(record: Path) -> dict[str, Any] | None:
+    """A run's failure, where its record says it failed in a way a retry cannot fix."""
+    said = _read(record)
+    return said.get("failure") if said else None
+
+
 def _newest_checkpoint(store: CheckpointStore) -> tuple[int, float] | None:
     """The step of the run's newest complete checkpoint and when it was saved (when its marker was
     written, last)."""
@@ -147,8 +154,16 @@ def run_status(
         if halving is not None:
             return halving
     metrics = _read(workdir / paths.metrics)
+    value = metrics.get(plan.metric) if metrics else None
+    if value is None and (run_failure := _read_failure(workdir / paths.record)):
+        return RunStatus(
+            run_id,
+            "failed",
+            f"{failure_line(run_id, run_failure).split(' failed: ', 1)[1]}; not retried: after a fix, the same "
+            "command trains it again",
+            paths.train_log,
+        )
     if metrics is not None:
-        value = metrics.get(plan.metric)
         shown = f"{value:.4f}" if isinstance(value, int | float) else "not reported"
         return RunStatus(run_id, "finished", f"test {plan.metric} {shown}")
     if (workdir / paths.record).is_file():

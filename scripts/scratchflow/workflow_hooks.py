@@ -45,6 +45,8 @@ from scratchflow.dataset import (
     resolve_location,
     share_package_locations,
 )
+from scratchflow.failures import failed_runs, failure_line
+from scratchflow.files import read_json
 from scratchflow.lease import RunFolder
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
@@ -244,7 +246,7 @@ def warn_of_checkpoint_space(config: dict[str, Any], plan: Plan) -> None:
 def run_hooks_as_a_module(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
     """What the Snakefile's onstart and onsuccess do, when scratchflow is a lab's module."""
     snakemake_adapter.run_module_hooks(
-        workflow, functools.partial(on_start, workflow, config, plan), lambda: print(on_success(config, plan))
+        workflow, functools.partial(on_start, workflow, config, plan), functools.partial(on_success, config, plan)
     )
 
 
@@ -293,20 +295,30 @@ def read_inputs(config: dict[str, Any]) -> list[Path]:
     return paths
 
 
-def on_success(config: dict[str, Any], plan: Plan) -> str:
+def on_success(config: dict[str, Any], plan: Plan) -> None:
     """Release the checkpoints of trained runs (and of a halving search's stopped ones), and say
-    where the results are.
+    where the results are; then, where runs failed in a way a retry cannot fix, which and why, and
+    exit 1 (every other job succeeded).
 
     The checkpoints are deleted here, after the workflow succeeded, not by the train job: until
     Snakemake has seen a job finish, a rerun may delete its outputs as incomplete, and the final
-    checkpoint saves retraining."""
+    checkpoint saves retraining. A failed run's go too: after a fix, it trains from the start."""
     if not config["checkpointing"]["keep_after_training"]:
         stopped = plan.stopped_runs()  # by a halving search: done at their rung
         for run_id in plan.runs:
             paths = plan.paths(run_id)
             if Path(paths.record).is_file() or run_id in stopped:
                 CheckpointStore(RunFolder(Path(paths.checkpoints)), plan.checkpoint_marker).remove_all()
-    return describe_results(plan, config["tracking"])
+    print(describe_results(plan, config["tracking"]))
+    records = {run_id: Path(plan.paths(run_id).record) for run_id in plan.runs}
+    failed = failed_runs({run_id: read_json(path) for run_id, path in records.items() if path.is_file()})
+    if failed:
+        refuse(
+            f"scratchflow: {len(failed)} of {len(plan.runs)} runs failed, each in a way a retry cannot fix "
+            "(not retried, left out of the comparison):\n"
+            + "".join(f"  {failure_line(run_id, failure)}\n" for run_id, failure in failed.items())
+            + "Their logs are in logs/train/. After a fix, the same command trains them again."
+        )
 
 
 def describe_results(plan: Plan, tracking: str) -> str:

@@ -82,6 +82,10 @@ class CommandFailed(RuntimeError):
 
     traceback_says_nothing = True
 
+    def __init__(self, message: str, exit_status: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status  # the program's (negative: the signal that killed it); None: it exited 0
+
 
 # Interpreters whose first argument that is not an option is the script they run, and the options
 # that mean there is no script file (code given inline, or a module) or that take a value.
@@ -255,7 +259,7 @@ def train(context: TrainContext) -> Trained | None:
     if code != 0:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         said = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "nothing")
-        raise CommandFailed(f"the command {argv} {how}, its last line: {said}; its last lines:\n{tail}")
+        raise CommandFailed(f"the command {argv} {how}, its last line: {said}; its last lines:\n{tail}", code)
     read_metrics(expected)
     validation = output_dir / VALIDATION_FILE
     return Trained(
