@@ -37,6 +37,8 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float]:
 class NothingToCompare(RuntimeError):
     """Every run of the grid failed in a way a retry cannot fix: no comparison to make."""
 
+    traceback_says_nothing = True  # its message says it all (scratchflow.jobs.job_context)
+
     def __init__(self, failed: dict[str, dict[str, Any]]) -> None:
         lines = [failure_line(run_id, failure) for run_id, failure in failed.items()]
         super().__init__(

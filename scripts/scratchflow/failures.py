@@ -48,7 +48,7 @@ def final_failure(error: BaseException, task_file: Path | None, last_outcome: st
     if not isinstance(error, Exception):  # a signal's SystemExit, a Ctrl-C
         return None
     name = type(error).__name__
-    cause = f"{name}: {error}".splitlines()[0]
+    cause = f"{name}: {error}".splitlines()[0].removesuffix("; its last lines:")  # a program's tail follows
     exit_status = getattr(error, "exit_status", None)
     if exit_status is not None or getattr(error, "traceback_says_nothing", False):  # a lab program's
         if exit_status is not None and (exit_status < 0 or exit_status in RETRIED_EXIT_STATUSES):

@@ -72,6 +72,9 @@ def job_context(log_path: str, threads: int = 1, ends_its_slurm_job: bool = True
         except Superseded as superseded:  # not an error of this job's: a newer piece trains the run
             log.warning("superseded, not failed: %s", superseded)
             failure = superseded
+        except RunFailed as failed:  # recorded: the job succeeds, so that Snakemake retries nothing
+            log.error("%s", failed)
+            failure = failed
         except BaseException as error:
             # A lab program's failure is told by its own output; scratchflow's frames would only hide it.
             log.error("job failed: %s", describe_failure(error), exc_info=not told_by_itself(error))
@@ -81,6 +84,9 @@ def job_context(log_path: str, threads: int = 1, ends_its_slurm_job: bool = True
                 # A superseded piece's Slurm job id is the newer piece's now: its end is not this one's.
                 if (ends_its_slurm_job or failure is not None) and not isinstance(failure, Superseded):
                     mark_job_end()  # the submitting Snakemake notices at once (snakemake_adapter)
+    if isinstance(failure, RunFailed):
+        print(f"scratchflow: {failure}", file=sys.stderr, flush=True)
+        return
     if isinstance(failure, Superseded):
         print(f"scratchflow: superseded, not failed: {failure}", file=sys.stderr, flush=True)
         # Seeing its script fail, the job's own Snakemake would remove the rule's outputs: the newer piece's.
@@ -198,9 +204,13 @@ def train_job(job: TrainJob) -> None:
     outcome, run_folder = run_piece(spec)
     if isinstance(outcome, FinalFailure):
         if isinstance(job.ends_with, halving.Rung):  # a search's rungs know no failed runs: retried
-            raise RunFailed(f"{outcome.cause} (at {outcome.where or 'no line of the task named'})")
+            raise RuntimeError(f"{outcome.cause}{f' (at {outcome.where})' if outcome.where else ''}")
         record_failed_run(job, outcome, spec.ledger.pieces(), data, code, run_folder, job.ends_with)
-        return
+        raise RunFailed(
+            f"run {job.run_id} failed, and a retry cannot fix it: {outcome.cause}"
+            f"{f' (at {outcome.where})' if outcome.where else ''}; not retried, the rest of the grid goes on. "
+            f"After a fix, the same command trains it again. Its log: {job.log.resolve()}"
+        )
     trained = finished(outcome)
     pieces = spec.ledger.pieces()
     if isinstance(job.ends_with, halving.Rung):
@@ -222,8 +232,9 @@ def train_job(job: TrainJob) -> None:
     log.info("run %s trained; phases (s): %s", job.run_id, pieces[-1].timings_seconds)
 
 
-class RunFailed(RuntimeError):
-    """A rung's piece failed in a way a retry cannot fix: its job fails (a search retries it)."""
+class RunFailed(Exception):
+    """A run that failed in a way a retry cannot fix, its outputs written to say so: its job ends
+    with this, which `job_context` tells on the console, and succeeds (Snakemake retries nothing)."""
 
 
 # In a failed run's model folder: what happened to the model, for whoever opens the folder.
@@ -261,13 +272,6 @@ def record_failed_run(
         publication.write_json({**said, "at": time.time()}, Path(note))
         publication.write_json(job.identity["training"], outputs.params)
         publication.write_json(plain(record), outputs.record)
-    print(
-        f"scratchflow: run {job.run_id} failed, and a retry cannot fix it: {failure.cause}"
-        f"{f' ({failure.where})' if failure.where else ''}; not retried, the rest of the grid goes on. After a "
-        f"fix, the same command trains it again. Its log: {job.log.resolve()}",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> PieceSpec:
@@ -441,7 +445,14 @@ def no_prediction(job: PredictJob, failure: dict[str, Any]) -> None:
     curves = tracking.read_curves(Path(RUN_PATHS.of(job.run_id).tensorboard))
     tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id} (failed)")
     write_json_atomically(
-        {"run_id": job.run_id, "outcome": FAILED, "threads": job.threads, "timings_seconds": {}}, job.record_out
+        {
+            "run_id": job.run_id,
+            "outcome": FAILED,
+            "threads": job.threads,
+            "timings_seconds": {},
+            "environment": environment_record(job.workflow_dir),
+        },
+        job.record_out,
     )
     log.info("run %s failed (%s): nothing to predict with", job.run_id, failure["cause"])
 
