@@ -128,6 +128,7 @@ def job_process(spec_path: Path) -> None:
                     curves_out=runs / "curves.png",
                     predictions_out=runs / "predictions.csv",
                     tracking="tensorboard",
+                    train_record=runs / "record.json",
                 )
             )
         except TrainingStopped as stopped:
