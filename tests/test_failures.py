@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import errno
+import json
 import sys
 from pathlib import Path
 
 import pytest
-from scratchflow.failures import FinalFailure, final_failure, where_in_output
+from scratchflow.failures import (
+    DIVERGED,
+    FAILED,
+    Diverged,
+    FinalFailure,
+    final_failure,
+    unfinished_line,
+    unfinished_runs,
+    where_in_output,
+)
 from scratchflow.files import NoSpace
 from scratchflow.tasks.command import CommandFailed
 
@@ -27,7 +37,7 @@ def raised_in(task_file: Path, source: str) -> Exception:
 def test_a_tasks_own_error_is_final_and_names_the_tasks_line(tmp_path):
     task = tmp_path / "lab_task.py"
     error = raised_in(task, "def train():\n    shapes = {}\n    return shapes['hidden']\n")
-    assert final_failure(error, task, None) == FinalFailure("KeyError: 'hidden'", f"{task}:3")
+    assert final_failure(error, task, None) == FinalFailure("KeyError: 'hidden'", f"{task}:3 (in train)")
 
 
 @pytest.mark.parametrize(
@@ -65,7 +75,41 @@ def test_a_lab_programs_own_error_is_final_and_names_the_line_its_traceback_ends
     )
     said = "the command ['python', 'train.py'] exited with 1, its last line: RuntimeError: mat1 and mat2 shapes"
     failed = CommandFailed(f"{said}; its last lines:\n{output}", 1)
-    assert final_failure(failed, None, None) == FinalFailure(f"CommandFailed: {said}", f"{tmp_path}/train.py:12")
+    assert final_failure(failed, None, None) == FinalFailure(
+        f"CommandFailed: {said}", f"{tmp_path}/train.py:12 (in main)"
+    )
     silent = CommandFailed("metrics.json is missing: the command must write metrics.json into $SCRATCHFLOW_OUTPUT_DIR")
     assert final_failure(silent, None, None) == FinalFailure(f"CommandFailed: {silent}", None)
     assert where_in_output("no traceback at all") is None
+
+
+def test_a_divergence_is_final_a_result_at_its_step_and_said_in_one_line():
+    diverged = final_failure(Diverged(33, "its weights became NaN or infinite"), None, None)
+    assert diverged == FinalFailure("diverged at step 33: its weights became NaN or infinite", None, DIVERGED, 33)
+    said = {"cause": diverged.cause, "where": None, "piece": 2, "step": 33}
+    assert (
+        unfinished_line("abc", DIVERGED, said)
+        == "run abc diverged at step 33: its weights became NaN or infinite (piece 2)"
+    )
+    failed = {"cause": "KeyError: 'hidden'", "where": "task.py:3 (in train)", "piece": 1, "step": 20}
+    assert (
+        unfinished_line("abc", FAILED, failed)
+        == "run abc failed: KeyError: 'hidden' at task.py:3 (in train) (piece 1, step 20)"
+    )
+    records = {"a": {"outcome": "finished"}, "b": {"outcome": FAILED, "failure": failed}, "c": {"divergence": said}}
+    assert unfinished_runs(records) == {"c": (DIVERGED, said), "b": (FAILED, failed)}, "diverged first"
+
+
+def test_a_programs_loss_that_is_not_finite_ends_it_as_diverged(tmp_path, monkeypatch):
+    from scratchflow import program
+
+    monkeypatch.setenv("SCRATCHFLOW_RUN_ID", "abc")
+    monkeypatch.setenv("SCRATCHFLOW_OUTPUT_DIR", str(tmp_path))
+    program.end_if_diverged(2.5, 10)
+    with pytest.raises(SystemExit) as ended:
+        program.end_if_diverged(float("nan"), 11)
+    assert ended.value.code == 0
+    assert json.loads((tmp_path / program.DIVERGED_FILE).read_text()) == {"step": 11, "detail": "the loss became nan"}
+    monkeypatch.delenv("SCRATCHFLOW_RUN_ID")
+    with pytest.raises(SystemExit, match="diverged at step 12: the loss became inf"):
+        program.end_if_diverged(float("inf"), 12)

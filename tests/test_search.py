@@ -281,3 +281,25 @@ def test_a_halving_search_goes_on_with_the_best_and_its_last_rung_ends_as_a_dire
     assert same_results(search_dir, tmp_path) == [], "weights, test metrics and predictions, byte for byte"
     run_workflow(search_dir, "--report", str(tmp_path / "report.html"))
     assert "results/search/rungs.png" in (tmp_path / "report.html").read_text(), "the report shows the rungs"
+
+
+def test_a_run_that_diverged_in_a_rung_is_its_worst_whatever_the_goal_and_named_in_the_decision(tmp_path):
+    from scratchflow.halving import promote_job
+
+    for goal, values in (("max", {"a": 0.2, "b": 0.9, "c": 0.5}), ("min", {"a": 0.9, "b": 0.1, "c": 0.5})):
+        records = []
+        for run_id, value in values.items():
+            record = {"run_id": run_id, "params": {"learning_rate": 1.0}, "validation": {"accuracy": value}}
+            if run_id == "b":  # the best value, but its training diverged
+                record.update(validation={}, divergence={"cause": "diverged at step 7: …", "piece": 1, "step": 7})
+            records.append(tmp_path / f"{goal}-{run_id}.json")
+            records[-1].write_text(json.dumps(record))
+        decision = tmp_path / f"{goal}-decision.json"
+        settings = {run_id: [run_id] for run_id in values}
+        promote_job(
+            rung=0, epochs=1, records=records, settings=settings, metric="accuracy", goal=goal, keep=0.67,
+            decision_out=decision,
+        )  # fmt: skip
+        decided = json.loads(decision.read_text())
+        assert decided["promoted"] == ["a", "c"] and list(decided["diverged"]) == ["b"], "b ranked last"
+        assert decided["ranking"][-1] == {"runs": ["b"], "value": None, "promoted": False}

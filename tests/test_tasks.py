@@ -152,7 +152,9 @@ def test_a_command_that_raises_fails_its_run_once_telling_the_tail_of_its_output
     assert "scratchflow/" not in "".join(re.findall(r'File "[^"]+"', log)), "the program's frames, none of ours"
     (record,) = tmp_path.glob("results/runs/*/record.json")
     failure = json.loads(record.read_text())["failure"]
-    assert failure["where"] == f"{script}:3" and failure["cause"].startswith("CommandFailed: the command ['python'")
+    assert failure["where"] == f"{script}:3 (in <module>)" and failure["cause"].startswith(
+        "CommandFailed: the command ['python'"
+    )
     assert f"a retry cannot fix it: CommandFailed: the command ['python', '{script}'] exited with 1" in result.stdout
     assert "every run failed, none to compare" in result.stdout
     assert list((tmp_path / "scratch").iterdir()) == []

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from scratchflow.accounting import Cost
-from scratchflow.failures import failure_line
+from scratchflow.failures import unfinished_line
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json
 from scratchflow.plan import REPLICATE_KEY
@@ -35,32 +35,33 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class NothingToCompare(RuntimeError):
-    """Every run of the grid failed in a way a retry cannot fix: no comparison to make."""
+    """Every run of the grid failed in a way a retry cannot fix, or diverged: nothing to compare."""
 
     traceback_says_nothing = True  # its message says it all (scratchflow.jobs.job_context)
 
-    def __init__(self, failed: dict[str, dict[str, Any]]) -> None:
-        lines = [failure_line(run_id, failure) for run_id, failure in failed.items()]
+    def __init__(self, unfinished: dict[str, tuple[str, dict[str, Any]]]) -> None:
+        lines = [unfinished_line(run_id, outcome, said) for run_id, (outcome, said) in unfinished.items()]
         super().__init__(
-            "every run failed, none to compare; fix the task, then run the same command: it trains them "
-            "again.\n  " + "\n  ".join(lines)
+            "no run finished, none to compare; fix what failed (or change what diverged), then run the same "
+            "command: it trains the failed runs again.\n  " + "\n  ".join(lines)
         )
 
 
-def with_failed_runs(
-    table: pd.DataFrame, failed: dict[str, dict[str, Any]], params: dict[str, dict[str, Any]]
+def with_unfinished_runs(
+    table: pd.DataFrame, unfinished: dict[str, tuple[str, dict[str, Any]]], params: dict[str, dict[str, Any]]
 ) -> pd.DataFrame:
-    """The runs' table with an `outcome` column (finished, failed) and the failed runs after the
-    finished ones: their parameters, no metrics, and `failure`, their cause and where."""
-    finished = table.assign(outcome="finished", failure="")
+    """The runs' table with `outcome` (finished, diverged, failed) and `detail`, and the runs that
+    did not finish after those that did, ranked last: their parameters, no metrics, and in `detail`
+    why (the cause, where in the lab's code, the piece and the step)."""
+    finished = table.assign(outcome="finished", detail="")
     rows = [
         {
             "run_id": run_id,
             **{key: cell(value) for key, value in params[run_id].items()},
-            "outcome": "failed",
-            "failure": failure_line(run_id, failure).split(" failed: ", 1)[1],
+            "outcome": outcome,
+            "detail": unfinished_line(run_id, outcome, said).removeprefix(f"run {run_id} {outcome}").lstrip(": "),
         }
-        for run_id, failure in failed.items()
+        for run_id, (outcome, said) in unfinished.items()
     ]
     return pd.concat([finished, pd.DataFrame(rows)], ignore_index=True) if rows else finished
 

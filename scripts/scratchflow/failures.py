@@ -29,16 +29,33 @@ RETRIED_EXIT_STATUSES = frozenset(range(130, 146)) | {104}
 RETRIED_ERRORS = ("OSError", "MemoryError")
 OUT_OF_MEMORY = "OutOfMemoryError"  # torch.cuda's: a second one in a row is not retried
 # A Python traceback's frame line, in a program's output.
-FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)', re.MULTILINE)
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)', re.MULTILINE)
+
+
+# How a run that did not finish ended: its record's `outcome` (else "finished").
+FAILED = "failed"  # its task failed in a way a retry cannot fix; the same command trains it again
+DIVERGED = "diverged"  # its loss became NaN or infinite: a result (that setting diverges), ranked last
+
+
+class Diverged(Exception):
+    """Raised by a task whose training diverged (its loss, or its weights, became NaN or infinite)
+    at `step`, with no checkpoint saved after it: the run ends `diverged`, a result ranked last in
+    the comparison and the worst of a halving search's rung, not retried. `detail`: what diverged."""
+
+    def __init__(self, step: int | None, detail: str) -> None:
+        super().__init__(f"at step {step}: {detail}")
+        self.step, self.detail = step, detail
 
 
 @dataclass(frozen=True)
 class FinalFailure:
     """A failure a retry cannot fix: its cause in one line, and the file and line of the lab's code
-    it came from (None where no traceback says)."""
+    it came from (None where no traceback says); or a divergence (`outcome` DIVERGED, at `step`)."""
 
     cause: str
     where: str | None
+    outcome: str = FAILED
+    step: int | None = None
 
 
 def final_failure(error: BaseException, task_file: Path | None, last_outcome: str | None) -> FinalFailure | None:
@@ -47,6 +64,8 @@ def final_failure(error: BaseException, task_file: Path | None, last_outcome: st
     are where the error came from; `last_outcome`: how the run's piece before this one ended."""
     if not isinstance(error, Exception):  # a signal's SystemExit, a Ctrl-C
         return None
+    if isinstance(error, Diverged):
+        return FinalFailure(f"diverged {error}", None, DIVERGED, error.step)
     name = type(error).__name__
     cause = f"{name}: {error}".splitlines()[0].removesuffix("; its last lines:")  # a program's tail follows
     exit_status = getattr(error, "exit_status", None)
@@ -60,37 +79,48 @@ def final_failure(error: BaseException, task_file: Path | None, last_outcome: st
         return None
     if name == OUT_OF_MEMORY and not (last_outcome or "").startswith(f"{OUT_OF_MEMORY}:"):
         return None
-    return FinalFailure(cause, where_in_traceback(error, task_file))
+    return FinalFailure(cause, raised_at(error, task_file))
 
 
-def where_in_traceback(error: BaseException, task_file: Path | None) -> str | None:
-    """The innermost frame of `error`'s traceback in `task_file`, else the innermost outside
-    scratchflow and the installed packages: "<file>:<line>"."""
+def raised_at(error: BaseException, module_file: Path | None) -> str | None:
+    """Where `error` was raised, as file:line (in function): the innermost place in the task's module
+    (`module_file`), else the innermost outside scratchflow and the installed packages, else the
+    innermost of all; None where Python says nowhere."""
     frames = traceback.extract_tb(error.__traceback__)
     own = Path(__file__).parent
-    chosen = [frame for frame in frames if task_file and Path(frame.filename) == task_file] or [
+    inside = [frame for frame in frames if module_file and Path(frame.filename).resolve() == module_file.resolve()]
+    labs = [
         frame
         for frame in frames
         if not Path(frame.filename).is_relative_to(own)
         and "-packages" not in frame.filename
         and not frame.filename.startswith("<")
     ]
-    return f"{chosen[-1].filename}:{chosen[-1].lineno}" if chosen else None
+    chosen = inside or labs or frames
+    return f"{chosen[-1].filename}:{chosen[-1].lineno} (in {chosen[-1].name})" if chosen else None
 
 
 def where_in_output(output: str) -> str | None:
-    """The innermost frame of the last Python traceback a program printed: "<file>:<line>"."""
+    """Where the last Python traceback a program printed was raised, as `raised_at` says it: its
+    innermost frame outside the installed packages."""
     frames = [match for match in FRAME.finditer(output) if "-packages" not in match["file"]]
-    return f"{frames[-1]['file']}:{frames[-1]['line']}" if frames else None
+    return f"{frames[-1]['file']}:{frames[-1]['line']} (in {frames[-1]['name']})" if frames else None
 
 
-def failed_runs(records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The runs whose record says they failed (in a way a retry cannot fix), with why and where."""
-    return {run_id: record["failure"] for run_id, record in records.items() if record.get("failure")}
+def unfinished_runs(records: dict[str, dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The runs whose record says they failed or diverged: (outcome, its `failure` or `divergence`:
+    cause, where, piece, step), diverged first, each in the order given."""
+    ended = {
+        outcome: {run_id: (outcome, record[key]) for run_id, record in records.items() if record.get(key)}
+        for outcome, key in ((DIVERGED, "divergence"), (FAILED, "failure"))
+    }
+    return {**ended[DIVERGED], **ended[FAILED]}
 
 
-def failure_line(run_id: str, failure: dict[str, Any]) -> str:
-    """A failed run in one line: its cause, where in the lab's code, and the piece and step."""
-    where = f" at {failure['where']}" if failure.get("where") else ""
-    step = f", step {failure['step']}" if failure.get("step") is not None else ""
-    return f"run {run_id} failed: {failure['cause']}{where} (piece {failure['piece']}{step})"
+def unfinished_line(run_id: str, outcome: str, said: dict[str, Any]) -> str:
+    """A run that failed or diverged in one line: its cause, where in the lab's code, the piece and
+    the step."""
+    where = f" at {said['where']}" if said.get("where") else ""
+    step = f", step {said['step']}" if said.get("step") is not None and outcome == FAILED else ""
+    cause = said["cause"] if outcome == FAILED else said["cause"].removeprefix(f"{DIVERGED} ")
+    return f"run {run_id} {outcome}{':' if outcome == FAILED else ''} {cause}{where} (piece {said['piece']}{step})"

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from scratchflow.aggregation import cell
+from scratchflow.failures import FinalFailure
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json, write_json_atomically
 from scratchflow.ledger import PieceRecord
@@ -91,6 +92,8 @@ class RungRecord:
     validation: dict[str, float]  # at the end of the rung's epochs: what the rung's decision ranks
     pieces: list[PieceRecord]  # the run's pieces so far, as record.json lists them
     timings_seconds: dict[str, float]  # this rung's piece's phases
+    # Where its training diverged in the rung (cause, piece, step): the rung's worst, no validation.
+    divergence: dict[str, Any] | None = None
 
 
 def rung_record(
@@ -108,6 +111,18 @@ def rung_record(
     )
 
 
+def diverged_rung_record(
+    run_id: str, params: dict[str, Any], rung: Rung, ended: FinalFailure, pieces: list[PieceRecord]
+) -> RungRecord:
+    """The run's record of a rung in which its training diverged: no validation, and the worst of
+    the rung whatever the metric (`promote_job`)."""
+    return RungRecord(
+        *(run_id, rung.index, rung.budget_epochs, params, ended.step, {}, pieces),
+        timings_seconds=pieces[-1].timings_seconds,
+        divergence={"cause": ended.cause, "piece": pieces[-1].piece, "step": ended.step},
+    )
+
+
 def promote_job(
     *,
     rung: int,
@@ -121,11 +136,16 @@ def promote_job(
 ) -> None:
     """After a rung: rank its settings (`settings`: the whole search's) by the mean validation
     `metric` of their runs in the rung, and name the runs of the best `keep` share, which go on to
-    the next rung (the others stop here)."""
-    values, losses, params = {}, {}, {}
+    the next rung (the others stop here). A run that diverged in the rung ranks as the worst value
+    there is (its setting's mean with it), and is named in the decision's `diverged`."""
+    values, losses, params, diverged = {}, {}, {}, {}
     for path in records:
         record = read_json(path)
         run_id, validation = record["run_id"], record["validation"]
+        params[run_id] = record["params"]
+        if record.get("divergence"):
+            diverged[run_id] = record["divergence"]
+            continue
         name = validation_name(metric, validation)
         if name is None:
             raise ValueError(
@@ -135,11 +155,14 @@ def promote_job(
         values[run_id] = validation[name]
         if "loss" in validation:
             losses[run_id] = validation["loss"]
-        params[run_id] = record["params"]
-    in_rung = {label: [run_id for run_id in run_ids if run_id in values] for label, run_ids in settings.items()}
+    worst = math.inf if goal == "min" else -math.inf
+    ranked = {**values, **dict.fromkeys(diverged, worst)}
+    in_rung = {label: [run_id for run_id in run_ids if run_id in ranked] for label, run_ids in settings.items()}
     in_rung = {label: ids for label, ids in in_rung.items() if ids}
-    going_on, ranking = promoted(in_rung, values, keep, goal, losses)
-    promoted_runs = [run_id for run_id in values if run_id in going_on]  # in the search's order
+    going_on, ranking = promoted(in_rung, ranked, keep, goal, losses)
+    for entry in ranking:  # JSON has no infinity: a setting with a diverged run has no mean
+        entry["value"] = entry["value"] if math.isfinite(entry["value"]) else None
+    promoted_runs = [run_id for run_id in ranked if run_id in going_on]  # in the search's order
     decision = {
         "rung": rung,
         "epochs": epochs,
@@ -151,6 +174,7 @@ def promote_job(
         "ranking": ranking,
         "params": params,
         "promoted": promoted_runs,
+        "diverged": diverged,
     }
     write_json_atomically(decision, decision_out, sort_keys=False)
     log.info(

@@ -19,6 +19,7 @@ from transformers.utils import is_torch_tf32_available
 
 from scratchflow.checkpoints import step_of
 from scratchflow.classification import TRAINER_CHECKPOINT_MARKER, classification_metrics
+from scratchflow.failures import Diverged
 from scratchflow.tasks import TrainContext
 from scratchflow.tracking import console_log, open_writer, progress_line, wandb_environment, wandb_run
 
@@ -187,6 +188,46 @@ class StopWhenAsked(TrainerCallback):
             logs.clear()  # the same dict goes on to TensorBoard and W&B, which come after this callback
 
 
+class StopOnDivergence(TrainerCallback):
+    """Stops the training at the end of the first step after which the model's weights are no longer
+    finite (its loss became NaN or infinite: the optimizer's step then makes every weight NaN),
+    before any checkpoint of that step is saved or any evaluation run: `diverged_at` says the step.
+    One small trainable parameter is looked at after each step; data-parallel processes hold the same
+    weights, so they stop at the same step. (The loss alone would not do: the Trainer logs a window
+    of NaN losses as 0.0, `logging_nan_inf_filter`.) Comes after every callback that asks for a
+    save or an evaluation."""
+
+    def __init__(self) -> None:
+        self.watched: torch.Tensor | None = None
+        self.diverged_at: int | None = None
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: Any, control: Any, model: Any = None, **kwargs: Any
+    ) -> None:
+        trainable = [parameter for parameter in model.parameters() if parameter.requires_grad] if model else []
+        self.watched = min(trainable, key=lambda parameter: parameter.numel()) if trainable else None
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        watched = self.watched
+        if self.diverged_at is None and watched is not None and not bool(torch.isfinite(watched.detach()).all()):
+            self.diverged_at = state.global_step
+        self._stop(control)
+
+    def on_epoch_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        self._stop(control)
+
+    def _stop(self, control: Any) -> None:
+        if self.diverged_at is not None:
+            control.should_training_stop = True
+            control.should_save = control.should_evaluate = control.should_log = False
+
+    def detail(self, state: Any) -> str:
+        """What diverged, with the last loss the Trainer logged before it."""
+        losses = [(entry["step"], entry["loss"]) for entry in state.log_history if "loss" in entry]
+        before = f"; the last loss logged: {losses[-1][1]:.4g} at step {losses[-1][0]}" if losses else ""
+        return f"its weights became NaN or infinite (the loss diverged){before}"
+
+
 class ProgressLog(TrainerCallback):
     """Log lines (rank 0): the first step of a piece (how long the job took to start training), a
     line every `logging_steps` with step/N, loss, speed and time left (also on the console, with the
@@ -318,13 +359,15 @@ def train(
 ) -> tuple[Trainer, dict[str, Any] | None]:
     """Build the Trainer (`args`, and model, datasets, collator: `trainer_arguments`), resume it from
     `context.resume_from`, train until done or asked to stop, and return it with the training
-    figures; None for the figures when it stopped on request (its checkpoint saved)."""
-    stop = StopWhenAsked(context)
+    figures; None for the figures when it stopped on request (its checkpoint saved). Diverged is
+    raised where its weights stopped being finite (StopOnDivergence)."""
+    stop, divergence = StopWhenAsked(context), StopOnDivergence()
     trainer = ExactlyResumableTrainer(
         args=args,
         compute_metrics=accuracy_and_macro_f1,
-        # CheckpointSaved comes after StopWhenAsked has asked for the checkpoint it hands on.
-        callbacks=[stop, CheckpointSaved(context), ProgressLog(context)],
+        # CheckpointSaved comes after StopWhenAsked has asked for the checkpoint it hands on, and
+        # StopOnDivergence after it, to take a diverged step's back.
+        callbacks=[stop, divergence, CheckpointSaved(context), ProgressLog(context)],
         **trainer_arguments,
     )
     resume_from = context.resume_from
@@ -335,6 +378,8 @@ def train(
         return trainer, {"validation": validation_figures(evaluation)}
     with curves_logged(trainer, context, resume_from):
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if divergence.diverged_at is not None:
+        raise Diverged(divergence.diverged_at, divergence.detail(trainer.state))
     if result.global_step < trainer.state.max_steps and not stop.at_budget:
         return trainer, None
     return trainer, training_figures(trainer, result)

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from scratchflow import accounting, aggregation, halving, report, signals, slurm_job, tracking
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
-from scratchflow.failures import FinalFailure, failed_runs, failure_line
+from scratchflow.failures import DIVERGED, FAILED, FinalFailure, unfinished_line, unfinished_runs
 from scratchflow.files import read_json, write_json_atomically, written_whole
 from scratchflow.lease import RunFolder, Superseded
-from scratchflow.ledger import FAILED, FINISHED, PieceRecord
+from scratchflow.ledger import FINISHED, PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import TrainingStopped, finished, run_piece
 from scratchflow.piece_spec import Paused, PieceSpec, Shape, Staging
@@ -203,9 +203,19 @@ def train_job(job: TrainJob) -> None:
     spec = piece_spec(job, store, data["sha256"])
     outcome, run_folder = run_piece(spec)
     if isinstance(outcome, FinalFailure):
-        if isinstance(job.ends_with, halving.Rung):  # a search's rungs know no failed runs: retried
-            raise RuntimeError(f"{outcome.cause}{f' (at {outcome.where})' if outcome.where else ''}")
-        record_failed_run(job, outcome, spec.ledger.pieces(), data, code, run_folder, job.ends_with)
+        ended = spec.ledger.pieces()
+        if isinstance(job.ends_with, halving.Rung):
+            if outcome.outcome != DIVERGED:  # a search's rungs know no failed runs: retried
+                raise RuntimeError(f"{outcome.cause}{f' (at {outcome.where})' if outcome.where else ''}")
+            rung = halving.diverged_rung_record(job.run_id, job.identity["training"], job.ends_with, outcome, ended)
+            run_folder.write_json(plain(rung), job.ends_with.record_out)
+            raise RunFailed(f"run {job.run_id} {outcome.cause} in rung {job.ends_with.index}: the rung's worst")
+        record_unfinished_run(job, outcome, ended, data, code, run_folder, job.ends_with)
+        if outcome.outcome == DIVERGED:
+            raise RunFailed(
+                f"run {job.run_id} {outcome.cause}: a result (that setting diverges), ranked last in the "
+                f"comparison; not retried. Its log: {job.log.resolve()}"
+            )
         raise RunFailed(
             f"run {job.run_id} failed, and a retry cannot fix it: {outcome.cause}"
             f"{f' (at {outcome.where})' if outcome.where else ''}; not retried, the rest of the grid goes on. "
@@ -233,29 +243,32 @@ def train_job(job: TrainJob) -> None:
 
 
 class RunFailed(Exception):
-    """A run that failed in a way a retry cannot fix, its outputs written to say so: its job ends
-    with this, which `job_context` tells on the console, and succeeds (Snakemake retries nothing)."""
+    """A run (a rung) that failed in a way a retry cannot fix, or diverged, its outputs written to
+    say so: its job ends with this, which `job_context` tells on the console, and succeeds
+    (Snakemake retries nothing)."""
 
 
-# In a failed run's model folder: what happened to the model, for whoever opens the folder.
-FAILED_NOTE = "FAILED.txt"
+# In the model folder of a run that failed or diverged: why there is no model.
+NO_MODEL_NOTE = "NO_MODEL.txt"
 
 
-def record_failed_run(
+def record_unfinished_run(
     job: TrainJob,
-    failure: FinalFailure,
+    ended: FinalFailure,
     pieces: list[PieceRecord],
     data: dict[str, Any],
     code: dict[str, Any],
     run_folder: RunFolder,
     outputs: RunOutputs,
 ) -> None:
-    """The outputs of a run whose task failed in a way a retry cannot fix: its record says `failed`,
-    why and where, its model folder holds a note, and the job succeeds (no retry, no further job for
-    the run; the comparison names it). The failure is also noted beside them (scratchflow.plan,
-    FAILURE_NOTE), which stays: the next run of the workflow trains it again."""
-    ended = pieces[-1]
-    said = {"cause": failure.cause, "where": failure.where, "piece": ended.piece, "step": ended.reached_step}
+    """The outputs of a run that failed in a way a retry cannot fix, or diverged: its record says
+    so (`outcome`; `failure` or `divergence`: the cause, where, the piece and the step), its model
+    folder holds a note, and the job succeeds (no retry, no further job for the run; the comparison
+    names it). A failure is also noted beside them (scratchflow.plan, FAILURE_NOTE), which stays:
+    the next run of the workflow trains it again. A divergence is a result: it stays."""
+    last = pieces[-1]
+    step = ended.step if ended.outcome == DIVERGED else last.reached_step
+    said = {"cause": ended.cause, "where": ended.where, "piece": last.piece, "step": step}
     record = RunRecord(
         *(job.run_id, job.task, job.identity, job.resolved_config, data, {}, pieces),
         seed=job.identity["training"].get("seed"),
@@ -263,13 +276,15 @@ def record_failed_run(
         timings_seconds=phases_of_all_pieces(pieces),
         environment=environment_record(job.workflow_dir),
         code=code,
-        outcome=FAILED,
-        failure=said,
+        outcome=ended.outcome,
+        failure=said if ended.outcome == FAILED else None,
+        divergence=said if ended.outcome == DIVERGED else None,
     )
     with run_folder.publishing() as publication:
-        publication.write_text(f"no model: the run failed: {failure.cause}\n", outputs.model / FAILED_NOTE)
-        note = FAILURE_NOTE.format(run_id=job.run_id, number=len(Plan.failure_notes(job.run_id)) + 1)
-        publication.write_json({**said, "at": time.time()}, Path(note))
+        publication.write_text(f"no model: the run {ended.outcome}: {ended.cause}\n", outputs.model / NO_MODEL_NOTE)
+        if ended.outcome == FAILED:
+            note = FAILURE_NOTE.format(run_id=job.run_id, number=len(Plan.failure_notes(job.run_id)) + 1)
+            publication.write_json({**said, "at": time.time()}, Path(note))
         publication.write_json(job.identity["training"], outputs.params)
         publication.write_json(plain(record), outputs.record)
 
@@ -317,8 +332,9 @@ class RunRecord:
     timings_seconds: dict[str, float]  # each phase summed over the pieces
     environment: dict[str, Any]
     code: dict[str, Any]
-    outcome: str = FINISHED  # or FAILED: the task failed in a way a retry cannot fix
+    outcome: str = FINISHED  # or FAILED (a failure a retry cannot fix), DIVERGED (scratchflow.failures)
     failure: dict[str, Any] | None = None  # failed: cause, where (file:line), piece, step
+    divergence: dict[str, Any] | None = None  # diverged: the same, `step` the step it diverged at
 
 
 def write_hparams_view(runs: pd.DataFrame, parameters: list[str], metrics: list[str]) -> None:
@@ -381,15 +397,15 @@ class PredictJob:
     curves_out: Path  # beside the run's tensorboard folder
     predictions_out: Path | None  # for tasks that write predictions
     tracking: str  # config key tracking
-    train_record: Path  # the run's record.json: a failed run has no model to predict with
+    train_record: Path  # the run's record.json: a run that failed or diverged has no model to predict with
 
 
 def predict_job(job: PredictJob) -> None:
     """Stage the data and the trained model in, predict, sync predictions and metrics back. A run
-    that failed has no model: its outputs say so, at once (`no_prediction`)."""
-    failure = read_json(job.train_record).get("failure")
-    if failure is not None:
-        no_prediction(job, failure)
+    that failed or diverged has no model: its outputs say so, at once (`no_prediction`)."""
+    trained = read_json(job.train_record)
+    if trained.get("outcome", FINISHED) != FINISHED:
+        no_prediction(job, trained["outcome"])
         return
     task = load_task(job.task)
     switch_hub_off()
@@ -435,26 +451,26 @@ def predict_job(job: PredictJob) -> None:
     log.info("run %s: test metrics %s", job.run_id, aggregation.numbers(predicted.metrics))
 
 
-def no_prediction(job: PredictJob, failure: dict[str, Any]) -> None:
-    """A failed run's predict outputs: no metrics, no predictions (an empty file), the curves it
-    trained before it failed, and a record that says why."""
+def no_prediction(job: PredictJob, outcome: str) -> None:
+    """The predict outputs of a run that failed or diverged: no metrics, no predictions (an empty
+    file), the curves it trained, and a record that says why."""
     write_json_atomically({}, job.metrics_out)
     if job.predictions_out is not None:
         with written_whole(job.predictions_out) as partial:
             partial.write_text("")
     curves = tracking.read_curves(Path(RUN_PATHS.of(job.run_id).tensorboard))
-    tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id} (failed)")
+    tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id} ({outcome})")
     write_json_atomically(
         {
             "run_id": job.run_id,
-            "outcome": FAILED,
+            "outcome": outcome,
             "threads": job.threads,
             "timings_seconds": {},
             "environment": environment_record(job.workflow_dir),
         },
         job.record_out,
     )
-    log.info("run %s failed (%s): nothing to predict with", job.run_id, failure["cause"])
+    log.info("run %s %s: no model to predict with", job.run_id, outcome)
 
 
 def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.Curves, metrics: dict) -> None:
@@ -496,13 +512,13 @@ def aggregate_job(
     provenance), with what each run and setting cost (scratchflow.accounting), its best setting and
     run, and its figures. A halving search's: the runs of its last rung, and also every run's
     validation metric and cost at each rung, in a table and a figure, and in runs.tsv. The comparison
-    is of the runs that finished; those that failed are named, in runs.tsv (outcome, failure) and
-    on the page, and counted in the cost."""
+    is of the runs that finished; those that diverged (ranked last) or failed are named, in runs.tsv
+    (outcome, detail) and on the page, and counted in the cost."""
     records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
-    failed = failed_runs(records)
-    if len(failed) == len(runs):
-        raise aggregation.NothingToCompare(failed)
-    table = aggregation.summarize({run_id: files for run_id, files in runs.items() if run_id not in failed})
+    unfinished = unfinished_runs(records)
+    if len(unfinished) == len(runs):
+        raise aggregation.NothingToCompare(unfinished)
+    table = aggregation.summarize({run_id: files for run_id, files in runs.items() if run_id not in unfinished})
     aggregation.check_metric(table, metric)
     settings = aggregation.by_setting(table)
     chosen = aggregation.best(table, settings, metric, goal)
@@ -516,8 +532,8 @@ def aggregate_job(
     settings_written = settings_written.merge(aggregation.setting_trained_by(settings, trained_by), on="run_ids")
     with written_whole(summary_out) as partial:
         settings_written.to_csv(partial, sep="\t", index=False)
-    runs_written = aggregation.with_failed_runs(
-        table, failed, {run_id: read_json(runs[run_id]["params"]) for run_id in failed}
+    runs_written = aggregation.with_unfinished_runs(
+        table, unfinished, {run_id: read_json(runs[run_id]["params"]) for run_id in unfinished}
     )
     runs_written = runs_written.merge(aggregation.run_costs(cost.by_run), on="run_id", how="left")
     runs_written = runs_written.merge(trained_by, on="run_id", how="left")
@@ -540,8 +556,8 @@ def aggregate_job(
         *(len(table), len(settings), metric, goal, setting["mean"], setting["std"], setting["runs"]),
         *(setting["parameters"], chosen["run"]["run_id"], chosen["run"]["value"]),
     )
-    for run_id, failure in failed.items():
-        log.warning("not compared: %s", failure_line(run_id, failure))
+    for run_id, (outcome, said) in unfinished.items():
+        log.warning("not compared: %s", unfinished_line(run_id, outcome, said))
 
 
 def with_rungs(

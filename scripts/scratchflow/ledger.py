@@ -46,7 +46,6 @@ TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a piece's times, as its entry holds them
 # A piece's outcome, besides the error that ended it and "killed by <signal>" (outcome_of).
 RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED = "running", "finished", "paused", "killed", "superseded"
 INTERRUPTED = "interrupted"  # by Ctrl-C on the machine it ran on
-FAILED = "failed"  # by an error a retry cannot fix (scratchflow.failures): the run ends failed
 # What a paused piece was doing when the stop came.
 Phase = Literal["staging", "training", "syncing"]
 
@@ -65,7 +64,8 @@ class PieceRecord:
     host: str | None = None  # where its job ran: the host, the process, the Slurm job
     pid: int | None = None
     slurm_job_id: str | None = None
-    # RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED, INTERRUPTED, FAILED, "killed by SIG...", the error
+    # RUNNING, FINISHED, PAUSED, KILLED, SUPERSEDED, INTERRUPTED, "killed by SIG...", the error; or
+    # FAILED, DIVERGED (scratchflow.failures: the run ends so)
     outcome: str = RUNNING
     ended_at: str | None = None
     signal: str | None = None  # paused: the stop signal it heard
@@ -88,7 +88,7 @@ class PieceRecord:
     # Checkpoints it did not resume from, by name, with why (damaged; published by an older term
     # after a newer one began): set aside as checkpoint-<step>.damaged or .stale.
     set_aside: dict[str, str] = field(default_factory=dict)
-    cause: str | None = None  # failed: the error, in one line
+    cause: str | None = None  # failed, diverged: the error (what diverged), in one line
     where: str | None = None  # failed: the file and line of the lab's code it came from
 
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from scratchflow import distributed, signals, slurm_job
 from scratchflow.checkpoints import step_of
-from scratchflow.failures import FinalFailure, final_failure
+from scratchflow.failures import DIVERGED, FinalFailure, final_failure
 from scratchflow.files import read_json
 from scratchflow.lease import RunFolder, RunLease
-from scratchflow.ledger import FAILED, PAUSED, PieceRecord
+from scratchflow.ledger import PAUSED, PieceRecord
 from scratchflow.piece_spec import Paused, PieceSpec, ranks_by_node
 from scratchflow.record import keep_piece_log, typed
 from scratchflow.schedule import CheckpointCost
@@ -132,6 +132,9 @@ def _final_failure(spec: PieceSpec, entry: PieceRecord, error: Exception) -> Fin
     if failed is None:
         raise error
     told = getattr(error, "traceback_says_nothing", False)  # a lab program's: its output says it
+    if failed.outcome == DIVERGED:
+        log.warning("the training %s: the run ends diverged, with no checkpoint after it", failed.cause)
+        return failed
     log.error("the task failed, and a retry cannot fix it: %s", failed.cause, exc_info=None if told else error)
     if told:
         log.error("%s", error)
@@ -167,7 +170,7 @@ def _ended(
         entry.reached_step = outcome.metrics.get("global_steps")
         return outcome
     if isinstance(outcome, FinalFailure):
-        entry.outcome, entry.cause, entry.where = FAILED, outcome.cause, outcome.where
+        entry.outcome, entry.cause, entry.where = outcome.outcome, outcome.cause, outcome.where
         return outcome
     entry.outcome, entry.signal, entry.phase, entry.reached_step = (
         PAUSED,

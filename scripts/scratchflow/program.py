@@ -10,6 +10,7 @@ scratchflow (no SCRATCHFLOW_RUN_ID), so that the same script serves both.
         scratchflow.save({"model": ..., "step": step}, step, by_hand=args.checkpoint)
     torch.save(model.state_dict(), scratchflow.output_file(args.out))
     scratchflow.write_metrics({"test_loss": ...})
+    scratchflow.end_if_diverged(loss.item(), step)                # each step's end, before its checkpoint
 
 `save` writes the checkpoint on scratch with COMPLETE last and, after a stop, ends the program as a
 pause. scratchflow.trainer_script builds on these for the Hugging Face Trainer."""
@@ -34,6 +35,8 @@ from scratchflow.signals import stop_signals
 log = logging.getLogger("scratchflow.program")
 
 CHECKPOINT_MARKER = "COMPLETE"  # the command task's: the last file of a checkpoint
+# In $SCRATCHFLOW_OUTPUT_DIR, of a program whose training diverged: {"step", "detail"} (end_as_diverged).
+DIVERGED_FILE = "diverged.json"
 # An evaluation's figures that time it, not the model (the Hugging Face Trainer's): never the same twice.
 TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "model_preparation_time")
 
@@ -179,6 +182,24 @@ def end_if_stopped() -> None:
         piece().stop.tell_the_piece()
         log.warning("paused at the checkpoint just saved: the next piece resumes from it")
         raise SystemExit(0)
+
+
+def end_if_diverged(loss: float, step: int) -> None:
+    """At the end of `step`, before its checkpoint: a `loss` that is NaN or infinite ends the program
+    here, its run diverged (a result, ranked last; the checkpoints before it stay); by hand, exit 1
+    saying so."""
+    if not math.isfinite(loss):
+        end_as_diverged(step, f"the loss became {loss}")
+
+
+def end_as_diverged(step: int, detail: str) -> None:
+    """End the program (exit 0, no metrics.json): its training diverged at `step` (`detail`: what
+    did), said to the piece in DIVERGED_FILE; by hand, exit 1 saying so."""
+    if not under_scratchflow():
+        raise SystemExit(f"diverged at step {step}: {detail}")
+    Path(os.environ["SCRATCHFLOW_OUTPUT_DIR"], DIVERGED_FILE).write_text(json.dumps({"step": step, "detail": detail}))
+    log.warning("diverged at step %d: %s; the run ends diverged", step, detail)
+    raise SystemExit(0)
 
 
 def checkpoint_due(step: int, last_step: int | None = None, by_hand: bool = False) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from scratchflow.accounting import GridCost, described
-from scratchflow.failures import failed_runs, failure_line
+from scratchflow.failures import DIVERGED, unfinished_line, unfinished_runs
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import written_whole
 from scratchflow.ledger import SUPERSEDED
@@ -147,7 +147,7 @@ def write_summary_page(
     outside resources."""
     metric, goal = chosen["metric"], chosen["goal"]
     setting, run = chosen["setting"], chosen["run"]
-    failed = failed_runs(records)
+    unfinished = unfinished_runs(records)
     facts = "".join(
         f'<tr><th scope="row">{html.escape(name)}</th><td class="text">{html.escape(value)}</td></tr>'
         for name, value in provenance(list(records.values())).items()
@@ -159,8 +159,8 @@ def write_summary_page(
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>scratchflow: the grid</title><style>{STYLE}</style></head>
 <body>
-<h1>{len(runs) - len(failed)} runs in {len(settings)} settings</h1>
-{failed_paragraph(failed)}
+<h1>{len(runs) - len(unfinished)} runs in {len(settings)} settings</h1>
+{unfinished_paragraph(unfinished)}
 <p>Best setting by its mean test {html.escape(metric)} ({"highest" if goal == "max" else "lowest"}):
 <b>{html.escape(parameters)}</b>, {setting["mean"]:.4f}
 {f"± {setting['std']:.4f} " if setting["std"] is not None else ""}over {setting["runs"]} run(s).
@@ -182,15 +182,20 @@ An empty cost cell: a figure this site does not record.{superseded_sentence(reco
         partial.write_text(page)
 
 
-def failed_paragraph(failed: dict[str, dict[str, Any]]) -> str:
-    """The runs that failed in a way a retry cannot fix, each with why and where; empty if none."""
-    if not failed:
+def unfinished_paragraph(unfinished: dict[str, tuple[str, dict[str, Any]]]) -> str:
+    """The runs that diverged (a result, ranked last) and those that failed in a way a retry cannot
+    fix (trained again by the same command after a fix), each with why; empty if none."""
+    if not unfinished:
         return ""
-    items = "".join(f"<li>{html.escape(failure_line(run_id, failure))}</li>" for run_id, failure in failed.items())
+    diverged = sum(outcome == DIVERGED for outcome, _said in unfinished.values())
+    items = "".join(
+        f"<li>{html.escape(unfinished_line(run_id, outcome, said))}</li>"
+        for run_id, (outcome, said) in unfinished.items()
+    )
     return (
-        f'<div id="failed"><p><b>{len(failed)} run(s) failed</b> and are left out of the comparison (listed '
-        "last in the runs table); after a fix, the same command trains them again:</p>"
-        f"<ul>{items}</ul></div>"
+        f'<div id="unfinished"><p><b>{diverged} run(s) diverged, {len(unfinished) - diverged} failed</b>, and are '
+        "left out of the comparison, listed last in the runs table; a failed run, after a fix, the same command "
+        f"trains again:</p><ul>{items}</ul></div>"
     )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from scratchflow.accounting import grid_cost
 from scratchflow.checkpoints import CheckpointStore, checkpoint_damage, step_of
-from scratchflow.failures import failure_line
+from scratchflow.failures import FAILED, unfinished_line, unfinished_runs
 from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, RunFolder, holder_is_alive
 from scratchflow.ledger import (
     INTERRUPTED,
@@ -43,7 +43,7 @@ from scratchflow.record import plain
 from scratchflow.slurm_job import requeue_cause
 from scratchflow.tracking import duration
 
-STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", "waits", "failed")
+STATES = ("finished", "stopped", "predicts", "trains", "paused", "interrupted", "waits", "diverged", "failed")
 # The Slurm plugin's job comment: rule_<rule>_wildcards_<run_id>, or rule_<group> for a group job
 # (cluster.pack_runs: the runs of a pack are found through the job id their checkpoints name).
 COMMENT_PREFIX = "rule_"
@@ -108,10 +108,10 @@ def _read(path: Path) -> Any:
         return None
 
 
-def _read_failure(record: Path) -> dict[str, Any] | None:
-    """A run's failure, where its record says it failed in a way a retry cannot fix."""
+def _unfinished(record: Path) -> tuple[str, dict[str, Any]] | None:
+    """How a run that failed or diverged ended, from its record; None for any other."""
     said = _read(record)
-    return said.get("failure") if said else None
+    return unfinished_runs({"": said}).get("") if said else None
 
 
 def _newest_checkpoint(store: CheckpointStore) -> tuple[int, float] | None:
@@ -155,14 +155,11 @@ def run_status(
             return halving
     metrics = _read(workdir / paths.metrics)
     value = metrics.get(plan.metric) if metrics else None
-    if value is None and (run_failure := _read_failure(workdir / paths.record)):
-        return RunStatus(
-            run_id,
-            "failed",
-            f"{failure_line(run_id, run_failure).split(' failed: ', 1)[1]}; not retried: after a fix, the same "
-            "command trains it again",
-            paths.train_log,
-        )
+    if value is None and (ended := _unfinished(workdir / paths.record)):
+        outcome, said = ended
+        line = unfinished_line(run_id, outcome, said).removeprefix(f"run {run_id} {outcome}").lstrip(": ")
+        then = "after a fix, the same command trains it again" if outcome == FAILED else "a result, ranked last"
+        return RunStatus(run_id, outcome, f"{line}; not retried: {then}", paths.train_log)
     if metrics is not None:
         shown = f"{value:.4f}" if isinstance(value, int | float) else "not reported"
         return RunStatus(run_id, "finished", f"test {plan.metric} {shown}")
@@ -188,6 +185,13 @@ def _halving_status(workdir: Path, run_id: str, plan: Plan, decisions: Sequence[
     """A halving search's run that a decision stopped, or that has trained its rung and waits for the
     rung's decision; None for one that trains (or, at the last rung, any other)."""
     for decision in decisions:
+        diverged = decision.get("diverged", {}).get(run_id)
+        if diverged and run_id not in decision["promoted"]:
+            return RunStatus(
+                run_id,
+                "diverged",
+                f"rung {decision['rung']} ({decision['epochs']} epochs): {diverged['cause']}; stopped",
+            )
         if run_id in decision["values"] and run_id not in decision["promoted"]:
             went_on = sum(entry["promoted"] for entry in decision["ranking"])
             return RunStatus(

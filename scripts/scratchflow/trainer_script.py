@@ -42,6 +42,7 @@ from scratchflow.program import (  # noqa: F401
     CHECKPOINT_MARKER,
     data_dir,
     data_file,
+    end_as_diverged,
     end_if_stopped,
     flag_of,
     flag_words,
@@ -88,7 +89,7 @@ def callbacks() -> list[Any]:
         return []
     from transformers import TrainerCallback
 
-    from scratchflow.hf_trainer import StopWhenAsked
+    from scratchflow.hf_trainer import StopOnDivergence, StopWhenAsked
 
     class MarkComplete(TrainerCallback):
         """After the Trainer has written a checkpoint the piece asked for (by its interval, at a stop,
@@ -138,13 +139,19 @@ def callbacks() -> list[Any]:
 
     class EndAsPause(TrainerCallback):
         """After a stop, `train()` would return as if done, and the script go on to save and evaluate
-        a model half trained: the program ends here instead, its checkpoint saved."""
+        a model half trained: the program ends here instead, its checkpoint saved. So it does after
+        the training diverged (StopOnDivergence), the run ending diverged."""
+
+        def __init__(self, divergence: StopOnDivergence) -> None:
+            self.divergence = divergence
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.divergence.diverged_at is not None:
+                end_as_diverged(self.divergence.diverged_at, self.divergence.detail(state))
             end_if_stopped()
 
-    stop = StopWhenAsked(piece())  # type: ignore[arg-type]
-    return [stop, EvaluationLeavesRandomStateAlone(), MarkComplete(stop), EndAsPause()]
+    stop, divergence = StopWhenAsked(piece()), StopOnDivergence()  # type: ignore[arg-type]
+    return [stop, EvaluationLeavesRandomStateAlone(), MarkComplete(stop), divergence, EndAsPause(divergence)]
 
 
 def random_states() -> tuple[Any, ...]:

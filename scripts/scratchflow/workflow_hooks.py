@@ -45,7 +45,7 @@ from scratchflow.dataset import (
     resolve_location,
     share_package_locations,
 )
-from scratchflow.failures import failed_runs, failure_line
+from scratchflow.failures import FAILED, unfinished_line, unfinished_runs
 from scratchflow.files import read_json
 from scratchflow.lease import RunFolder
 from scratchflow.models import is_local_source
@@ -311,13 +311,16 @@ def on_success(config: dict[str, Any], plan: Plan) -> None:
                 CheckpointStore(RunFolder(Path(paths.checkpoints)), plan.checkpoint_marker).remove_all()
     print(describe_results(plan, config["tracking"]))
     records = {run_id: Path(plan.paths(run_id).record) for run_id in plan.runs}
-    failed = failed_runs({run_id: read_json(path) for run_id, path in records.items() if path.is_file()})
-    if failed:
+    unfinished = unfinished_runs({run_id: read_json(path) for run_id, path in records.items() if path.is_file()})
+    lines = "".join(f"  {unfinished_line(run_id, outcome, said)}\n" for run_id, (outcome, said) in unfinished.items())
+    failed = sum(outcome == FAILED for outcome, _said in unfinished.values())
+    if unfinished and not failed:
+        print(f"scratchflow: {len(unfinished)} of {len(plan.runs)} runs diverged (ranked last):\n{lines}", end="")
+    elif failed:
         refuse(
-            f"scratchflow: {len(failed)} of {len(plan.runs)} runs failed, each in a way a retry cannot fix "
-            "(not retried, left out of the comparison):\n"
-            + "".join(f"  {failure_line(run_id, failure)}\n" for run_id, failure in failed.items())
-            + "Their logs are in logs/train/. After a fix, the same command trains them again."
+            f"scratchflow: {failed} of {len(plan.runs)} runs failed, each in a way a retry cannot fix "
+            f"(not retried, left out of the comparison; diverged runs are results):\n{lines}"
+            "Their logs are in logs/train/. After a fix, the same command trains the failed runs again."
         )
 
 

@@ -22,7 +22,6 @@ import json
 import os
 import pkgutil
 import sys
-import traceback
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,6 +29,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import yaml
+
+# What a task raises when its training diverged: `from scratchflow.tasks import Diverged`.
+from scratchflow.failures import Diverged as Diverged
+from scratchflow.failures import raised_at
 
 if TYPE_CHECKING:
     from scratchflow.piece_spec import PieceSpec
@@ -451,21 +454,12 @@ def task_file(task: str) -> Path | None:
     return Path(spec.origin) if spec and spec.origin else None
 
 
-def raised_at(error: BaseException, module_file: Path | None) -> str:
-    """Where `error` was raised: the innermost place in the task's module (`module_file`), or else
-    the innermost place of all, as file:line (in function)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return "where, Python does not say"
-    inside = [frame for frame in frames if module_file and Path(frame.filename).resolve() == module_file.resolve()]
-    frame = (inside or frames)[-1]
-    return f"{frame.filename}:{frame.lineno} (in {frame.name})"
-
-
 def described(error: BaseException, module_file: Path | None) -> str:
     """An exception a task raised, in one line: its type, its message and where it was raised (what
     check_task.py and the workflow's start say of a bug in a lab's task, never a traceback)."""
-    return f"{type(error).__name__}: {error} (raised at {raised_at(error, module_file)})"
+    return (
+        f"{type(error).__name__}: {error} (raised at {raised_at(error, module_file) or 'where, Python does not say'})"
+    )
 
 
 @cache

@@ -58,7 +58,9 @@ from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR, tracking, trainer_script
 from scratchflow.dataset import DatasetError
+from scratchflow.failures import Diverged
 from scratchflow.files import read_json
+from scratchflow.program import DIVERGED_FILE
 from scratchflow.record import git_state
 from scratchflow.search import swept_keys
 from scratchflow.signals import STOP_FILE_NAME
@@ -254,6 +256,10 @@ def train(context: TrainContext) -> Trained | None:
     # A rung's job is done when the program has written the rung's validation metrics.
     expected = output_dir / (VALIDATION_FILE if context.budget_epochs else METRICS_FILE)
     finished = code == 0 and expected.is_file()
+    diverged = output_dir / DIVERGED_FILE
+    if code == 0 and diverged.is_file():  # scratchflow.program.end_as_diverged
+        said = json.loads(diverged.read_text())
+        raise Diverged(said.get("step"), said.get("detail", "it said so"))
     if context.stop_requested() and not finished:
         return None  # paused: its newest complete checkpoint is on shared storage
     if code != 0:
