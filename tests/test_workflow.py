@@ -453,8 +453,8 @@ def test_with_tracking_wandb_sigterm_to_every_process_of_a_job_still_pauses_it(t
 def test_a_learning_rate_that_diverges_is_a_result_ranked_last_in_one_job_and_not_trained_again(
     tmp_path, bbc_subset, tiny_model
 ):
-    """A grid whose second learning rate is far too high: that run's weights become NaN at its second
-    step; it stops there with no checkpoint of that step, ends `diverged` in its one job, and the
+    """A grid whose second learning rate is far too high: that run's weights become NaN within a few
+    steps (its warm-up); it stops there with no checkpoint of that step, ends `diverged` in its one job, and the
     comparison ranks it last and names it (runs.tsv, the page, `make status`); the workflow succeeds,
     saying so, and the same command trains nothing again."""
     config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", grid={"learning_rate": [1.0e-3, 1.0e30]})
@@ -465,17 +465,14 @@ def test_a_learning_rate_that_diverges_is_a_result_ranked_last_in_one_job_and_no
     assert "scratchflow: 1 of 2 runs diverged (ranked last):" in result.stdout
     table = pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")
     assert list(table["outcome"]) == ["finished", "diverged"] and list(table["learning_rate"]) == [1.0e-3, 1.0e30]
-    (detail,) = table["detail"].dropna()
-    assert detail.startswith("at step 2: its weights became NaN or infinite (the loss diverged)"), detail
     diverged = table["run_id"].iloc[1]
     record = json.loads((tmp_path / "results" / "runs" / diverged / "record.json").read_text())
-    assert (record["outcome"], record["divergence"]["step"], record["pieces"][-1]["outcome"]) == (
-        "diverged",
-        2,
-        "diverged",
-    )
+    step = record["divergence"]["step"]
+    assert step < 10 and (record["outcome"], record["pieces"][-1]["outcome"]) == ("diverged", "diverged")
+    assert table["detail"].iloc[1].startswith(f"at step {step}: its weights became NaN or infinite")
     assert record["pieces"][-1]["checkpoints"] == [], "no checkpoint of the diverged step"
-    assert f"run {diverged} diverged at step 2" in (tmp_path / "results" / "summary.html").read_text()
+    assert table["lost_cpu_hours"].iloc[1] == 0, "a result: nothing of it is trained again"
+    assert f"run {diverged} diverged at step {step}" in (tmp_path / "results" / "summary.html").read_text()
     status = subprocess.run([sys.executable, STATUS_SCRIPT, tmp_path], capture_output=True, text=True).stdout
     assert f"{diverged}  diverged" in status and "a result, ranked last" in status, status
     assert "Nothing to be done" in run_workflow(tmp_path).stdout

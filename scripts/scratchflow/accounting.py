@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from scratchflow.failures import DIVERGED
 from scratchflow.ledger import FINISHED, RUNNING, piece_records, piece_time
 from scratchflow.slurm_job import ask_slurm
 
@@ -167,8 +168,9 @@ def training_uses(run_id: str, listed: list[dict[str, Any]]) -> list[Use]:
         end = piece_time(piece.ended_at) if piece.ended_at else None
         if end is None and not piece.slurm_job_id and index + 1 < len(pieces):
             end = piece_time(pieces[index + 1].started_at)  # killed without Slurm: until the next one
-        # A piece still running has lost nothing yet (or, killed, is said so by the next piece).
-        unfinished = piece.outcome not in (FINISHED, RUNNING)
+        # A piece still running has lost nothing yet (or, killed, is said so by the next piece); one
+        # that diverged ended the run with a result, trained again by nothing.
+        unfinished = piece.outcome not in (FINISHED, RUNNING, DIVERGED)
         published = piece.last_checkpoint_at
         uses.append(
             Use(
