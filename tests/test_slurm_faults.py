@@ -333,6 +333,61 @@ def held_until_signalled(pid: int, signal_number: int) -> bool:
     return pending or not status["State"].startswith("T")
 
 
+# A lab's program of four moods, by its parameter `mood`: two train, one has a bug at step 20, one's
+# loss becomes NaN at step 10 (scratchflow.program's helpers).
+MOODY_PROGRAM = """from scratchflow import program as scratchflow
+mood = scratchflow.params()["mood"]
+for step in range(1, 41):
+    if mood == "buggy" and step == 20:
+        raise ValueError("shapes (8, 10) and (12, 2) not aligned")
+    scratchflow.end_if_diverged(float("nan") if mood == "diverging" and step == 10 else 1.0 / step, step)
+scratchflow.write_metrics({"accuracy": 0.9 if mood == "good" else 0.6, "test_loss": 0.5})
+"""
+
+
+def test_a_grid_where_one_run_has_a_bug_and_one_diverges_submits_each_once_and_compares_the_rest(
+    slurm, tmp_path, bbc_subset
+):
+    """A grid of 4 on the test Slurm (edinburgh's profile, `retries: 2`): the buggy run's train job is
+    submitted once and ends the run `failed` with the program's file and line; the diverging one ends
+    `diverged`, ranked last; the other two are compared; the workflow exits 1 naming both. The same
+    command after the fix submits the fixed run's jobs alone. The two runs with no model submit no
+    predict job: the workflow's own Snakemake says they have nothing to predict."""
+    program = tmp_path / "moody.py"
+    program.write_text(MOODY_PROGRAM)
+    config = command_config(bbc_subset, scratch=None, command=["python", str(program)], mood="good")
+    config["grid"] = {"mood": ["good", "fair", "buggy", "diverging"]}
+    config["aggregate"] = {"metric": "accuracy", "goal": "max"}
+    del config["cluster"]
+    write_config(tmp_path, config)
+    returncode, output = finish(start(slurm, tmp_path, "--verbose"), tmp_path)
+    assert returncode == 1, output[-6000:]
+    runs = {
+        json.loads(path.read_text())["mood"]: path.parent.name for path in tmp_path.glob("results/runs/*/params.json")
+    }
+    assert len(sbatch_lines(output, "train")) == 4, "one train job each: nothing retried"
+    assert len(sbatch_lines(output, "predict")) == 2, "a run with no model predicts nothing on a node"
+    assert [line for line in sbatch_lines(output, "train") if runs["buggy"] in line], "the buggy run's, once"
+    said = f"run {runs['buggy']} failed: ValueError"
+    assert "scratchflow: 1 of 4 runs failed, each in a way a retry cannot fix" in output and said in output
+    assert f"at {program}:5 (in <module>)" in output, "the line of the program's bug"
+    assert f"run {runs['diverging']} diverged at step 10: the loss became nan" in output
+    table = pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")
+    assert list(table["outcome"]) == ["finished", "finished", "diverged", "failed"]
+    assert list(table["mood"]) == ["good", "fair", "diverging", "buggy"]
+    page = (tmp_path / "results" / "summary.html").read_text()
+    assert said in page and f"run {runs['diverging']} diverged" in page
+
+    program.write_text(MOODY_PROGRAM.replace('mood == "buggy" and step == 20', "False"))  # the fix
+    returncode, output = finish(start(slurm, tmp_path, "--verbose"), tmp_path)
+    assert returncode == 0, output[-6000:]
+    (again,) = sbatch_lines(output, "train")
+    assert runs["buggy"] in again, "the fixed run alone trains again"
+    assert list(pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")["outcome"]) == [
+        "finished", "finished", "finished", "diverged"
+    ]  # fmt: skip
+
+
 def test_a_job_at_its_wall_time_saves_on_the_warning_and_requeues_itself_spending_no_retry(
     slurm, tmp_path, bbc_subset, tiny_model, uninterrupted_long_run
 ):

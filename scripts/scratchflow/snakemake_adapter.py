@@ -239,6 +239,25 @@ def job_precommand(workflow: Any) -> str:
     return (settings.precommand if settings else None) or ""
 
 
+def run_here_when(workflow: Any, rule: str, here: Callable[[str], bool]) -> None:
+    """Jobs of `rule` (not in a group) for whose run id `here` holds when they are about to run are
+    run by this Snakemake itself, as a localrule's are, not submitted: `here` is asked once the jobs
+    they need have ended. Snakemake knows only rules that always run here (`localrules`)."""
+    if not workflow.is_main_process:
+        return
+    from snakemake.jobs import Job
+
+    submitted = Job.is_local
+
+    def is_local(job: Any) -> bool:
+        if submitted.fget(job):
+            return True
+        run_id = job.wildcards_dict.get("run_id")
+        return job.rule.name == rule and job.group is None and run_id is not None and here(run_id)
+
+    Job.is_local = property(is_local)
+
+
 def register_pack_slot(workflow: Any) -> None:
     """What --resources pack_slot=1 would set, here and in each packed job's own Snakemake: the
     one slot of a packed job, which its train (or predict) jobs take one after another."""

@@ -48,6 +48,7 @@ from scratchflow.dataset import (
 from scratchflow.failures import FAILED, unfinished_line, unfinished_runs
 from scratchflow.files import read_json
 from scratchflow.lease import RunFolder
+from scratchflow.ledger import FINISHED
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
 from scratchflow.software import default_requirements_variable, job_software_problem, pipeline_requirements
@@ -110,6 +111,22 @@ def _read_valid_config(
     else:
         start_job_steps_in_image(os.environ, job_rules)
     return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
+
+
+def predict_here_what_has_no_model(workflow: Any) -> None:
+    """A run that failed or diverged has no model to predict with: its predict job, which only says
+    so (scratchflow.jobs.no_prediction), runs in the workflow's own Snakemake, not as a cluster job
+    asking for a GPU: such a run costs no job but its training's."""
+    ended: set[str] = set()
+
+    def has_no_model(run_id: str) -> bool:
+        if run_id not in ended:
+            record = Path(RUN_PATHS.of(run_id).record)
+            if record.is_file() and read_json(record).get("outcome", FINISHED) != FINISHED:
+                ended.add(run_id)
+        return run_id in ended
+
+    snakemake_adapter.run_here_when(workflow, "predict", has_no_model)
 
 
 def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests | None:
