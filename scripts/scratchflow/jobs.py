@@ -227,14 +227,7 @@ def train_job(job: TrainJob) -> None:
         rung = halving.rung_record(job.run_id, job.identity["training"], job.ends_with, trained.metrics, pieces)
         run_folder.write_json(plain(rung), job.ends_with.record_out)
         return
-    record = RunRecord(
-        *(job.run_id, job.task, job.identity, job.resolved_config, data, trained.metrics, pieces),
-        seed=job.identity["training"].get("seed"),
-        threads=job.threads,
-        timings_seconds=phases_of_all_pieces(pieces),
-        environment=environment_record(job.workflow_dir),
-        code=code,
-    )
+    record = run_record(job, data, code, trained.metrics, pieces)
     # One look for both: they too are the newer piece's, where one holds the run now.
     with run_folder.publishing() as publication:
         publication.write_json(job.identity["training"], job.ends_with.params)
@@ -269,13 +262,12 @@ def record_unfinished_run(
     last = pieces[-1]
     step = ended.step if ended.outcome == DIVERGED else last.reached_step
     said = {"cause": ended.cause, "where": ended.where, "piece": last.piece, "step": step}
-    record = RunRecord(
-        *(job.run_id, job.task, job.identity, job.resolved_config, data, {}, pieces),
-        seed=job.identity["training"].get("seed"),
-        threads=job.threads,
-        timings_seconds=phases_of_all_pieces(pieces),
-        environment=environment_record(job.workflow_dir),
-        code=code,
+    record = run_record(
+        job,
+        data,
+        code,
+        {},
+        pieces,
         outcome=ended.outcome,
         failure=said if ended.outcome == FAILED else None,
         divergence=said if ended.outcome == DIVERGED else None,
@@ -287,6 +279,27 @@ def record_unfinished_run(
             publication.write_json({**said, "at": time.time()}, Path(note))
         publication.write_json(job.identity["training"], outputs.params)
         publication.write_json(plain(record), outputs.record)
+
+
+def run_record(
+    job: TrainJob,
+    data: dict[str, Any],
+    code: dict[str, Any],
+    training: dict[str, Any],
+    pieces: list[PieceRecord],
+    **ended: Any,
+) -> RunRecord:
+    """The run's record.json: `training` what the task returned; `ended`, how a run that did not
+    finish ended (RunRecord's outcome, failure, divergence)."""
+    return RunRecord(
+        *(job.run_id, job.task, job.identity, job.resolved_config, data, training, pieces),
+        seed=job.identity["training"].get("seed"),
+        threads=job.threads,
+        timings_seconds=phases_of_all_pieces(pieces),
+        environment=environment_record(job.workflow_dir),
+        code=code,
+        **ended,
+    )
 
 
 def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> PieceSpec:
