@@ -113,3 +113,10 @@ def test_a_programs_loss_that_is_not_finite_ends_it_as_diverged(tmp_path, monkey
     monkeypatch.delenv("SCRATCHFLOW_RUN_ID")
     with pytest.raises(SystemExit, match="diverged at step 12: the loss became inf"):
         program.end_if_diverged(float("inf"), 12)
+
+
+def test_a_programs_gpu_out_of_memory_is_retried_once_too():
+    said = "the command ['python', 'train.py'] exited with 1, its last line: torch.OutOfMemoryError: CUDA out of memory"
+    out_of_memory = CommandFailed(f"{said}; its last lines:\n...", 1)
+    assert final_failure(out_of_memory, None, "killed by SIGTERM") is None
+    assert final_failure(out_of_memory, None, f"CommandFailed: {said}") == FinalFailure(f"CommandFailed: {said}", None)

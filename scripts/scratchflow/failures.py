@@ -5,14 +5,16 @@ to be. A piece whose task raised an error of its own (a bug, a shape error, a se
 refused) would fail the same way in every retry: each a queued GPU job of the train rule's wall
 time. Such a piece ends its run `failed` instead, recorded as its outcome, and its job succeeds
 (scratchflow.jobs.train_job); the next run of the workflow trains it again (rules/common.smk,
-`after_failures`). What a retry can fix still fails the job, for Snakemake's retry: a signal (a
-node lost, a time limit, an OOM kill), a filesystem error, scratchflow's own errors (a copy, the
-space, a launcher of several processes that ended without a result), and a GPU out of memory the
-first time (a retry may land on a larger GPU; twice in a row, it will not).
+`failure_to_train_again`). A training that diverged (`Diverged`) ends its run `diverged`, the same
+way, but as a result: nothing trains it again. What a retry can fix still fails the job, for
+Snakemake's retry: a signal (a node lost, a time limit, an OOM kill), a filesystem error,
+scratchflow's own errors (a copy, the space, a launcher of several processes that ended without a
+result), and a GPU out of memory the first time (a retry may land on a larger GPU; twice in a row, it will not).
 
 A lab program (the `command` task) is judged by its exit status, as nf-core's pipelines judge a
 process's: killed by a signal, or 130 to 145 (128 + a signal's number, as a shell reports it) or
-104, is retried; any other non-zero status is the program's own error.
+104, is retried; any other non-zero status is the program's own error, but for a GPU out of memory
+(its last line says so), retried once as a task's is.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ def final_failure(error: BaseException, task_file: Path | None, last_outcome: st
     name = type(error).__name__
     cause = f"{name}: {error}".splitlines()[0].removesuffix("; its last lines:")  # a program's tail follows
     exit_status = getattr(error, "exit_status", None)
+    if OUT_OF_MEMORY in cause and OUT_OF_MEMORY not in (last_outcome or ""):
+        return None  # a retry may land on a larger GPU; twice in a row, it will not
     if exit_status is not None or getattr(error, "traceback_says_nothing", False):  # a lab program's
         if exit_status is not None and (exit_status < 0 or exit_status in RETRIED_EXIT_STATUSES):
             return None
@@ -76,8 +80,6 @@ def final_failure(error: BaseException, task_file: Path | None, last_outcome: st
     if type(error).__module__.startswith("scratchflow."):  # its own: a copy, the space, a launcher's end
         return None
     if any(kind.__name__ in RETRIED_ERRORS for kind in type(error).__mro__):
-        return None
-    if name == OUT_OF_MEMORY and not (last_outcome or "").startswith(f"{OUT_OF_MEMORY}:"):
         return None
     return FinalFailure(cause, raised_at(error, task_file))
 
