@@ -387,8 +387,9 @@ def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image
 ):
     """SCRATCHFLOW_IMAGE unset, missing or not a squashfs file: refused at start-up naming it, before
     any sbatch. An image without the training's software (requirements-cpu.txt: no transformers,
-    no torch): the archive's job runs in it, and the train job fails within seconds, its log naming
-    the image and the missing module."""
+    no torch): the archive's job runs in it, and the train job ends the run `failed` within seconds,
+    not retried (a retry would find the same image), its log naming the image and the missing
+    module."""
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     del config["cluster"]
     write_config(tmp_path, config)
@@ -403,11 +404,12 @@ def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image
         assert result.returncode != 0 and said in result.stdout, result.stdout[-3000:]
         assert "config key cluster.image_variable" in result.stdout and not sbatch_lines(result.stdout, "")
 
-    result = run_on_slurm(slurm, tmp_path, "lrz", {"SCRATCHFLOW_IMAGE": str(scratchflow_cpu_image)}, "--retries", "0")
-    assert result.returncode != 0
+    result = run_on_slurm(slurm, tmp_path, "lrz", {"SCRATCHFLOW_IMAGE": str(scratchflow_cpu_image)}, "--verbose")
+    assert result.returncode != 0 and len(sbatch_lines(result.stdout, "train")) == 1, "not retried"
     (log,) = (path for path in (tmp_path / "logs" / "train").glob("*.log") if ".piece-" not in path.name)
-    said = f"job failed: the image {scratchflow_cpu_image} has no Python module 'transformers', which this job imports"
-    assert said in log.read_text(), result.stdout[-3000:]
+    said = f"the image {scratchflow_cpu_image} has no Python module 'transformers', which this job imports"
+    assert f"a retry cannot fix it: {said}" in log.read_text(), result.stdout[-3000:]
+    assert "no run finished, none to compare" in result.stdout
     (slurm_log,) = (tmp_path / ".snakemake" / "slurm_logs" / "rule_train").glob("*/*.log")
     assert said in slurm_log.read_text(), "the job's Slurm log says it in one line"
     logged = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ ", log.read_text(), re.MULTILINE)

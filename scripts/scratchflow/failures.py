@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scratchflow.software import describe_failure
+
 # Exit statuses a retry may fix (nf-core's pipeline template: `task.exitStatus in ((130..145) + 104)`).
 RETRIED_EXIT_STATUSES = frozenset(range(130, 146)) | {104}
 # What a retry may fix, by the error's class name (torch's own are not imported here).
@@ -68,8 +70,7 @@ def final_failure(error: BaseException, task_file: Path | None, last_outcome: st
         return None
     if isinstance(error, Diverged):
         return FinalFailure(f"diverged {error}", None, DIVERGED, error.step)
-    name = type(error).__name__
-    cause = f"{name}: {error}".splitlines()[0].removesuffix("; its last lines:")  # a program's tail follows
+    cause = describe_failure(error).splitlines()[0].removesuffix("; its last lines:")  # a program's tail follows
     exit_status = getattr(error, "exit_status", None)
     if OUT_OF_MEMORY in cause and OUT_OF_MEMORY not in (last_outcome or ""):
         return None  # a retry may land on a larger GPU; twice in a row, it will not
