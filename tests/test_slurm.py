@@ -404,7 +404,14 @@ def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image
         assert result.returncode != 0 and said in result.stdout, result.stdout[-3000:]
         assert "config key cluster.image_variable" in result.stdout and not sbatch_lines(result.stdout, "")
 
-    result = run_on_slurm(slurm, tmp_path, "lrz", {"SCRATCHFLOW_IMAGE": str(scratchflow_cpu_image)}, "--verbose")
+    result = run_on_slurm(
+        slurm,
+        tmp_path,
+        "lrz",
+        {"SCRATCHFLOW_IMAGE": str(scratchflow_cpu_image)},
+        "--verbose",
+        "--slurm-keep-successful-logs",
+    )
     assert result.returncode != 0 and len(sbatch_lines(result.stdout, "train")) == 1, "not retried"
     (log,) = (path for path in (tmp_path / "logs" / "train").glob("*.log") if ".piece-" not in path.name)
     said = f"the image {scratchflow_cpu_image} has no Python module 'transformers', which this job imports"

@@ -368,7 +368,10 @@ def test_a_grid_where_one_run_has_a_bug_and_one_diverges_submits_each_once_and_c
     assert len(sbatch_lines(output, "train")) == 4, "one train job each: nothing retried"
     assert len(sbatch_lines(output, "predict")) == 2, "a run with no model predicts nothing on a node"
     assert [line for line in sbatch_lines(output, "train") if runs["buggy"] in line], "the buggy run's, once"
-    said = f"run {runs['buggy']} failed: ValueError"
+    said = (
+        f"run {runs['buggy']} failed: CommandFailed: the command ['python', '{program}'] exited with 1, its last "
+        "line: ValueError: shapes (8, 10) and (12, 2) not aligned"
+    )
     assert "scratchflow: 1 of 4 runs failed, each in a way a retry cannot fix" in output and said in output
     assert f"at {program}:5 (in <module>)" in output, "the line of the program's bug"
     assert f"run {runs['diverging']} diverged at step 10: the loss became nan" in output
