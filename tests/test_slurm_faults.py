@@ -9,6 +9,7 @@ environment's software, so that each test pays for its fault rather than for bui
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import re
@@ -379,7 +380,7 @@ def test_a_grid_where_one_run_has_a_bug_and_one_diverges_submits_each_once_and_c
     assert list(table["outcome"]) == ["finished", "finished", "diverged", "failed"]
     assert list(table["mood"]) == ["good", "fair", "diverging", "buggy"]
     page = (tmp_path / "results" / "summary.html").read_text()
-    assert said in page and f"run {runs['diverging']} diverged" in page
+    assert html.escape(said) in page and f"run {runs['diverging']} diverged" in page
 
     program.write_text(MOODY_PROGRAM.replace('mood == "buggy" and step == 20', "False"))  # the fix
     returncode, output = finish(start(slurm, tmp_path, "--verbose"), tmp_path)
