@@ -156,7 +156,7 @@ def test_a_command_that_raises_fails_its_run_once_telling_the_tail_of_its_output
         "CommandFailed: the command ['python'"
     )
     assert f"a retry cannot fix it: CommandFailed: the command ['python', '{script}'] exited with 1" in result.stdout
-    assert "every run failed, none to compare" in result.stdout
+    assert "no run finished, none to compare" in result.stdout
     assert list((tmp_path / "scratch").iterdir()) == []
 
 
