@@ -94,7 +94,7 @@ def test_a_divergence_is_final_a_result_at_its_step_and_said_in_one_line():
     failed = {"cause": "KeyError: 'hidden'", "where": "task.py:3 (in train)", "piece": 1, "step": 20}
     assert (
         unfinished_line("abc", FAILED, failed)
-        == "run abc failed: KeyError: 'hidden' at task.py:3 (in train) (piece 1, step 20)"
+        == "run abc failed: KeyError: 'hidden' at task.py:3 (in train) (piece 1, its newest checkpoint: step 20)"
     )
     records = {"a": {"outcome": "finished"}, "b": {"outcome": FAILED, "failure": failed}, "c": {"divergence": said}}
     assert unfinished_runs(records) == {"c": (DIVERGED, said), "b": (FAILED, failed)}, "diverged first"

@@ -121,9 +121,9 @@ def unfinished_runs(records: dict[str, dict[str, Any]]) -> dict[str, tuple[str, 
 
 
 def unfinished_line(run_id: str, outcome: str, said: dict[str, Any]) -> str:
-    """A run that failed or diverged in one line: its cause, where in the lab's code, the piece and
-    the step."""
+    """A run that failed or diverged in one line: its cause, where in the lab's code, the piece, and
+    the step a failed run's newest checkpoint is at (a diverged run's cause says its step)."""
     where = f" at {said['where']}" if said.get("where") else ""
-    step = f", step {said['step']}" if said.get("step") is not None and outcome == FAILED else ""
+    step = f", its newest checkpoint: step {said['step']}" if said.get("step") is not None and outcome == FAILED else ""
     cause = said["cause"] if outcome == FAILED else said["cause"].removeprefix(f"{DIVERGED} ")
     return f"run {run_id} {outcome}{':' if outcome == FAILED else ''} {cause}{where} (piece {said['piece']}{step})"

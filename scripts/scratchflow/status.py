@@ -415,7 +415,8 @@ def spend_line(workdir: Path, statuses: list[RunStatus], records: dict[str, dict
     cost = grid_cost(pieces, predictions, plan.last_rung if plan.halving else None)
     line = f"spent so far: {cost.line()}"
     finished = [status.run_id for status in statuses if status.state == "finished" and status.run_id in cost.by_run]
-    rest = [status.run_id for status in statuses if status.state not in ("finished", "stopped")]
+    # A diverged run is done (a result); a failed one trains again after its fix.
+    rest = [status.run_id for status in statuses if status.state not in ("finished", "stopped", "diverged")]
     if not finished or not rest:
         return line
     unit = "gpu_hours" if cost.total.gpu_hours is not None and cost.site is not None else "cpu_hours"

@@ -331,12 +331,14 @@ def on_success(config: dict[str, Any], plan: Plan) -> None:
     unfinished = unfinished_runs({run_id: read_json(path) for run_id, path in records.items() if path.is_file()})
     lines = "".join(f"  {unfinished_line(run_id, outcome, said)}\n" for run_id, (outcome, said) in unfinished.items())
     failed = sum(outcome == FAILED for outcome, _said in unfinished.values())
+    diverged = len(unfinished) - failed
     if unfinished and not failed:
-        print(f"scratchflow: {len(unfinished)} of {len(plan.runs)} runs diverged (ranked last):\n{lines}", end="")
+        print(f"scratchflow: {diverged} of {len(plan.runs)} runs diverged (ranked last):\n{lines}", end="")
     elif failed:
+        also = f"; {diverged} diverged (results, ranked last)" if diverged else ""
         refuse(
             f"scratchflow: {failed} of {len(plan.runs)} runs failed, each in a way a retry cannot fix "
-            f"(not retried, left out of the comparison; diverged runs are results):\n{lines}"
+            f"(not retried, left out of the comparison){also}:\n{lines}"
             "Their logs are in logs/train/. After a fix, the same command trains the failed runs again."
         )
 
