@@ -117,14 +117,15 @@ def predict_here_what_has_no_model(workflow: Any) -> None:
     """A run that failed or diverged has no model to predict with: its predict job, which only says
     so (scratchflow.jobs.no_prediction), runs in the workflow's own Snakemake, not as a cluster job
     asking for a GPU: such a run costs no job but its training's."""
-    ended: set[str] = set()
+    known: dict[str, bool] = {}  # a run's answer, once its record says (Snakemake asks many times)
 
     def has_no_model(run_id: str) -> bool:
-        if run_id not in ended:
+        if run_id not in known:
             record = Path(RUN_PATHS.of(run_id).record)
-            if record.is_file() and read_json(record).get("outcome", FINISHED) != FINISHED:
-                ended.add(run_id)
-        return run_id in ended
+            if not record.is_file():
+                return False  # not trained yet: its predict job does not run before it is
+            known[run_id] = read_json(record).get("outcome", FINISHED) != FINISHED
+        return known[run_id]
 
     snakemake_adapter.run_here_when(workflow, "predict", has_no_model)
 
