@@ -203,10 +203,10 @@ def train_job(job: TrainJob) -> None:
     spec = piece_spec(job, store, data["sha256"])
     outcome, run_folder = run_piece(spec)
     if isinstance(outcome, FinalFailure):
-        ended = spec.ledger.pieces()
+        ended, at = spec.ledger.pieces(), f" (at {outcome.where})" if outcome.where else ""
         if isinstance(job.ends_with, halving.Rung):
             if outcome.outcome != DIVERGED:  # a search's rungs know no failed runs: retried
-                raise RuntimeError(f"{outcome.cause}{f' (at {outcome.where})' if outcome.where else ''}")
+                raise RuntimeError(f"{outcome.cause}{at}")
             rung = halving.diverged_rung_record(job.run_id, job.identity["training"], job.ends_with, outcome, ended)
             run_folder.write_json(plain(rung), job.ends_with.record_out)
             raise RunFailed(f"run {job.run_id} {outcome.cause} in rung {job.ends_with.index}: the rung's worst")
@@ -217,8 +217,8 @@ def train_job(job: TrainJob) -> None:
                 f"comparison; not retried. Its log: {job.log.resolve()}"
             )
         raise RunFailed(
-            f"run {job.run_id} failed, and a retry cannot fix it: {outcome.cause}"
-            f"{f' (at {outcome.where})' if outcome.where else ''}; not retried, the rest of the grid goes on. "
+            f"run {job.run_id} failed, and a retry cannot fix it: {outcome.cause}{at}; not retried, the rest "
+            "of the grid goes on. "
             f"After a fix, the same command trains it again. Its log: {job.log.resolve()}"
         )
     trained = finished(outcome)
