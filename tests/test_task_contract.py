@@ -355,8 +355,12 @@ def test_a_task_that_hands_its_piece_no_checkpoint_is_told_how(tmp_path, monkeyp
 
 
 def test_a_progress_report_make_status_could_not_read_fails_naming_what_it_lacks(tmp_path, monkeypatch):
-    config, _ = lab_task(tmp_path, monkeypatch, ('                    "at": now,\n', ""))
-    with pytest.raises(contract.ContractBroken, match=r"report_progress\(.*\): it lacks at \(a report holds step,"):
+    config, _ = lab_task(
+        tmp_path,
+        monkeypatch,
+        ("context.report_progress(step, end, loss.item())", "context.report_progress(step, end, str(loss.item()))"),
+    )
+    with pytest.raises(contract.ContractBroken, match=r"report_progress\(.*\): not a number: loss"):
         contract.check_stops_and_resumes(config, tmp_path / "work")
 
 

@@ -24,11 +24,13 @@ from scratchflow.staging import COMPRESSION_TOOLS, archive_layout, missing_tools
 from scratchflow.tasks import (
     Task,
     UnknownTask,
+    declared_goal,
     described,
     grid_schema,
     is_lab_task,
     load_task,
     loaded_file,
+    metric_names,
     refuse_what_is_gone,
     task_file,
     training_schema,
@@ -180,13 +182,24 @@ def lab_task_bugs_in_one_line(task: str, where: str) -> Iterator[None]:
 
 
 def fill_task_defaults(config: dict[str, Any], task: Task) -> None:
-    """The defaults of the task's `training:` keys (its schema fragment), and its first metric as the
-    one the runs are compared by, where the config leaves them out."""
+    """The defaults of the task's `training:` keys (its schema fragment), its first metric as the
+    one the runs are compared by, and that metric's direction as the task declares it (else higher
+    is better), where the config leaves them out. A direction the config gives that contradicts the
+    task's declaration is refused: the best run would be the worst."""
     for key, item in training_schema(config["task"]).get("properties", {}).items():
         if "default" in item:
             config["training"].setdefault(key, item["default"])
-    if config["aggregate"]["metric"] is None and task.METRICS:
-        config["aggregate"]["metric"] = task.METRICS[0]
+    aggregate = config["aggregate"]
+    if aggregate["metric"] is None and task.METRICS:
+        aggregate["metric"] = metric_names(task.METRICS)[0]
+    declared = declared_goal(task.METRICS, aggregate["metric"])
+    if aggregate.get("goal") not in (None, declared) and declared is not None:
+        better = {"max": "higher", "min": "lower"}
+        raise ConfigError(
+            f"config key aggregate.goal: {aggregate['goal']} contradicts task {config['task']!r}, which says "
+            f"{better[declared]} {aggregate['metric']} is better ({declared}); leave aggregate.goal out"
+        )
+    aggregate["goal"] = aggregate.get("goal") or declared or "max"
 
 
 def check_task_settings(config: dict[str, Any], task: Task) -> None:
@@ -214,6 +227,11 @@ def check_task_settings(config: dict[str, Any], task: Task) -> None:
             check_halving(config["search"])
         except SearchError as error:
             raise ConfigError(f"config key {error}") from None
+        if config["search"]["kind"] == HALVING and not task.TRAINS_RUNGS:
+            raise ConfigError(
+                f"config key search.kind: task {config['task']!r} trains no halving search's rungs (its TRAINS_RUNGS "
+                "is False): search with kind: random, or sweep a grid"
+            )
         if config["search"]["kind"] == HALVING:
             check_halving_setup(config)
     if task.NEEDS_MODEL and not config.get("model"):
@@ -226,7 +244,7 @@ def check_task_settings(config: dict[str, Any], task: Task) -> None:
     if task.METRICS and config["aggregate"]["metric"] not in task.METRICS:
         raise ConfigError(
             f"config key aggregate.metric: {config['aggregate']['metric']!r} is not a metric task "
-            f"{config['task']!r} reports; it reports: {', '.join(task.METRICS)}"
+            f"{config['task']!r} reports; it reports: {', '.join(metric_names(task.METRICS))}"
         )
     with lab_task_bugs_in_one_line(config["task"], "its check_settings"):
         try:

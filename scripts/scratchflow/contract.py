@@ -49,6 +49,7 @@ from scratchflow.lease import Publication, RunFolder
 from scratchflow.piece_spec import Paused, PieceSpec
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.tasks import (
+    GOALS,
     PROGRESS_KEYS,
     TASK_NAMES,
     PredictContext,
@@ -106,12 +107,30 @@ def check_declarations(task: str) -> None:
     missing = [name for name in TASK_NAMES if not hasattr(module, name)]
     if missing or not (isinstance(module.CHECKPOINT_MARKER, str) and module.CHECKPOINT_MARKER):
         raise ContractBroken(f"{task}: lacks {missing or 'a CHECKPOINT_MARKER file name'}")
-    if not (module.METRICS is None or (isinstance(module.METRICS, tuple) and module.METRICS)):
-        raise ContractBroken(f"{task}: METRICS is None or a tuple of metric names, not {module.METRICS!r}")
+    if metrics_problem(module.METRICS):
+        raise ContractBroken(f"{task}: METRICS {metrics_problem(module.METRICS)}, not {module.METRICS!r}")
+    for flag in ("NEEDS_MODEL", "WRITES_PREDICTIONS", "LAUNCHES_OWN_PROCESSES", "TRAINS_RUNGS"):
+        if not isinstance(getattr(module, flag), bool):
+            raise ContractBroken(f"{task}: {flag} is True or False, not {getattr(module, flag)!r}")
     schema = training_schema(task)
     jsonschema.Draft202012Validator.check_schema(schema)
     if schema.get("additionalProperties") is True:
         raise ContractBroken(f"{task}: its schema fragment takes any key: a typo in training: must be refused")
+
+
+def metrics_problem(metrics: Any) -> str | None:
+    """What is wrong with a task's METRICS (None: nothing): each metric's direction, the first the one
+    runs are ranked by, as {"rmse": "min", "mae": "min"}; or None (whatever its code reports)."""
+    if metrics is None:
+        return None
+    if isinstance(metrics, tuple) and metrics and all(isinstance(name, str) for name in metrics):
+        return None  # scratchflow 0.4's names without directions: the config's aggregate.goal then
+    if not isinstance(metrics, dict) or not metrics:
+        return 'is each metric\'s direction, as {"rmse": "min", "accuracy": "max"} (the first ranks the runs), or None'
+    wrong = {name: goal for name, goal in metrics.items() if not isinstance(name, str) or goal not in GOALS}
+    if wrong:
+        return f'gives each metric a direction, "max" (higher is better) or "min" (lower is): {wrong!r}'
+    return None
 
 
 def check_refuses_empty_data(config: dict[str, Any], work: Path) -> None:
@@ -178,11 +197,13 @@ def progress_problem(progress: Any, since: float) -> str | None:
     the time it was reported (time.time())."""
     if not isinstance(progress, dict):
         return "a progress report is a dict"
-    missing = [key for key in PROGRESS_KEYS if key not in progress]
+    missing = [key for key in ("step", "at") if key not in progress]
     if missing:
-        return f"it lacks {', '.join(missing)} (a report holds {', '.join(PROGRESS_KEYS)})"
+        return f"it lacks {', '.join(missing)} (a report holds the step, and may hold {', '.join(PROGRESS_KEYS)})"
     not_numbers = [
-        key for key in PROGRESS_KEYS if isinstance(progress[key], bool) or not isinstance(progress[key], int | float)
+        key
+        for key in PROGRESS_KEYS
+        if key in progress and (isinstance(progress[key], bool) or not isinstance(progress[key], int | float))
     ]
     if not_numbers:
         return f"not a number: {', '.join(not_numbers)}"
@@ -292,7 +313,8 @@ def check_rung(config: dict[str, Any], work: Path) -> None:
         raise ContractBroken(
             f"{task}: a rung returns Trained(metrics={{'validation': {{...}}}}), the metrics on the validation "
             f"split at the end of budget_epochs, and a retry from that checkpoint the same: the rung's "
-            f"{rung.metrics.get('validation')!r:.200}, the retry's {retried.metrics.get('validation')!r:.200}"
+            f"{rung.metrics.get('validation')!r:.200}, the retry's {retried.metrics.get('validation')!r:.200} "
+            "(a task that trains no halving search's rungs declares TRAINS_RUNGS = False)"
         )
     rung_end = rung.metrics["global_steps"]
     if rung_end is None or not retried.metrics["global_steps"] == rung_end == store.newest_step():
@@ -502,7 +524,18 @@ def check_leaves_duties_to_its_piece(module_file: Path) -> None:
         raise ContractBroken(f"{module_file} does what its piece does: {', '.join(found)}")
 
 
-def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | None]]:
+class CheckSkipped(Exception):
+    """A check that does not apply to the task, and why."""
+
+
+def skipped(why: str) -> Callable[[Path], None]:
+    def check(_work: Path) -> None:
+        raise CheckSkipped(why)
+
+    return check
+
+
+def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | CheckSkipped | None]]:
     """Every check of `config`'s task on `config` (validated, its defaults filled in), each in a
     folder of its own: (what was checked, how it broke or None). Whatever the task raises in a check
     is that check's failure, and the next check runs. The predict check predicts what the stop and
@@ -529,13 +562,17 @@ def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | No
         )
         if trainer_script.launched_script(config["training"]["command"]):
             del checks["a halving search's rung"]  # not driven by the launcher (docs/tasks.md)
+    elif not load_task(task).TRAINS_RUNGS:
+        checks["a halving search's rung"] = skipped(
+            "TRAINS_RUNGS is False: a halving search with this task is refused at start-up"
+        )
     with tempfile.TemporaryDirectory(prefix="check-task-") as folder:
         for number, (name, check) in enumerate(checks.items()):
             work = Path(folder) / f"check-{number}"
             work.mkdir()
             try:
                 check(work)
-            except ContractBroken as broken:
+            except (ContractBroken, CheckSkipped) as broken:
                 yield name, broken
             except (Exception, SystemExit) as error:  # the task's own code failed: said, not raised
                 yield name, ContractBroken(described(error, module_file))

@@ -333,12 +333,13 @@ def _training_detail(store: CheckpointStore, piece: PieceRecord, now: float) -> 
     progress = RunLedger(store.run_folder).progress()
     started = piece_time(piece.started_at)
     if progress is not None and progress["at"] >= started:
-        step, total = progress["step"], progress["max_steps"]
-        return (
-            f"{where}, step {step} of {total} ({100 * step / total:.0f}%), "
-            f"{progress['samples_per_second']:.1f} samples/s, "
-            f"{duration(progress['seconds_left'])} left at that speed (as of {duration(now - progress['at'])} ago)"
-        )
+        step, total = progress["step"], progress.get("max_steps")
+        parts = [f"{where}, step {step}" + (f" of {total} ({100 * step / total:.0f}%)" if total else "")]
+        if "samples_per_second" in progress:
+            parts.append(f"{progress['samples_per_second']:.1f} samples/s")
+        if "seconds_left" in progress:
+            parts.append(f"{duration(progress['seconds_left'])} left at that speed")
+        return ", ".join(parts) + f" (as of {duration(now - progress['at'])} ago)"
     running = f"{where}, running for {duration(now - started)}"
     newest = _newest_checkpoint(store)
     if newest is None:

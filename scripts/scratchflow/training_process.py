@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import shutil
 import signal
 import sys
 import time
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow import signals, tracking
-from scratchflow.checkpoints import newest_complete_checkpoint, step_of
+from scratchflow.checkpoints import complete_checkpoints, newest_complete_checkpoint, step_of
 from scratchflow.dataset import staged_sources
 from scratchflow.files import write_json_atomically
 from scratchflow.lease import Publication
@@ -120,6 +121,7 @@ class TrainingProcess:
         self.progress: dict[str, Any] | None = None  # the task's latest progress report, not yet written
         self.progress_written_at = time.monotonic()  # the piece's start: its first report after the interval
         self.progress_interval = PROGRESS_WRITE_SECONDS
+        self.first_report: tuple[int, float] | None = None  # this piece's first step reported, and when
         self.schedule = CheckpointSchedule(spec.checkpoint_every)
 
     def train(self) -> PieceOutcome:
@@ -191,6 +193,7 @@ class TrainingProcess:
         if self.me.world_size == 1:
             self.mirroring.mirror_newest()
             self.saved_step = self.mirroring.mirrored_step
+            self._prune_scratch()
             return
         import torch.distributed  # only a piece of several processes has them
 
@@ -211,6 +214,16 @@ class TrainingProcess:
             log.info("checkpoint %s of %d processes saved to %s", checkpoint.name, self.me.world_size, assembly.parent)
         self.saved_step = step_of(checkpoint)
         self._published(self.saved_step, started)
+        if self.me.local_rank == 0:  # the node's processes share its scratch; each wrote its part
+            self._prune_scratch()
+
+    def _prune_scratch(self) -> None:
+        """The task's complete checkpoints on scratch beyond the newest `checkpointing.keep`, removed
+        once the newest is on shared storage (a task need not prune its own)."""
+        saved = complete_checkpoints(self.spec.checkpoint_dir, self.task.CHECKPOINT_MARKER)
+        for _step, old in saved[: -self.spec.store.keep]:
+            (old / self.task.CHECKPOINT_MARKER).unlink(missing_ok=True)  # first: never a half-removed complete one
+            shutil.rmtree(old, ignore_errors=True)
 
     def _published(self, step: int, started: float) -> None:
         """A checkpoint is on shared storage: what it cost, kept on scratch for the piece's entry
@@ -227,6 +240,27 @@ class TrainingProcess:
             "checkpoint-%d %spublished in %.2f s; the next after %.2f minutes of training%s",
             *(step, saving, cost.publish_seconds, self.schedule.seconds / 60, bound),
         )
+
+    def report_step(self, step: int, max_steps: int | None, loss: float | None) -> None:
+        """The task's progress given as its step (and where it stops, and its loss): the speed over this
+        piece's reports and the time left at it worked out here, from the first process's reports."""
+        if self.me.rank != 0:
+            return
+        now = time.monotonic()
+        first_step, first_at = self.first_report = self.first_report or (step, now)
+        progress: dict[str, Any] = {"step": step, "at": time.time()}
+        if max_steps is not None:
+            progress["max_steps"] = max_steps
+        if loss is not None:
+            progress["loss"] = loss
+        if step > first_step and now > first_at:
+            steps_per_second = (step - first_step) / (now - first_at)
+            batch_size = self.spec.params.get("batch_size")
+            if isinstance(batch_size, int):
+                progress["samples_per_second"] = round(steps_per_second * batch_size * self.me.world_size, 2)
+            if max_steps is not None:
+                progress["seconds_left"] = round((max_steps - step) / steps_per_second, 1)
+        self.report_progress(progress)
 
     def report_progress(self, progress: dict[str, Any]) -> None:
         self.progress = progress

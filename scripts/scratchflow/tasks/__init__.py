@@ -39,8 +39,12 @@ if TYPE_CHECKING:
     from scratchflow.schedule import CheckpointInterval
 
 # What a progress report holds, each a number: where training is, where this job stops, the loss,
-# the speed, the seconds left at that speed, and when it was reported (time.time()).
+# the speed, the seconds left at that speed, and when it was reported (time.time()). A task gives the
+# step (with where it stops, and the loss, where it knows them); the piece works out the rest.
 PROGRESS_KEYS = ("step", "max_steps", "loss", "samples_per_second", "seconds_left", "at")
+
+# The directions a metric may have in a task's METRICS: higher is better, or lower is.
+GOALS = ("max", "min")
 
 
 class UnknownTask(ValueError):
@@ -54,6 +58,7 @@ class Lifecycle(Protocol):
     def checkpoint_due(self, step: int) -> bool: ...
     def checkpoint_saved(self, checkpoint: Path) -> None: ...
     def report_progress(self, progress: dict[str, Any]) -> None: ...
+    def report_step(self, step: int, max_steps: int | None, loss: float | None) -> None: ...
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]: ...
 
 
@@ -180,12 +185,19 @@ class TrainContext:
         process: the piece copies it to shared storage, where the next piece resumes from it."""
         self.lifecycle.checkpoint_saved(checkpoint)
 
-    def report_progress(self, progress: dict[str, Any]) -> None:
-        """Optional: where training is, for `make status` (PROGRESS_KEYS, each a number; `at` is
-        time.time()), from the first process only. The piece writes it to the run's folder on shared
-        storage, replacing the last report, and records a piece that dies with the step it had
-        reached: report at most every few seconds (say every logging interval), not every step."""
-        self.lifecycle.report_progress(progress)
+    def report_progress(
+        self, step: int | dict[str, Any], max_steps: int | None = None, loss: float | None = None
+    ) -> None:
+        """Optional: where training is, for `make status` and the train log: the run's step just
+        done, where this job stops (`max_steps`) and the loss, where the task knows them. Call it at
+        every step if you like, from any process: the piece keeps the first process's latest, works
+        out the speed and the time left, and writes it to the run's folder with each checkpoint and at
+        most once a minute between them; a piece that fails is recorded with the step it had reached.
+        (A whole report, a dict of PROGRESS_KEYS, as tasks of scratchflow 0.4 gave it, is taken too.)"""
+        if isinstance(step, dict):
+            self.lifecycle.report_progress(step)
+        else:
+            self.lifecycle.report_step(step, max_steps, loss)
 
     def run_program(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
         """For a task whose training is another program: run it to its end, passing the stop signal on
@@ -302,17 +314,24 @@ class Task(Protocol):
     """What a task module defines (module-level names; the functions as plain functions). A task
     sets no signal handler, calls no torch.distributed barrier or collective, runs no program through
     scratchflow.processes, mirrors nothing and raises nothing to stop: its piece does that, asked
-    through its `TrainContext` (scratchflow.contract reads a task's code for it)."""
+    through its `TrainContext` (scratchflow.contract reads a task's code for it). A module may leave
+    out any name of DEFAULTS: `load_task` gives it the default."""
 
     # The file the task writes last into `checkpoint-<step>/`: its presence makes the checkpoint
     # complete (mirrored to shared storage, resumable).
     CHECKPOINT_MARKER: str
     NEEDS_MODEL: bool  # whether `model:` is required (prefetched to models/<name>/)
-    METRICS: tuple[str, ...] | None  # the test metrics it reports (None: whatever its code reports)
+    # The test metrics it reports, each with its direction, the first the one runs are ranked by:
+    # {"rmse": "min", "mae": "min"}; None: whatever its code reports (the config names the metric).
+    # A tuple of names (scratchflow 0.4) is taken too: its directions are then the config's.
+    METRICS: dict[str, str] | tuple[str, ...] | None
     WRITES_PREDICTIONS: bool  # whether predict writes predictions.csv
     # True: `train` runs once per job whatever the job's shape (it starts its own processes);
     # False: a job with several training processes runs `train` in each, under torchrun.
     LAUNCHES_OWN_PROCESSES: bool
+    # Whether `train` trains a halving search's rungs (context.budget_epochs): a task that does not
+    # says False, and a halving search with it is refused at start-up.
+    TRAINS_RUNGS: bool
 
     def check_settings(self, config: dict[str, Any]) -> None:
         """Start-up checks of its settings (every start); raises ValueError naming the key."""
@@ -345,15 +364,43 @@ TASK_NAMES = tuple(Task.__annotations__) + tuple(
 )
 
 
+def _no_check(*_given: Any) -> None:
+    """Nothing to check."""
+
+
+# What a task module may leave out, and what it then is.
+DEFAULTS: dict[str, Any] = {
+    "CHECKPOINT_MARKER": "COMPLETE",
+    "NEEDS_MODEL": False,
+    "METRICS": None,
+    "WRITES_PREDICTIONS": False,
+    "LAUNCHES_OWN_PROCESSES": False,
+    "TRAINS_RUNGS": True,
+    "check_settings": _no_check,
+    "check_model": _no_check,
+}
+
+
 def missing_names(module: ModuleType) -> list[str]:
-    """The names of the `Task` protocol that `module` lacks (or has, but not callable where they
-    must be functions)."""
+    """The names of the `Task` protocol that `module` lacks and that have no default (or has, but
+    not callable where they must be functions)."""
     functions = set(TASK_NAMES) - set(Task.__annotations__)
     return [
         name
         for name in TASK_NAMES
-        if not hasattr(module, name) or (name in functions and not callable(getattr(module, name)))
+        if (not hasattr(module, name) and name not in DEFAULTS)
+        or (hasattr(module, name) and name in functions and not callable(getattr(module, name)))
     ]
+
+
+def metric_names(metrics: dict[str, str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The names of a task's METRICS, the one runs are ranked by first."""
+    return tuple(metrics or ())
+
+
+def declared_goal(metrics: dict[str, str] | tuple[str, ...] | None, metric: str) -> str | None:
+    """The direction a task's METRICS declare for `metric` ("max" or "min"), or None: not declared."""
+    return metrics.get(metric) if isinstance(metrics, dict) else None
 
 
 def module_name(task: str) -> str:
@@ -419,6 +466,9 @@ def load_task(task: str) -> ModuleType:
             f"config key task: {task!r} ({module.__file__}) is not a whole task; it lacks "
             f"{', '.join(missing)} (what a task defines: the Task protocol in scratchflow/tasks/__init__.py)"
         )
+    for name, default in DEFAULTS.items():
+        if not hasattr(module, name):
+            setattr(module, name, default)
     return module
 
 

@@ -69,11 +69,9 @@ from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 log = logging.getLogger(__name__)
 
 CHECKPOINT_MARKER = "COMPLETE"
-NEEDS_MODEL = False
 # The program starts its own processes (the shape is in its environment); it runs once per job.
 LAUNCHES_OWN_PROCESSES = True
-METRICS = None  # whatever the program writes into metrics.json
-WRITES_PREDICTIONS = False
+# No METRICS: whatever the program writes into metrics.json (the config names the one that ranks).
 METRICS_FILE = "metrics.json"
 VALIDATION_FILE = "validation.json"  # a rung's validation metrics (and at the end, if written)
 

@@ -12,9 +12,8 @@ from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
 CHECKPOINT_MARKER = TRAINER_CHECKPOINT_MARKER
 NEEDS_MODEL = True
-METRICS = ("macro_f1", "accuracy")
+METRICS = {"macro_f1": "max", "accuracy": "max"}
 WRITES_PREDICTIONS = True
-LAUNCHES_OWN_PROCESSES = False  # several training processes: torchrun runs train in each
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 

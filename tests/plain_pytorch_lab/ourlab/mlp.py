@@ -14,7 +14,6 @@ import csv
 import json
 import math
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,8 @@ import torch
 from scratchflow.dataset import DatasetError
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
-CHECKPOINT_MARKER = "COMPLETE"
-NEEDS_MODEL = False
-METRICS = ("accuracy", "loss")
+METRICS = {"accuracy": "max", "loss": "min"}
 WRITES_PREDICTIONS = True
-LAUNCHES_OWN_PROCESSES = False
-REPORT_EVERY_SECONDS = 5.0
 LEARNING_RATE_BY_HAND = "learning-rate"
 
 
@@ -79,10 +74,6 @@ def check_data(dataset: dict[str, Any], sources: dict[str, Path]) -> None:
         raise DatasetError("dataset: too few rows for a train and a test split")
 
 
-def check_model(model_dir: Path) -> None:
-    """No model to load: the MLP starts from random weights."""
-
-
 def mlp(inputs: int, hidden: int, classes: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, classes))
 
@@ -100,13 +91,8 @@ def save_checkpoint(context: TrainContext, step: int, model: torch.nn.Module, op
     folder = context.checkpoint_dir / f"checkpoint-{step}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, folder / "state.pt")
-    (folder / CHECKPOINT_MARKER).touch()  # last: the checkpoint is complete
+    (folder / "COMPLETE").touch()  # last: the checkpoint is complete
     context.checkpoint_saved(folder)
-    saved = sorted(context.checkpoint_dir.glob("checkpoint-*"), key=lambda old: int(old.name.split("-")[1]))
-    for old in saved[: -context.keep_checkpoints]:
-        for file in old.iterdir():
-            file.unlink()
-        old.rmdir()
 
 
 def train(context: TrainContext) -> Trained | None:
@@ -126,7 +112,6 @@ def train(context: TrainContext) -> Trained | None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-    started, reported = time.time(), 0.0
     by_hand = context.work_dir / LEARNING_RATE_BY_HAND
     while step < end:
         if by_hand.is_file():
@@ -146,20 +131,7 @@ def train(context: TrainContext) -> Trained | None:
             save_checkpoint(context, step, model, optimizer)
         if stop:
             return None
-        now = time.time()
-        if now - reported >= REPORT_EVERY_SECONDS:
-            speed = step / max(now - started, 1e-6)
-            context.report_progress(
-                {
-                    "step": step,
-                    "max_steps": end,
-                    "loss": loss.item(),
-                    "samples_per_second": speed * params["batch_size"],
-                    "seconds_left": (end - step) / speed,
-                    "at": now,
-                }
-            )
-            reported = now
+        context.report_progress(step, end, loss.item())
     validation = evaluate(model, *data["validation"]) if "validation" in data else {}
     if context.budget_epochs:
         return Trained(output=context.work_dir, metrics={"validation": validation})
