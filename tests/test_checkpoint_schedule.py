@@ -76,3 +76,20 @@ def test_the_clock_starts_at_the_first_steps_end_not_at_the_pieces_start_up():
     clock.now += 600  # the task's start-up, before its first step ends
     saved = train_and_save(schedule, clock, steps=70, step_seconds=1.0, save=0.0, publish=0.0)
     assert saved == [61]
+
+
+def test_the_train_log_names_the_next_checkpoint_by_time_and_by_steps_where_set():
+    """The line the log writes after each checkpoint says what `due` will do, not the minutes alone."""
+    clock = Clock()
+    by_time = CheckpointSchedule(CheckpointInterval(minutes=10), clock)
+    assert by_time.next_checkpoint(37) == "the next after 10.00 minutes of training"
+    by_steps = CheckpointSchedule(CheckpointInterval(minutes=10, steps=25), clock)
+    assert (
+        by_steps.next_checkpoint(25) == "the next at step 50 or after 10.00 minutes of training, whichever comes first"
+    )
+    assert by_steps.next_checkpoint(37).startswith("the next at step 50 or"), "a stop's checkpoint, between two"
+    stretched = CheckpointSchedule(CheckpointInterval(minutes=1), clock)
+    train_and_save(stretched, clock, steps=61, step_seconds=1.0, save=2.0, publish=1.0)
+    assert stretched.next_checkpoint(61) == (
+        "the next after 5.00 minutes of training (100 times this one's cost: checkpoints stay under 1 % of training)"
+    )

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,11 @@ from scratchflow.dataset import (
     fingerprint,
     label_names,
     load_examples,
+    load_splits,
     resolve_location,
     split_examples,
 )
+from scratchflow.tasks import image_classification, text_classification
 
 
 def test_folder_per_label_reads_every_file_and_survives_bad_bytes(tmp_path):
@@ -69,6 +72,86 @@ def test_the_split_is_stratified_disjoint_complete_and_reproducible():
 def test_too_few_examples_for_a_split_is_an_error():
     with pytest.raises(DatasetError, match="too few"):
         split_examples([Example("1", "x", "a")], test_fraction=0.2, validation_fraction=0.0, seed=0)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A regression's example, as a lab's task reads it: an id, its numbers, and the number to predict."""
+
+    id: str
+    features: tuple[float, ...]
+    target: float
+
+
+FRACTIONS = {"test_fraction": 0.2, "validation_fraction": 0.1, "split_seed": 3}
+
+
+def regression_rows(count: int) -> list[Row]:
+    return [Row(f"{i:04d}", (float(i), float(i % 7)), i * 0.5) for i in range(count)]
+
+
+def split_rows(rows: list[Row], **dataset) -> dict[str, list[Row]]:
+    """load_splits of one table, as train, check_data and predict call it, `read` giving `rows`."""
+    return load_splits({"all": Path("numbers.csv")}, {**FRACTIONS, **dataset}, lambda path: rows)
+
+
+def test_a_target_column_splits_by_ids_and_seed_alone_disjoint_complete_and_by_the_fractions():
+    rows = regression_rows(200)
+    splits = split_rows(rows, target_column="price")
+    ids = {name: {row.id for row in part} for name, part in splits.items()}
+    assert not (ids["train"] & ids["test"] or ids["train"] & ids["validation"] or ids["test"] & ids["validation"])
+    assert ids["train"] | ids["validation"] | ids["test"] == {row.id for row in rows}
+    assert (len(ids["test"]), len(ids["validation"]), len(ids["train"])) == (40, 20, 140)
+    assert split_rows(list(reversed(rows)), target_column="price") == splits, "whatever order read returns"
+    assert split_rows(rows, target_column="price", split_seed=4)["test"] != splits["test"]
+    # Not the first rows of the file, nor the last: a sorted table's tail is no test split.
+    assert ids["test"] not in ({row.id for row in rows[:40]}, {row.id for row in rows[-40:]})
+
+
+def test_a_split_by_a_target_column_depends_on_the_ids_not_on_the_values():
+    """A row's split stays when its numbers are corrected: train and predict agree on what was tested."""
+    rows = regression_rows(50)
+    corrected = [Row(row.id, row.features, row.target + 1) for row in rows]
+    ids = {name: [row.id for row in part] for name, part in split_rows(rows, target_column="price").items()}
+    assert {
+        name: [row.id for row in part] for name, part in split_rows(corrected, target_column="price").items()
+    } == ids
+
+
+def test_too_few_rows_for_a_split_by_a_target_column_is_one_line_naming_the_fractions():
+    with pytest.raises(DatasetError, match=r"^2 examples are too few for test_fraction=0\.2, validation_fraction=0\.1"):
+        split_rows(regression_rows(2), target_column="price")
+
+
+def test_rows_without_a_label_and_without_a_target_column_say_to_set_it():
+    with pytest.raises(DatasetError, match=r"set dataset\.target_column"):
+        split_rows(regression_rows(20))
+
+
+def test_without_a_target_column_the_split_is_by_label_as_before():
+    examples = [Example(f"{label}/{i}", f"text {i}", label) for label in "ab" for i in range(30)]
+    by_label = load_splits({"all": Path("news")}, FRACTIONS, lambda path: examples)
+    assert by_label == split_examples(examples, 0.2, 0.1, seed=3)
+    assert sorted(e.label for e in by_label["test"]) == sorted("ab" * 6)
+    # The rows held out before target_column came (its code unchanged): earlier runs keep their results.
+    few = [Example(f"{label}/{i}", "", label) for label in "ab" for i in range(10)]
+    assert [e.id for e in split_examples(few, 0.2, 0.1, seed=3)["test"]] == ["a/5", "a/8", "b/3", "b/6"]
+
+
+def test_split_files_are_read_as_they_are_with_or_without_a_target_column():
+    rows = regression_rows(10)
+    sources = {"train": Path("train.csv"), "test": Path("test.csv")}
+    splits = load_splits(
+        sources, {"target_column": "price"}, lambda path: rows[:8] if path.stem == "train" else rows[8:]
+    )
+    assert splits == {"train": rows[:8], "validation": [], "test": rows[8:]}
+
+
+@pytest.mark.parametrize("task", [text_classification, image_classification])
+def test_the_classification_tasks_refuse_a_target_column(task):
+    dataset = {"format": "folder", "text_column": "text", "label_column": "label", "target_column": "price"}
+    with pytest.raises(ValueError, match=r"^dataset\.target_column: task .* predicts a label"):
+        task.check_settings({"task": task.__name__, "dataset": dataset})
 
 
 def test_labels_have_a_fixed_order():

@@ -52,6 +52,9 @@ def test_ids_change_with_what_changes_the_result_but_not_with_the_data_location(
     assert set(build_run_table(config({"seed": [0]}, model="other"))) != base
     assert set(build_run_table(config({"seed": [0]}, dataset={**DATASET, "split_seed": 1}))) != base
     assert set(build_run_table(config({"seed": [0]}, dataset={**DATASET, "path": "/moved/news"}))) == base
+    by_price = set(build_run_table(config({"seed": [0]}, dataset={**DATASET, "target_column": "price"})))
+    by_rent = set(build_run_table(config({"seed": [0]}, dataset={**DATASET, "target_column": "rent"})))
+    assert len({frozenset(base), frozenset(by_price), frozenset(by_rent)}) == 3, "another target, another run"
 
 
 def test_run_ids_are_short_hex():

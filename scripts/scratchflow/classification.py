@@ -18,6 +18,15 @@ from scratchflow.tasks import Predicted
 TRAINER_CHECKPOINT_MARKER = "trainer_state.json"
 
 
+def check_no_target_column(config: dict[str, Any]) -> None:
+    """A classification task predicts a label: a number to predict (a regression's) is not its data."""
+    if config["dataset"].get("target_column"):
+        raise ValueError(
+            f"dataset.target_column: task {config['task']} predicts a label (dataset.label_column), not a "
+            "number; remove target_column, which is for a task of your own that predicts one"
+        )
+
+
 def splits_and_labels(context: Any, read: Callable[[Path], list[Any]]) -> tuple[dict[str, list[Any]], list[str]]:
     """The staged data of a train or predict context as train/validation/test, and the labels of
     all of them in a fixed order (which fixes the model's label ids)."""

@@ -1,8 +1,10 @@
-"""Reading a labelled dataset in any of the supported layouts, and splitting it reproducibly.
+"""Reading a labelled dataset in any of the supported layouts, and splitting any dataset reproducibly.
 
 A dataset is one file or folder (`dataset.path`, split by fractions) or one per split
-(`dataset.splits`: train, validation, test). Tables hold a text and a label column; a folder holds one
-sub-folder per label, one file per example (a text, an image: the task reads it).
+(`dataset.splits`: train, validation, test). The classification tasks' tables hold a text and a label
+column; their folder holds one sub-folder per label, one file per example (a text, an image: the task
+reads it). A task of a lab's own whose examples have a number to predict (`dataset.target_column`, a
+regression) reads them itself; `load_splits` splits them by their ids alone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from scratchflow import SCRATCHFLOW_DIR
 
@@ -63,6 +65,16 @@ class LabelledFile:
 
 
 Labelled = TypeVar("Labelled", Example, LabelledFile)
+
+
+class Identified(Protocol):
+    """An example of any task: all a split by fractions needs of it is an id, unique in its dataset."""
+
+    @property
+    def id(self) -> str: ...
+
+
+Item = TypeVar("Item", bound=Identified)
 
 
 def data_sources(dataset: dict[str, Any]) -> dict[str, Path]:
@@ -267,14 +279,44 @@ def _load_folder(root: Path) -> list[Example]:
 
 
 def load_splits(
-    sources: dict[str, Path], dataset: dict[str, Any], read: Callable[[Path], list[Labelled]]
-) -> dict[str, list[Labelled]]:
-    """train/validation/test: the dataset's own split files, or its one location split by fractions."""
+    sources: dict[str, Path], dataset: dict[str, Any], read: Callable[[Path], list[Item]]
+) -> dict[str, list[Item]]:
+    """train/validation/test: the dataset's own split files, or its one location split by fractions:
+    at random where each example has a number to predict (`dataset.target_column` set), else
+    stratified by label (each example then needs a `label`)."""
     if WHOLE not in sources:
         return {name: read(sources[name]) if name in sources else [] for name in SPLITS}
-    return split_examples(
-        read(sources[WHOLE]), dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"]
-    )
+    examples = read(sources[WHOLE])
+    fractions = dataset["test_fraction"], dataset["validation_fraction"], dataset["split_seed"]
+    if dataset.get("target_column"):
+        return shuffle_split(examples, *fractions)
+    unlabelled = next((example for example in examples if not hasattr(example, "label")), None)
+    if unlabelled is not None:  # a regression's examples, its config lacking the switch
+        raise DatasetError(
+            f"dataset.target_column is not set, so dataset.path is split by label, but example "
+            f"{unlabelled.id!r} ({type(unlabelled).__name__}) has no label: set dataset.target_column "
+            "to the column of the number each example predicts"
+        )
+    return split_examples(cast(list[Any], examples), *fractions)
+
+
+def shuffle_split(
+    examples: list[Item], test_fraction: float, validation_fraction: float, seed: int
+) -> dict[str, list[Item]]:
+    """An unstratified train/validation/test split that depends only on the examples' ids and the
+    seed, not on the order they come in: for examples without a label (a regression's)."""
+    shuffled = sorted(examples, key=lambda example: example.id)
+    random.Random(f"{seed}/shuffle").shuffle(shuffled)
+    n_test = round(len(shuffled) * test_fraction)
+    n_validation = round(len(shuffled) * validation_fraction)
+    splits = {
+        "train": shuffled[n_test + n_validation :],
+        "validation": shuffled[n_test : n_test + n_validation],
+        "test": shuffled[:n_test],
+    }
+    for members in splits.values():
+        members.sort(key=lambda example: example.id)
+    return _checked_split(splits, len(examples), test_fraction, validation_fraction)
 
 
 def split_examples(
@@ -294,9 +336,16 @@ def split_examples(
         splits["train"] += members[n_test + n_validation :]
     for name in SPLITS:
         splits[name].sort(key=lambda example: example.id)
+    return _checked_split(splits, len(examples), test_fraction, validation_fraction)
+
+
+def _checked_split(
+    splits: dict[str, list[Item]], count: int, test_fraction: float, validation_fraction: float
+) -> dict[str, list[Item]]:
+    """`splits`, or DatasetError where train or test is empty."""
     if not splits["train"] or not splits["test"]:
         raise DatasetError(
-            f"{len(examples)} examples are too few for test_fraction={test_fraction}, "
+            f"{count} examples are too few for test_fraction={test_fraction}, "
             f"validation_fraction={validation_fraction}: the train or test split is empty"
         )
     return splits

@@ -31,11 +31,15 @@ def run_identity(
     params: dict[str, Any], dataset: dict[str, Any], model_name: str | None, task: str = DEFAULT_TASK
 ) -> dict[str, Any]:
     """Everything that determines a run's result, in the form that is hashed into its id. Keys that
-    came later (the task, fixed splits) appear only when used, so earlier runs keep their ids."""
+    came later (the task, fixed splits, a target column) appear only when used, so earlier runs keep
+    their ids."""
     dataset_identity = {key: dataset[key] for key in DATASET_IDENTITY_KEYS}
     if dataset.get("splits"):
         # Which splits the data has, not where they lie: moving the files must not rename runs.
         dataset_identity["splits"] = sorted(dataset["splits"])
+    if dataset.get("target_column"):
+        # Another target, or a split at random instead of by label: another run.
+        dataset_identity["target_column"] = dataset["target_column"]
     identity = {"dataset": dataset_identity, "model": model_name, "training": dict(sorted(params.items()))}
     if task != DEFAULT_TASK:
         identity["task"] = task

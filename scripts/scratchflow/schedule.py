@@ -88,6 +88,16 @@ class CheckpointSchedule:
         assert self.step_ended_at is not None and self.last_saved_at is not None
         return self.step_ended_at - self.last_saved_at >= self.seconds
 
+    def next_checkpoint(self, step: int) -> str:
+        """When the checkpoint after the one of `step` is due, as the train log says it: `due`'s rule."""
+        by_time = f"after {self.seconds / 60:.2f} minutes of training"
+        if self.stretched:
+            by_time += f" ({1 / SAVING_SHARE:.0f} times this one's cost: checkpoints stay under 1 % of training)"
+        if self.interval.steps is None:
+            return f"the next {by_time}"
+        next_step = (step // self.interval.steps + 1) * self.interval.steps
+        return f"the next at step {next_step} or {by_time}, whichever comes first"
+
     def published(self, step: int, publish_started_at: float) -> CheckpointCost:
         """The checkpoint of `step` is on shared storage, its publication begun at
         `publish_started_at` (this clock's): what it cost, kept; the interval counts from now."""

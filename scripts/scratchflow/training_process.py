@@ -233,12 +233,9 @@ class TrainingProcess:
             return
         write_json_atomically(plain(self.schedule.costs), self.spec.work_dir / CHECKPOINT_COSTS_FILE, durable=False)
         saving = f"saved in {cost.save_seconds:.2f} s, " if cost.save_seconds is not None else ""
-        bound = (
-            " (100 times this one's cost: checkpoints stay under 1 % of training)" if self.schedule.stretched else ""
-        )
         log.info(
-            "checkpoint-%d %spublished in %.2f s; the next after %.2f minutes of training%s",
-            *(step, saving, cost.publish_seconds, self.schedule.seconds / 60, bound),
+            "checkpoint-%d %spublished in %.2f s; %s",
+            *(step, saving, cost.publish_seconds, self.schedule.next_checkpoint(step)),
         )
 
     def report_step(self, step: int, max_steps: int | None, loss: float | None) -> None:

@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scratchflow.classification import TRAINER_CHECKPOINT_MARKER, predict_test_split, splits_and_labels
+from scratchflow.classification import (
+    TRAINER_CHECKPOINT_MARKER,
+    check_no_target_column,
+    predict_test_split,
+    splits_and_labels,
+)
 from scratchflow.dataset import DatasetError, LabelledFile, check_labelled, labelled_files
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
@@ -18,6 +23,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 def check_settings(config: dict[str, Any]) -> None:
+    check_no_target_column(config)
     if config["dataset"]["format"] != "folder":
         raise ValueError(
             f"dataset.format: task image-classification reads a folder per label of images (format: folder), "

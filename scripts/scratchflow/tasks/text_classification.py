@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scratchflow.classification import TRAINER_CHECKPOINT_MARKER, predict_test_split, splits_and_labels
+from scratchflow.classification import (
+    TRAINER_CHECKPOINT_MARKER,
+    check_no_target_column,
+    predict_test_split,
+    splits_and_labels,
+)
 from scratchflow.dataset import DatasetError, Example, check_labelled, describe, load_examples
 from scratchflow.tasks import PredictContext, Predicted, TrainContext, Trained
 
@@ -25,6 +30,7 @@ def read(dataset: dict[str, Any]):
 
 def check_settings(config: dict[str, Any]) -> None:
     dataset = config["dataset"]
+    check_no_target_column(config)
     if dataset["format"] != "folder" and dataset["text_column"] == dataset["label_column"]:
         raise DatasetError(
             f"dataset.text_column and dataset.label_column are both {dataset['text_column']!r}: "
