@@ -71,6 +71,9 @@ def test_a_grid_runs_through_the_whole_lifecycle(finished):
     runs = pd.read_csv(workdir / "results" / "runs.tsv", sep="\t")
     assert sorted(runs["learning_rate"]) == [1.0e-3, 2.0e-3]
     assert set(runs["run_id"]) == {path.name for path in run_dirs(workdir)}
+    # Only what tells the runs apart: the learning rate, not the one seed nor the epochs.
+    assert not {"seed", "epochs"} & set(runs.columns)
+    assert list(runs.columns[2:4]) == ["macro_f1", "accuracy"], "the metric the runs are ranked by first"
     # One seed per setting: a setting per run, its mean the run's value.
     summary = pd.read_csv(workdir / "results" / "summary.tsv", sep="\t")
     assert sorted(summary["run_ids"]) == sorted(runs["run_id"])

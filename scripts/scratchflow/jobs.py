@@ -28,7 +28,7 @@ from scratchflow.ledger import FINISHED, PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import TrainingStopped, finished, run_piece
 from scratchflow.piece_spec import Paused, PieceSpec, Shape, Staging
-from scratchflow.plan import FAILURE_NOTE, REPLICATE_KEY, RUN_PATHS, Plan
+from scratchflow.plan import FAILURE_NOTE, RUN_PATHS, Plan
 from scratchflow.provenance import code_record
 from scratchflow.record import environment_record, output_to_log, plain
 from scratchflow.schedule import CheckpointInterval
@@ -533,6 +533,7 @@ def aggregate_job(
         raise aggregation.NothingToCompare(unfinished)
     table = aggregation.summarize({run_id: files for run_id, files in runs.items() if run_id not in unfinished})
     aggregation.check_metric(table, metric)
+    table = aggregation.ranked_first(table, metric)
     settings = aggregation.by_setting(table)
     chosen = aggregation.best(table, settings, metric, goal)
     ascending = goal == "min"  # the tables list the best first
@@ -543,8 +544,6 @@ def aggregate_job(
     trained_by = aggregation.trained_by_table(records)  # columns only where the runs differ
     settings_written = settings.merge(aggregation.setting_costs(settings, cost.by_run), on="run_ids")
     settings_written = settings_written.merge(aggregation.setting_trained_by(settings, trained_by), on="run_ids")
-    with written_whole(summary_out) as partial:
-        settings_written.to_csv(partial, sep="\t", index=False)
     runs_written = aggregation.with_unfinished_runs(
         table, unfinished, {run_id: read_json(runs[run_id]["params"]) for run_id in unfinished}
     )
@@ -552,11 +551,17 @@ def aggregate_job(
     runs_written = runs_written.merge(trained_by, on="run_id", how="left")
     if search:
         runs_written = with_rungs(search, runs_written, table, records, cost, metric, goal)
+    parameters = aggregation.parameter_columns(table)
+    finished = runs_written[runs_written["outcome"] == FINISHED]
+    write_hparams_view(finished, parameters, table.attrs["metrics"])
+    constant = aggregation.constant_parameters(runs_written, parameters)
+    settings_written = settings_written.drop(columns=constant, errors="ignore")  # it has no seed column
+    runs_written = runs_written.drop(columns=constant)
+    with written_whole(summary_out) as partial:
+        settings_written.to_csv(partial, sep="\t", index=False)
     with written_whole(runs_out) as partial:
         runs_written.to_csv(partial, sep="\t", index=False)
     log.info("the grid cost %s", cost.line())
-    finished = runs_written[runs_written["outcome"] == FINISHED]
-    write_hparams_view(finished, [*aggregation.setting_columns(table), REPLICATE_KEY], table.attrs["metrics"])
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
     plot_best_curves(table, metric, chosen["run"]["run_id"], curves_out)
