@@ -22,7 +22,8 @@ from scratchflow import accounting, aggregation, halving, report, signals, slurm
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
 from scratchflow.failures import DIVERGED, FAILED, FinalFailure, unfinished_line, unfinished_runs
-from scratchflow.files import read_json, write_json_atomically, written_whole
+from scratchflow.figures import save_png
+from scratchflow.files import read_json, remove_whole, write_json_atomically, written_whole
 from scratchflow.lease import RunFolder, Superseded
 from scratchflow.ledger import FINISHED, PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
@@ -411,6 +412,9 @@ class PredictJob:
     predictions_out: Path | None  # for tasks that write predictions
     tracking: str  # config key tracking
     train_record: Path  # the run's record.json: a run that failed or diverged has no model to predict with
+    # The folder of the task's own figures (Predicted.figures), <name>.png: no declared output, their
+    # names are the task's.
+    figures_out: Path
 
 
 def predict_job(job: PredictJob) -> None:
@@ -446,6 +450,7 @@ def predict_job(job: PredictJob) -> None:
             if job.predictions_out is not None:
                 copy_whole(scratch / job.predictions_out.name, job.predictions_out)
             write_json_atomically(predicted.metrics, job.metrics_out)
+            write_figures(predicted.figures, job.figures_out)
         with timer.phase("curves"):
             run_folder = job.curves_out.parent
             curves = tracking.read_curves(Path(RUN_PATHS.of(job.run_id).tensorboard))
@@ -468,6 +473,7 @@ def no_prediction(job: PredictJob, outcome: str) -> None:
     """The predict outputs of a run that failed or diverged: no metrics, no predictions (an empty
     file), the curves it trained, and a record that says why."""
     write_json_atomically({}, job.metrics_out)
+    write_figures({}, job.figures_out)
     if job.predictions_out is not None:
         with written_whole(job.predictions_out) as partial:
             partial.write_text("")
@@ -484,6 +490,15 @@ def no_prediction(job: PredictJob, outcome: str) -> None:
         job.record_out,
     )
     log.info("run %s %s: no model to predict with", job.run_id, outcome)
+
+
+def write_figures(figures: dict[str, Any], folder: Path) -> None:
+    """A run's figures as `folder/<name>.png`, each closed once saved; `folder` holds these alone
+    (one an earlier prediction of the run drew goes), and none is no folder."""
+    if folder.exists():
+        remove_whole(folder)
+    for name, figure in figures.items():
+        save_png(figure, folder / f"{name}.png", dpi=100)
 
 
 def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.Curves, metrics: dict) -> None:

@@ -38,6 +38,7 @@ class RunPaths:
     predict_record: str = "results/runs/{run_id}/predict_record.json"
     curves: str = "results/runs/{run_id}/curves.png"
     predictions: str = "results/runs/{run_id}/predictions.csv"
+    figures: str = "results/runs/{run_id}/figures"  # the task's own, <name>.png (Predicted.figures)
     tensorboard: str = f"results/runs/{{run_id}}/{TENSORBOARD_FOLDER}"
     train_log: str = "logs/train/{run_id}.log"
     predict_log: str = "logs/predict/{run_id}.log"
