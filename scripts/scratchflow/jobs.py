@@ -29,7 +29,7 @@ from scratchflow.ledger import FINISHED, PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import TrainingStopped, finished, run_piece
 from scratchflow.piece_spec import Paused, PieceSpec, Shape, Staging
-from scratchflow.plan import FAILURE_NOTE, RUN_PATHS, Plan
+from scratchflow.plan import BEST_CONFUSION_MATRIX, FAILURE_NOTE, RUN_PATHS, Plan, best_run_figures
 from scratchflow.provenance import code_record
 from scratchflow.record import environment_record, output_to_log, plain
 from scratchflow.schedule import CheckpointInterval
@@ -533,15 +533,15 @@ def aggregate_job(
     plot_out: Path,
     curves_out: Path,
     page_out: Path,
-    confusion_out: Path,
     halving_search: HalvingComparison | None = None,
 ) -> None:
     """The grid's tables (per setting, per run; as TSV, and as one sortable page with the runs'
     provenance), with what each run and setting cost (scratchflow.accounting), its best setting and
-    run, and its figures. A halving search's: the runs of its last rung, and also every run's
-    validation metric and cost at each rung, in a table and a figure, and in runs.tsv. The comparison
-    is of the runs that finished; those that diverged (ranked last) or failed are named, in runs.tsv
-    (outcome, detail) and on the page, and counted in the cost."""
+    run, and its figures (the best run's confusion matrix only where its metrics hold one). A halving
+    search's: the runs of its last rung, and also every run's validation metric and cost at each
+    rung, in a table and a figure, and in runs.tsv. The comparison is of the runs that finished;
+    those that diverged (ranked last) or failed are named, in runs.tsv (outcome, detail) and on the
+    page, and counted in the cost."""
     records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
     unfinished = unfinished_runs(records)
     if len(unfinished) == len(runs):
@@ -580,9 +580,11 @@ def aggregate_job(
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
     plot_best_curves(table, metric, chosen["run"]["run_id"], curves_out)
-    report.write_summary_page(settings_written, runs_written, chosen, records, cost, page_out)
     best_run_id = chosen["run"]["run_id"]
-    report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, confusion_out)
+    report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, Path(BEST_CONFUSION_MATRIX))
+    report.write_summary_page(
+        settings_written, runs_written, chosen, records, cost, page_out, figures=best_run_figures(best_run_id)
+    )
     setting = chosen["setting"]
     log.info(
         "%d runs in %d settings; best setting by mean %s (%s): %.4f ± %s over %d run(s): %s; best run %s (%.4f)",

@@ -76,8 +76,18 @@ COMPARISON_OUTPUTS = {
     "plot": "results/comparison.png",
     "curves": "results/curves.png",
     "page": "results/summary.html",
-    "confusion": "results/best_confusion_matrix.png",
 }
+# The best run's confusion matrix is no declared output: whether the best run reports one is known
+# only once it has predicted. The aggregate job draws it where the best run's metrics hold one, and
+# removes it where not, so that one from an earlier best run never lingers.
+BEST_CONFUSION_MATRIX = "results/best_confusion_matrix.png"
+
+
+def best_run_figures(run_id: str) -> list[Path]:
+    """The best run's figures there are, in the grid's directory: its confusion matrix, then the
+    figures its task drew (Predicted.figures), by name."""
+    confusion = Path(BEST_CONFUSION_MATRIX)
+    return [confusion] * confusion.is_file() + sorted(Path(RUN_PATHS.of(run_id).figures).glob("*.png"))
 
 
 @dataclass(frozen=True)
