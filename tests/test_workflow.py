@@ -84,6 +84,10 @@ def test_a_grid_runs_through_the_whole_lifecycle(finished):
     for figure in ("comparison.png", "curves.png"):
         assert drawn_figure(workdir / "results" / figure)[0] >= 800
     assert str(workdir / "results" / "summary.tsv") in result.stdout
+    # A classifier's best run reports its confusion matrix: drawn, listed, and on the page.
+    assert drawn_figure(workdir / "results" / "best_confusion_matrix.png")[0] > 0
+    assert str(workdir / "results" / "best_confusion_matrix.png") in result.stdout
+    assert "<figcaption>best_confusion_matrix: " in (workdir / "results" / "summary.html").read_text()
     assert f"tensorboard --logdir {workdir / 'results' / 'runs'}" in result.stdout
     status = subprocess.run([sys.executable, STATUS_SCRIPT, workdir], capture_output=True, text=True, check=True)
     *_, total, spend = status.stdout.splitlines()
