@@ -28,7 +28,6 @@ with job_context(snakemake.log[0]):
         plot_out=Path(snakemake.output.plot),
         curves_out=Path(snakemake.output.curves),
         page_out=Path(snakemake.output.page),
-        confusion_out=Path(snakemake.output.confusion),
         # A halving search's decisions, and its rungs' table and figure.
         halving_search=HalvingComparison(
             decisions=[Path(path) for path in snakemake.input.decisions],

@@ -24,5 +24,6 @@ with job_context(snakemake.log[0], snakemake.threads, ends_its_slurm_job=not pac
             predictions_out=Path(snakemake.output.predictions) if hasattr(snakemake.output, "predictions") else None,
             tracking=snakemake.config["tracking"],
             train_record=Path(RUN_PATHS.of(snakemake.wildcards.run_id).record),
+            figures_out=Path(RUN_PATHS.of(snakemake.wildcards.run_id).figures),
         )
     )

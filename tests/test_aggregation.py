@@ -9,7 +9,10 @@ from scratchflow.aggregation import (
     by_setting,
     check_metric,
     comparison_axis,
+    constant_parameters,
+    parameter_columns,
     plot_comparison,
+    ranked_first,
     setting_columns,
     setting_trained_by,
     summarize,
@@ -41,6 +44,29 @@ def test_the_runs_table_has_a_row_per_run_with_params_and_metrics(tmp_path):
     assert list(table.columns) == ["run_id", "learning_rate", "seed", "epochs", "accuracy", "macro_f1"]
     assert setting_columns(table) == ["learning_rate", "epochs"]
     assert varying_columns(table, setting_columns(table)) == ["learning_rate"]
+
+
+def test_the_tables_lead_with_the_ranking_metric_the_others_after_it_in_their_order(tmp_path):
+    """A regression ranked by its rmse: rmse is the first metric column of the runs and of the
+    settings, not wherever the task happened to report it."""
+    table = ranked_first(summarize(runs(tmp_path)), "macro_f1")
+    assert list(table.columns) == ["run_id", "learning_rate", "seed", "epochs", "macro_f1", "accuracy"]
+    assert table.attrs["metrics"] == ["macro_f1", "accuracy"]
+    assert list(by_setting(table).columns)[4:] == [
+        *("macro_f1_mean", "macro_f1_std", "macro_f1_count"),
+        *("accuracy_mean", "accuracy_std", "accuracy_count"),
+    ]
+
+
+def test_a_parameter_the_same_in_every_run_is_left_out_and_every_one_that_varies_stays(tmp_path):
+    table = summarize(runs(tmp_path))
+    assert parameter_columns(table) == ["learning_rate", "seed", "epochs"]
+    assert constant_parameters(table, parameter_columns(table)) == ["epochs"]
+    # A grid of seeds alone: the seed is all that tells its runs apart.
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    table = summarize({run_id: write_run(seeds, run_id, 1e-4, seed, 0.9, 0.8) for seed, run_id in enumerate("ab")})
+    assert constant_parameters(table, parameter_columns(table)) == ["learning_rate", "epochs"]
 
 
 def test_runs_that_differ_only_in_their_seed_are_one_setting_with_mean_spread_and_count(tmp_path):

@@ -1,12 +1,17 @@
 """The report's own page: the grid's tables as self-contained HTML, the runs' provenance, the best
-run's confusion matrix. (tests/test_workflow.py opens the whole report in a browser.)"""
+run's figures (its confusion matrix where it reports one, its task's own), and the workflow's last
+message naming them. (tests/test_workflow.py opens the whole report in a browser.)"""
 
 import json
+from pathlib import Path
 
 from conftest import drawn_figure
 from scratchflow.accounting import Cost, GridCost
 from scratchflow.aggregation import best, by_setting, run_costs, setting_costs, summarize
+from scratchflow.figures import pyplot, save_png
+from scratchflow.plan import BEST_CONFUSION_MATRIX, RUN_PATHS, Plan, best_run_figures
 from scratchflow.report import plot_confusion_matrix, provenance, write_summary_page
+from scratchflow.workflow_hooks import describe_results
 
 
 def record(commit: str, host: str, dirty: bool = False, version: str = "0.1.0") -> dict:
@@ -115,10 +120,73 @@ def test_provenance_tells_runs_of_two_releases_and_a_record_from_before_versions
     assert facts["pipeline commit"] == "not recorded (1 run), c0ffee (1 run)"
 
 
-def test_the_confusion_matrix_is_drawn_and_a_task_without_one_says_so(tmp_path):
-    matrix = {"labels": ["a", "b"], "rows_true_columns_predicted": [[3, 1], [0, 4]]}
-    plot_confusion_matrix({"confusion_matrix": matrix}, "aaa", tmp_path / "matrix.png")
-    plot_confusion_matrix({"test_loss": 0.1}, "bbb", tmp_path / "none.png")
-    # (2.5 + 0.6 per label) x (2 + 0.6 per label) inches at 100 dpi; a small note without a matrix.
-    assert drawn_figure(tmp_path / "matrix.png") == (370, 320)
-    assert drawn_figure(tmp_path / "none.png") == (500, 200)
+MATRIX = {"labels": ["a", "b"], "rows_true_columns_predicted": [[3, 1], [0, 4]]}
+
+
+def test_the_confusion_matrix_is_drawn_and_a_task_without_one_has_none(tmp_path):
+    """A regression's best run reports no confusion matrix: no figure, and the one an earlier best
+    run (a classifier's) had is not left behind."""
+    drawn = tmp_path / "best_confusion_matrix.png"
+    plot_confusion_matrix({"confusion_matrix": MATRIX}, "aaa", drawn)
+    # (2.5 + 0.6 per label) x (2 + 0.6 per label) inches at 100 dpi.
+    assert drawn_figure(drawn) == (370, 320)
+    plot_confusion_matrix({"rmse": 0.3, "mae": 0.2}, "bbb", drawn)
+    assert list(tmp_path.iterdir()) == []
+
+
+def predicted_against_true(run_id: str) -> None:
+    """The figure a regression task's predict returned for `run_id`, as its predict job saved it."""
+    figure, axes = pyplot().subplots(figsize=(3, 3))
+    axes.scatter([1.0, 2.0, 3.0], [1.1, 1.8, 3.2])
+    save_png(figure, Path(RUN_PATHS.of(run_id).figures) / "predicted_vs_true.png", dpi=100)
+
+
+def page_of(tmp_path, figures) -> str:
+    table, settings, chosen = grid(tmp_path)
+    cost = local_cost(list(table["run_id"]))
+    write_summary_page(settings, table, chosen, {"aaa": record("c0ffee", "n1")}, cost, tmp_path / "page.html",
+                       tmp_path, figures=figures)  # fmt: skip
+    return (tmp_path / "page.html").read_text()
+
+
+def test_a_regressions_best_run_shows_its_own_figure_and_no_confusion_matrix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    predicted_against_true("bbb")
+    plot_confusion_matrix({"rmse": 0.3}, "bbb", Path(BEST_CONFUSION_MATRIX))
+    figures = best_run_figures("bbb")
+    assert figures == [Path("results/runs/bbb/figures/predicted_vs_true.png")]
+    page = page_of(tmp_path, figures)
+    assert page.count("<img ") == 1 and '<img src="data:image/png;base64,' in page, "inside the page"
+    assert "<figcaption>predicted_vs_true</figcaption>" in page
+    assert "confusion" not in page and "true label" not in page
+
+
+def test_a_classifiers_best_run_shows_its_confusion_matrix_first_with_what_its_rows_are(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    predicted_against_true("bbb")
+    plot_confusion_matrix({"confusion_matrix": MATRIX}, "bbb", Path(BEST_CONFUSION_MATRIX))
+    figures = best_run_figures("bbb")
+    assert figures == [Path(BEST_CONFUSION_MATRIX), Path("results/runs/bbb/figures/predicted_vs_true.png")]
+    page = page_of(tmp_path, figures)
+    assert page.count("<img ") == 2
+    assert (
+        "<figcaption>best_confusion_matrix: the test confusion matrix; rows: true label, columns: predicted"
+        "</figcaption>" in page
+    )
+    (tmp_path / "none").mkdir()
+    assert "figures" not in page_of(tmp_path / "none", []).split("<h2>Provenance")[0], "no figure, no heading"
+
+
+def test_the_last_message_lists_the_best_runs_figures_and_no_confusion_matrix_it_lacks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = Plan({"aaa": {}, "bbb": {}}, {}, None, "ourlab.regression", "rmse", "min", "COMPLETE")
+    for output in ("results/summary.tsv", "results/summary.html"):
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text("")
+    Path("results/best_run.json").write_text(json.dumps({"run": {"run_id": "bbb", "value": 0.3}}))
+    predicted_against_true("bbb")
+    listed = [line.strip() for line in describe_results(plan, "tensorboard").splitlines() if line.startswith("  /")]
+    assert listed == [
+        str(tmp_path.resolve() / "results" / name)
+        for name in ("summary.tsv", "best_run.json", "summary.html", "runs/bbb/figures/predicted_vs_true.png")
+    ]

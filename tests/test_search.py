@@ -222,9 +222,12 @@ def test_a_random_search_trains_every_trial_and_more_trials_plan_only_the_new_on
     summary = pd.read_csv(tmp_path / "results" / "summary.tsv", sep="\t")
     assert sorted(runs["seed"]) == [0, 1]
     assert len(summary) == 1 and list(summary["runs"]) == [2], "the trial's two seeds are replicates"
+    # The trial's parameters, the same in both its runs: in each run's params.json, not in the tables.
+    assert not {"learning_rate", "batch_size"} & {*runs.columns, *summary.columns}
+    params = pd.DataFrame([json.loads(path.read_text()) for path in tmp_path.glob("results/runs/*/params.json")])
     space = config["search"]["space"]
-    assert runs["learning_rate"].between(*space["learning_rate"]["log_uniform"]).all()
-    assert set(runs["batch_size"]) <= set(space["batch_size"]["choice"])
+    assert params["learning_rate"].between(*space["learning_rate"]["log_uniform"]).all()
+    assert set(params["batch_size"]) <= set(space["batch_size"]["choice"])
     assert not math.isnan(summary["accuracy_mean"].max())
 
     # One more trial: Snakemake plans its two seeds' runs alone, the first trial's are done.

@@ -19,11 +19,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, command_config, image_config, validated, workflow_config, workflow_env
+from conftest import REPO, command_config, drawn_figure, image_config, validated, workflow_config, workflow_env
 from scratchflow import contract
 from scratchflow.config import ConfigError, configured_task
 from scratchflow.lease import RunFolder
-from scratchflow.tasks import UnknownTask, WrongPredicted, available_tasks, load_task, raised_at, training_schema
+from scratchflow.tasks import (
+    Predicted,
+    UnknownTask,
+    WrongPredicted,
+    available_tasks,
+    load_task,
+    predicted_problem,
+    raised_at,
+    training_schema,
+)
 
 TASKS = available_tasks()
 
@@ -432,18 +441,34 @@ def test_predictions_from_a_task_that_writes_none_are_refused(tmp_path, monkeypa
 def test_a_predict_job_refuses_what_a_task_returned_wrongly_naming_the_task_and_what_it_returned(tmp_path, monkeypatch):
     """The workflow's predict job, on the lab's report's task (predictions a list): one line naming
     the task, not an AttributeError inside scratchflow; nothing written."""
-    from scratchflow.checkpoints import CheckpointStore
-    from scratchflow.jobs import PredictJob, predict_job
-    from scratchflow.staging import archive_dataset
+    from scratchflow.jobs import predict_job
 
     config, _ = lab_task(
         tmp_path, monkeypatch, (PREDICTING, PREDICTING.replace("predictions=predictions", "predictions=[{}]"))
     )
+    job = predict_job_of(config, tmp_path)
+    with pytest.raises(WrongPredicted) as refused:
+        predict_job(job)
+    assert str(refused.value) == (
+        f"task {config['task']}: predict returned predictions that are a list, not a pandas DataFrame "
+        "(WRITES_PREDICTIONS is True: they are written to predictions.csv)"
+    )
+    assert not (tmp_path / "results").exists()
+
+
+def predict_job_of(config: dict, tmp_path: Path):
+    """The workflow's predict job for a run of `config` trained here (one piece), its outputs under
+    tmp_path/results."""
+    from scratchflow.checkpoints import CheckpointStore
+    from scratchflow.jobs import PredictJob
+    from scratchflow.staging import archive_dataset
+
     run = CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE")
     trained = contract.trained_piece(contract.piece_spec(config, tmp_path / "train", 1, run))
     archive_dataset(config["dataset"], tmp_path / "data.tar", tmp_path / "data.manifest.json")
     results = tmp_path / "results"
-    job = PredictJob(
+    (tmp_path / "record.json").write_text(json.dumps({"run_id": "run0", "outcome": "finished"}))
+    return PredictJob(
         run_id="run0",
         task=config["task"],
         identity={"dataset": config["dataset"], "training": config["training"]},
@@ -459,15 +484,50 @@ def test_a_predict_job_refuses_what_a_task_returned_wrongly_naming_the_task_and_
         predictions_out=results / "predictions.csv",
         tracking="tensorboard",
         train_record=tmp_path / "record.json",
+        figures_out=results / "figures",
     )
-    (tmp_path / "record.json").write_text(json.dumps({"run_id": "run0", "outcome": "finished"}))
-    with pytest.raises(WrongPredicted) as refused:
-        predict_job(job)
-    assert str(refused.value) == (
-        f"task {config['task']}: predict returned predictions that are a list, not a pandas DataFrame "
-        "(WRITES_PREDICTIONS is True: they are written to predictions.csv)"
-    )
-    assert not results.exists()
+
+
+DRAWING = """    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(4, 3))
+    figure.add_subplot().scatter(predictions["label"], predictions["predicted"])
+    return Predicted(metrics=metrics, predictions=predictions, figures={"predicted_vs_true": figure})
+"""
+
+
+def test_a_figure_predict_returns_is_saved_as_a_png_in_the_runs_figures_and_an_older_one_goes(tmp_path, monkeypatch):
+    """A regression's predicted-against-true figure: results/runs/<run>/figures/predicted_vs_true.png;
+    a figure an earlier prediction of the run drew, and this one did not, is not left there."""
+    from scratchflow.jobs import predict_job
+
+    config, _ = lab_task(tmp_path, monkeypatch, (PREDICTING, DRAWING))
+    monkeypatch.chdir(tmp_path)  # where the job reads the run's curves (results/runs/run0/tensorboard)
+    job = predict_job_of(config, tmp_path)
+    job.figures_out.mkdir(parents=True)
+    (job.figures_out / "residuals.png").write_bytes(b"an earlier prediction's")
+    predict_job(job)
+    assert [path.name for path in job.figures_out.iterdir()] == ["predicted_vs_true.png"]
+    assert drawn_figure(job.figures_out / "predicted_vs_true.png") == (400, 300), "4 x 3 inches at 100 dpi"
+
+
+@pytest.mark.parametrize(
+    "figures, problem",
+    [
+        ([], "figures that are a list, not a dict of name -> matplotlib Figure"),
+        (
+            {"true/predicted": None, "": None},
+            "figures named 'true/predicted', '': a figure's name is its file's (<name>.png): letters, digits, _ and -",
+        ),
+        (
+            {"curve": [1, 2], "image": "x.png"},
+            "figures that are not a matplotlib Figure: curve (a list), image (a str)",
+        ),
+    ],
+)
+def test_figures_that_are_not_named_matplotlib_figures_are_refused_in_a_line(figures, problem):
+    predicted = Predicted(metrics={"loss": 0.5}, figures=figures)
+    assert predicted_problem(predicted, ("loss",), writes_predictions=False) == problem
 
 
 def test_a_contract_config_whose_data_or_task_is_missing_is_one_line_naming_it(tmp_path):

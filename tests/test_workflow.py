@@ -71,6 +71,9 @@ def test_a_grid_runs_through_the_whole_lifecycle(finished):
     runs = pd.read_csv(workdir / "results" / "runs.tsv", sep="\t")
     assert sorted(runs["learning_rate"]) == [1.0e-3, 2.0e-3]
     assert set(runs["run_id"]) == {path.name for path in run_dirs(workdir)}
+    # Only what tells the runs apart: the learning rate, not the one seed nor the epochs.
+    assert not {"seed", "epochs"} & set(runs.columns)
+    assert list(runs.columns[2:4]) == ["macro_f1", "accuracy"], "the metric the runs are ranked by first"
     # One seed per setting: a setting per run, its mean the run's value.
     summary = pd.read_csv(workdir / "results" / "summary.tsv", sep="\t")
     assert sorted(summary["run_ids"]) == sorted(runs["run_id"])
@@ -81,6 +84,10 @@ def test_a_grid_runs_through_the_whole_lifecycle(finished):
     for figure in ("comparison.png", "curves.png"):
         assert drawn_figure(workdir / "results" / figure)[0] >= 800
     assert str(workdir / "results" / "summary.tsv") in result.stdout
+    # A classifier's best run reports its confusion matrix: drawn, listed, and on the page.
+    assert drawn_figure(workdir / "results" / "best_confusion_matrix.png")[0] > 0
+    assert str(workdir / "results" / "best_confusion_matrix.png") in result.stdout
+    assert "<figcaption>best_confusion_matrix: " in (workdir / "results" / "summary.html").read_text()
     assert f"tensorboard --logdir {workdir / 'results' / 'runs'}" in result.stdout
     status = subprocess.run([sys.executable, STATUS_SCRIPT, workdir], capture_output=True, text=True, check=True)
     *_, total, spend = status.stdout.splitlines()

@@ -84,6 +84,15 @@ def summarize(runs: dict[str, dict[str, Path]]) -> pd.DataFrame:
     return table
 
 
+def ranked_first(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """`runs` (summarize) with `metric`, the one the runs are ranked by, its first metric column, the
+    other metrics after it in their order: every table of the comparison leads with it."""
+    metrics = [metric, *(name for name in runs.attrs["metrics"] if name != metric)]
+    ranked = runs[[column for column in runs.columns if column not in metrics] + metrics]
+    ranked.attrs["metrics"] = metrics
+    return ranked
+
+
 def cell(value: Any) -> Any:
     """A parameter as one table cell (a command's argv becomes one string, a mapping its JSON)."""
     if isinstance(value, list):
@@ -91,10 +100,16 @@ def cell(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 
 
+def parameter_columns(runs: pd.DataFrame) -> list[str]:
+    """The runs' training parameters (the seed too): every column of summarize's table but the id
+    and the metrics."""
+    metrics = runs.attrs.get("metrics", [])
+    return [column for column in runs.columns if column not in ("run_id", *metrics)]
+
+
 def setting_columns(runs: pd.DataFrame) -> list[str]:
     """The parameters that make a setting: all but the seed, whose runs are replicates."""
-    metrics = runs.attrs.get("metrics", [])
-    return [column for column in runs.columns if column not in ("run_id", REPLICATE_KEY, *metrics)]
+    return [column for column in parameter_columns(runs) if column != REPLICATE_KEY]
 
 
 def by_setting(runs: pd.DataFrame) -> pd.DataFrame:
@@ -200,6 +215,13 @@ def plain(value: Any) -> Any:
 def varying_columns(table: pd.DataFrame, columns: list[str]) -> list[str]:
     """Those of `columns` that differ between rows: the grid's axes, as far as the table shows them."""
     return [column for column in columns if table[column].astype(str).nunique() > 1]
+
+
+def constant_parameters(runs: pd.DataFrame, parameters: list[str]) -> list[str]:
+    """Those of `parameters` with the same value in every run of `runs`: the tables leave them out
+    (they tell no run from another; each run's params.json and record.json keep them)."""
+    varying = varying_columns(runs, parameters)
+    return [column for column in parameters if column not in varying]
 
 
 def comparison_axis(

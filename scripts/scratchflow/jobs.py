@@ -22,13 +22,14 @@ from scratchflow import accounting, aggregation, halving, report, signals, slurm
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
 from scratchflow.failures import DIVERGED, FAILED, FinalFailure, unfinished_line, unfinished_runs
-from scratchflow.files import read_json, write_json_atomically, written_whole
+from scratchflow.figures import save_png
+from scratchflow.files import read_json, remove_whole, write_json_atomically, written_whole
 from scratchflow.lease import RunFolder, Superseded
 from scratchflow.ledger import FINISHED, PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import TrainingStopped, finished, run_piece
 from scratchflow.piece_spec import Paused, PieceSpec, Shape, Staging
-from scratchflow.plan import FAILURE_NOTE, REPLICATE_KEY, RUN_PATHS, Plan
+from scratchflow.plan import BEST_CONFUSION_MATRIX, FAILURE_NOTE, RUN_PATHS, Plan, best_run_figures
 from scratchflow.provenance import code_record
 from scratchflow.record import environment_record, output_to_log, plain
 from scratchflow.schedule import CheckpointInterval
@@ -411,6 +412,9 @@ class PredictJob:
     predictions_out: Path | None  # for tasks that write predictions
     tracking: str  # config key tracking
     train_record: Path  # the run's record.json: a run that failed or diverged has no model to predict with
+    # The folder of the task's own figures (Predicted.figures), <name>.png: no declared output, their
+    # names are the task's.
+    figures_out: Path
 
 
 def predict_job(job: PredictJob) -> None:
@@ -446,6 +450,7 @@ def predict_job(job: PredictJob) -> None:
             if job.predictions_out is not None:
                 copy_whole(scratch / job.predictions_out.name, job.predictions_out)
             write_json_atomically(predicted.metrics, job.metrics_out)
+            write_figures(predicted.figures, job.figures_out)
         with timer.phase("curves"):
             run_folder = job.curves_out.parent
             curves = tracking.read_curves(Path(RUN_PATHS.of(job.run_id).tensorboard))
@@ -468,6 +473,7 @@ def no_prediction(job: PredictJob, outcome: str) -> None:
     """The predict outputs of a run that failed or diverged: no metrics, no predictions (an empty
     file), the curves it trained, and a record that says why."""
     write_json_atomically({}, job.metrics_out)
+    write_figures({}, job.figures_out)
     if job.predictions_out is not None:
         with written_whole(job.predictions_out) as partial:
             partial.write_text("")
@@ -484,6 +490,15 @@ def no_prediction(job: PredictJob, outcome: str) -> None:
         job.record_out,
     )
     log.info("run %s %s: no model to predict with", job.run_id, outcome)
+
+
+def write_figures(figures: dict[str, Any], folder: Path) -> None:
+    """A run's figures as `folder/<name>.png`, each closed once saved; `folder` holds these alone
+    (one an earlier prediction of the run drew goes), and none is no folder."""
+    if folder.exists():
+        remove_whole(folder)
+    for name, figure in figures.items():
+        save_png(figure, folder / f"{name}.png", dpi=100)
 
 
 def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.Curves, metrics: dict) -> None:
@@ -518,21 +533,22 @@ def aggregate_job(
     plot_out: Path,
     curves_out: Path,
     page_out: Path,
-    confusion_out: Path,
     halving_search: HalvingComparison | None = None,
 ) -> None:
     """The grid's tables (per setting, per run; as TSV, and as one sortable page with the runs'
     provenance), with what each run and setting cost (scratchflow.accounting), its best setting and
-    run, and its figures. A halving search's: the runs of its last rung, and also every run's
-    validation metric and cost at each rung, in a table and a figure, and in runs.tsv. The comparison
-    is of the runs that finished; those that diverged (ranked last) or failed are named, in runs.tsv
-    (outcome, detail) and on the page, and counted in the cost."""
+    run, and its figures (the best run's confusion matrix only where its metrics hold one). A halving
+    search's: the runs of its last rung, and also every run's validation metric and cost at each
+    rung, in a table and a figure, and in runs.tsv. The comparison is of the runs that finished;
+    those that diverged (ranked last) or failed are named, in runs.tsv (outcome, detail) and on the
+    page, and counted in the cost."""
     records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
     unfinished = unfinished_runs(records)
     if len(unfinished) == len(runs):
         raise aggregation.NothingToCompare(unfinished)
     table = aggregation.summarize({run_id: files for run_id, files in runs.items() if run_id not in unfinished})
     aggregation.check_metric(table, metric)
+    table = aggregation.ranked_first(table, metric)
     settings = aggregation.by_setting(table)
     chosen = aggregation.best(table, settings, metric, goal)
     ascending = goal == "min"  # the tables list the best first
@@ -543,8 +559,6 @@ def aggregate_job(
     trained_by = aggregation.trained_by_table(records)  # columns only where the runs differ
     settings_written = settings.merge(aggregation.setting_costs(settings, cost.by_run), on="run_ids")
     settings_written = settings_written.merge(aggregation.setting_trained_by(settings, trained_by), on="run_ids")
-    with written_whole(summary_out) as partial:
-        settings_written.to_csv(partial, sep="\t", index=False)
     runs_written = aggregation.with_unfinished_runs(
         table, unfinished, {run_id: read_json(runs[run_id]["params"]) for run_id in unfinished}
     )
@@ -552,17 +566,25 @@ def aggregate_job(
     runs_written = runs_written.merge(trained_by, on="run_id", how="left")
     if search:
         runs_written = with_rungs(search, runs_written, table, records, cost, metric, goal)
+    parameters = aggregation.parameter_columns(table)
+    finished = runs_written[runs_written["outcome"] == FINISHED]
+    write_hparams_view(finished, parameters, table.attrs["metrics"])
+    constant = aggregation.constant_parameters(runs_written, parameters)
+    settings_written = settings_written.drop(columns=constant, errors="ignore")  # it has no seed column
+    runs_written = runs_written.drop(columns=constant)
+    with written_whole(summary_out) as partial:
+        settings_written.to_csv(partial, sep="\t", index=False)
     with written_whole(runs_out) as partial:
         runs_written.to_csv(partial, sep="\t", index=False)
     log.info("the grid cost %s", cost.line())
-    finished = runs_written[runs_written["outcome"] == FINISHED]
-    write_hparams_view(finished, [*aggregation.setting_columns(table), REPLICATE_KEY], table.attrs["metrics"])
     write_json_atomically(chosen, best_out)
     aggregation.plot_comparison(table, settings, metric, goal, plot_out)
     plot_best_curves(table, metric, chosen["run"]["run_id"], curves_out)
-    report.write_summary_page(settings_written, runs_written, chosen, records, cost, page_out)
     best_run_id = chosen["run"]["run_id"]
-    report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, confusion_out)
+    report.plot_confusion_matrix(read_json(runs[best_run_id]["metrics"]), best_run_id, Path(BEST_CONFUSION_MATRIX))
+    report.write_summary_page(
+        settings_written, runs_written, chosen, records, cost, page_out, figures=best_run_figures(best_run_id)
+    )
     setting = chosen["setting"]
     log.info(
         "%d runs in %d settings; best setting by mean %s (%s): %.4f ± %s over %d run(s): %s; best run %s (%.4f)",

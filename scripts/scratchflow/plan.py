@@ -38,6 +38,7 @@ class RunPaths:
     predict_record: str = "results/runs/{run_id}/predict_record.json"
     curves: str = "results/runs/{run_id}/curves.png"
     predictions: str = "results/runs/{run_id}/predictions.csv"
+    figures: str = "results/runs/{run_id}/figures"  # the task's own, <name>.png (Predicted.figures)
     tensorboard: str = f"results/runs/{{run_id}}/{TENSORBOARD_FOLDER}"
     train_log: str = "logs/train/{run_id}.log"
     predict_log: str = "logs/predict/{run_id}.log"
@@ -75,8 +76,18 @@ COMPARISON_OUTPUTS = {
     "plot": "results/comparison.png",
     "curves": "results/curves.png",
     "page": "results/summary.html",
-    "confusion": "results/best_confusion_matrix.png",
 }
+# The best run's confusion matrix is no declared output: whether the best run reports one is known
+# only once it has predicted. The aggregate job draws it where the best run's metrics hold one, and
+# removes it where not, so that one from an earlier best run never lingers.
+BEST_CONFUSION_MATRIX = "results/best_confusion_matrix.png"
+
+
+def best_run_figures(run_id: str) -> list[Path]:
+    """The best run's figures there are, in the grid's directory: its confusion matrix, then the
+    figures its task drew (Predicted.figures), by name."""
+    confusion = Path(BEST_CONFUSION_MATRIX)
+    return [confusion] * confusion.is_file() + sorted(Path(RUN_PATHS.of(run_id).figures).glob("*.png"))
 
 
 @dataclass(frozen=True)

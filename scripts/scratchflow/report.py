@@ -1,13 +1,15 @@
 """What Snakemake's report (`snakemake --report`) shows besides the figures: the grid's tables as one
-self-contained HTML page that sorts by any column in the browser, with the provenance of the runs
-(and, where they were trained by other code or packages, which and how to train them again), and
-the confusion matrix of the best run."""
+self-contained HTML page that sorts by any column in the browser, with the best run's figures (its
+confusion matrix where it reports one, and its task's own) and the provenance of the runs (and, where
+they were trained by other code or packages, which and how to train them again)."""
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from scratchflow.failures import DIVERGED, unfinished_line, unfinished_runs
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import written_whole
 from scratchflow.ledger import SUPERSEDED
+from scratchflow.plan import BEST_CONFUSION_MATRIX
 from scratchflow.provenance import SHORT, difference_lines
 from scratchflow.search import HALVING
 
@@ -54,7 +57,12 @@ th[aria-sort="descending"]::after { content: " \\25BC"; }
 td.text { text-align: left; font-family: monospace; }
 tr.best { background: #fff1e0; }
 #trained-by { border-left: 4px solid #d97706; padding-left: 0.8em; }
+figure { display: inline-block; margin: 0 1.5em 1.5em 0; vertical-align: top; }
+figure img { max-width: 100%; }
+figcaption { font-family: monospace; }
 """
+# What a figure's name alone does not say.
+FIGURE_NOTES = {Path(BEST_CONFUSION_MATRIX).stem: "the test confusion matrix; rows: true label, columns: predicted"}
 
 
 def _cell(value: Any) -> str:
@@ -139,12 +147,13 @@ def write_summary_page(
     cost: GridCost,
     path: Path,
     workdir: Path = Path(),
+    figures: Sequence[Path] = (),
 ) -> None:
     """The runs that failed, named with why; the settings and runs tables (best first, sortable by
-    any column, with what each cost), the best setting and run, what the grid cost, and the runs'
-    provenance (`records`, by run id), with where they differ in what trained them (their task's
-    code against it as it is now in `workdir`, the grid's directory), in one HTML file with no
-    outside resources."""
+    any column, with what each cost), the best setting and run and its `figures` (PNG files, each
+    captioned with its name), what the grid cost, and the runs' provenance (`records`, by run id),
+    with where they differ in what trained them (their task's code against it as it is now in
+    `workdir`, the grid's directory), in one HTML file with no outside resources."""
     metric, goal = chosen["metric"], chosen["goal"]
     setting, run = chosen["setting"], chosen["run"]
     unfinished = unfinished_runs(records)
@@ -172,6 +181,7 @@ An empty cost cell: a figure this site does not record.{superseded_sentence(reco
 {_table(settings, "settings", {" ".join(setting["run_ids"])}, "run_ids")}
 <h2>Runs</h2>
 {_table(runs, "runs", {run["run_id"]}, "run_id")}
+{figures_section(run["run_id"], figures)}
 <h2>Provenance</h2>
 {trained_by_paragraph(records, workdir)}
 <table id="provenance">{facts}</table>
@@ -180,6 +190,22 @@ An empty cost cell: a figure this site does not record.{superseded_sentence(reco
 """
     with written_whole(path) as partial:
         partial.write_text(page)
+
+
+def figures_section(run_id: str, figures: Sequence[Path]) -> str:
+    """The best run's figures, each inside the page (a data URL: the page needs no other file) with
+    its name as caption; empty where it has none."""
+    if not figures:
+        return ""
+    shown = []
+    for figure in figures:
+        caption = html.escape(figure.stem + (f": {FIGURE_NOTES[figure.stem]}" if figure.stem in FIGURE_NOTES else ""))
+        data = base64.b64encode(figure.read_bytes()).decode("ascii")
+        shown.append(
+            f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(figure.stem)}">'
+            f"<figcaption>{caption}</figcaption></figure>"
+        )
+    return f'<h2>The best run\'s figures ({html.escape(run_id)})</h2>\n<div id="figures">{"".join(shown)}</div>'
 
 
 def unfinished_paragraph(unfinished: dict[str, tuple[str, dict[str, Any]]]) -> str:
@@ -217,28 +243,26 @@ def superseded_sentence(records: dict[str, dict[str, Any]]) -> str:
 
 
 def plot_confusion_matrix(metrics: dict[str, Any], run_id: str, path: Path) -> None:
-    """The best run's confusion matrix (rows: true label, columns: predicted), or a note that its
-    task reports none."""
-    plt = pyplot()
-
+    """The best run's confusion matrix (rows: true label, columns: predicted) where its metrics hold
+    one; where they do not (a regression), no file at `path`: one an earlier best run had goes."""
     matrix = metrics.get("confusion_matrix")
-    size = len(matrix["labels"]) if matrix else 0
-    figure, axes = plt.subplots(figsize=(2.5 + 0.6 * size, 2 + 0.6 * size) if size else (5, 2))
-    if matrix:
-        counts = matrix["rows_true_columns_predicted"]
-        axes.imshow(counts, cmap="Blues")
-        axes.set_xticks(range(size), matrix["labels"], rotation=45, ha="right")
-        axes.set_yticks(range(size), matrix["labels"])
-        top = max(max(row) for row in counts) or 1
-        for row_index, row in enumerate(counts):
-            for column_index, count in enumerate(row):
-                colour = "white" if count > top / 2 else "black"
-                axes.text(column_index, row_index, str(count), ha="center", va="center", color=colour)
-        axes.set_xlabel("predicted")
-        axes.set_ylabel("true")
-        axes.set_title(f"best run {run_id}: test confusion matrix")
-    else:
-        axes.text(0.5, 0.5, f"run {run_id}: its task reports no confusion matrix", ha="center", va="center")
-        axes.set_axis_off()
+    if not matrix:
+        path.unlink(missing_ok=True)
+        return
+    plt = pyplot()
+    size = len(matrix["labels"])
+    figure, axes = plt.subplots(figsize=(2.5 + 0.6 * size, 2 + 0.6 * size))
+    counts = matrix["rows_true_columns_predicted"]
+    axes.imshow(counts, cmap="Blues")
+    axes.set_xticks(range(size), matrix["labels"], rotation=45, ha="right")
+    axes.set_yticks(range(size), matrix["labels"])
+    top = max(max(row) for row in counts) or 1
+    for row_index, row in enumerate(counts):
+        for column_index, count in enumerate(row):
+            colour = "white" if count > top / 2 else "black"
+            axes.text(column_index, row_index, str(count), ha="center", va="center", color=colour)
+    axes.set_xlabel("predicted")
+    axes.set_ylabel("true")
+    axes.set_title(f"best run {run_id}: test confusion matrix")
     figure.tight_layout()
     save_png(figure, path, dpi=100)

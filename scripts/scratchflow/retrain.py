@@ -30,7 +30,7 @@ from scratchflow import SCRATCHFLOW_DIR
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.files import read_json, remove_whole
 from scratchflow.lease import ACTIVE_SLURM_STATES, HOLDER_FILE, RunFolder, holder_is_alive
-from scratchflow.plan import COMPARISON_OUTPUTS, PACK_OUTPUT, PACK_STAGES, Plan
+from scratchflow.plan import BEST_CONFUSION_MATRIX, COMPARISON_OUTPUTS, PACK_OUTPUT, PACK_STAGES, Plan
 from scratchflow.status import slurm_jobs
 
 LOCAL_RUNNER = SCRATCHFLOW_DIR / "scripts" / "run_local.sh"
@@ -120,7 +120,7 @@ def release(workdir: Path, plan: Plan, run_ids: list[str]) -> None:
     results folder (the module's docstring says why in this order)."""
     packs = [index for index, pack in enumerate(plan.packs) if plan.packed and set(pack) & set(run_ids)]
     packs_files = [PACK_OUTPUT.format(stage=stage, pack=index) for index in packs for stage in PACK_STAGES]
-    for derived in [*COMPARISON_OUTPUTS.values(), *packs_files]:
+    for derived in [*COMPARISON_OUTPUTS.values(), BEST_CONFUSION_MATRIX, *packs_files]:
         (workdir / derived).unlink(missing_ok=True)
     for run_id in run_ids:
         paths = plan.paths(run_id)

@@ -50,7 +50,7 @@ from scratchflow.files import read_json
 from scratchflow.lease import RunFolder
 from scratchflow.ledger import FINISHED
 from scratchflow.models import is_local_source
-from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan
+from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan, best_run_figures
 from scratchflow.software import default_requirements_variable, job_software_problem, pipeline_requirements
 from scratchflow.tasks import Task, find_lab_tasks_in
 from scratchflow.tracking import wandb_sync_command
@@ -345,8 +345,12 @@ def on_success(config: dict[str, Any], plan: Plan) -> None:
 
 
 def describe_results(plan: Plan, tracking: str) -> str:
-    """Where the comparison is, printed when the workflow succeeds."""
+    """Where the comparison is, printed when the workflow succeeds: its files, and the best run's
+    figures there are (scratchflow.plan.best_run_figures)."""
     found = [Path(path).resolve() for path in plan.final_outputs() if Path(path).exists()]
+    best = Path(COMPARISON_OUTPUTS["best"])
+    if best.is_file():
+        found += [path.resolve() for path in best_run_figures(read_json(best)["run"]["run_id"])]
     if not found:
         return "scratchflow: done."
     runs = Path(COMPARISON_OUTPUTS["summary"]).parent.resolve() / "runs"

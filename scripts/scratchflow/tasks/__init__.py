@@ -21,8 +21,9 @@ import importlib.util
 import json
 import os
 import pkgutil
+import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -235,6 +236,13 @@ class Predicted:
     # With WRITES_PREDICTIONS, a pandas DataFrame of at least one row, written as predictions.csv
     # (its columns are the task's own); otherwise None.
     predictions: Any = None
+    # The run's own figures, name -> matplotlib Figure ({"predicted_vs_true": figure}): each saved as
+    # results/runs/<run_id>/figures/<name>.png (and closed), the best run's shown in the report.
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+# A figure's name: a file name's stem (its file is `<name>.png`).
+FIGURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 class WrongPredicted(TypeError):
@@ -293,6 +301,29 @@ def predicted_problem(predicted: Any, metric_names: tuple[str, ...] | None, writ
         return (
             f"predictions ({kind_of(predictions)}) though WRITES_PREDICTIONS is False: set it True to have them "
             "written to predictions.csv, or return Predicted(metrics)"
+        )
+    return figures_problem(predicted.figures)
+
+
+def figures_problem(figures: Any) -> str | None:
+    """What is wrong with a Predicted's `figures` (None: nothing): a dict of name -> matplotlib
+    Figure, each name a file name's stem."""
+    if not isinstance(figures, dict):
+        return f"figures that are {kind_of(figures)}, not a dict of name -> matplotlib Figure"
+    misnamed = [name for name in figures if not (isinstance(name, str) and FIGURE_NAME.fullmatch(name))]
+    if misnamed:
+        return (
+            f"figures named {', '.join(map(repr, misnamed))}: a figure's name is its file's "
+            "(<name>.png): letters, digits, _ and -"
+        )
+    if not figures:
+        return None
+    from matplotlib.figure import Figure  # here: only a task that draws needs matplotlib
+
+    odd = {name: kind_of(figure) for name, figure in figures.items() if not isinstance(figure, Figure)}
+    if odd:
+        return (
+            f"figures that are not a matplotlib Figure: {', '.join(f'{name} ({kind})' for name, kind in odd.items())}"
         )
     return None
 
