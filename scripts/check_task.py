@@ -24,7 +24,8 @@ parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.R
 parser.add_argument("configs", nargs="+", type=Path)
 find_lab_tasks_in(Path.cwd())
 # The checks send the stop signal themselves: the piece's line that it heard one is no news here.
-logging.getLogger("scratchflow.piece").setLevel(logging.ERROR)
+for name in ("scratchflow.piece", "scratchflow.training_process"):
+    logging.getLogger(name).setLevel(logging.ERROR)
 broken = 0
 for path in parser.parse_args().configs:
     try:

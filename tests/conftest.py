@@ -905,6 +905,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LAB_TASK = "ourlab.texts"
 # A lab's plain-PyTorch task (ourlab.mlp) and its data, as a lab writes one from docs/tasks.md.
 PLAIN_PYTORCH_LAB = REPO / "tests" / "plain_pytorch_lab"
+# A materials lab's regression task (ourlab.regression), its data and its contract config.
+REGRESSION_LAB = REPO / "tests" / "regression_lab"
 LAB_TASK_SOURCE = '''"""Our lab's text classifier (scratchflow's, under our name)."""
 from scratchflow.tasks.text_classification import *  # noqa: F403
 '''
@@ -922,8 +924,8 @@ def lab_pipeline(folder: Path, cluster: str, config: dict, source: Path = REPO, 
     """A lab's pipeline as scripts/new_pipeline.py makes it (scratchflow from `source` at `tag`), with
     `config` and the lab's own code, committed: for a command task, its program (the command example,
     or the Trainer script where the command launches one) as the repository's train.py, run from
-    there; for ourlab.mlp, the plain-PyTorch lab's task and
-    data (PLAIN_PYTORCH_LAB); otherwise the lab's own task (LAB_TASK)."""
+    there; for ourlab.mlp and ourlab.regression, that lab's folders (PLAIN_PYTORCH_LAB, REGRESSION_LAB:
+    its task, data and contract config); otherwise the lab's own task (LAB_TASK)."""
     from scratchflow.lab_pipeline import make_pipeline
 
     make_pipeline(folder, cluster, str(source), tag)
@@ -934,9 +936,10 @@ def lab_pipeline(folder: Path, cluster: str, config: dict, source: Path = REPO, 
     elif config.get("task") == "command":
         shutil.copy(COMMAND_EXAMPLE, folder / "train.py")
         config = {**config, "training": {**config["training"], "command": ["python", "train.py"]}}
-    elif config.get("task") == "ourlab.mlp":
-        for code_or_data in ("ourlab", "data"):
-            shutil.copytree(PLAIN_PYTORCH_LAB / code_or_data, folder / code_or_data)
+    elif config.get("task") in ("ourlab.mlp", "ourlab.regression"):
+        lab = PLAIN_PYTORCH_LAB if config["task"] == "ourlab.mlp" else REGRESSION_LAB
+        for code_or_data in ("ourlab", "data", "contract"):
+            shutil.copytree(lab / code_or_data, folder / code_or_data)
     else:
         (folder / "ourlab").mkdir()
         (folder / "ourlab" / "texts.py").write_text(LAB_TASK_SOURCE)

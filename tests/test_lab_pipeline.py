@@ -12,9 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
-from conftest import LAB_TASK, REPO, git, lab_pipeline, workflow_config, workflow_env
+from conftest import LAB_TASK, REPO, git, lab_pipeline, workflow_config, workflow_env, write_config
 from scratchflow import __version__
 from scratchflow.releases import changelog_releases
 from scratchflow.software import read_requirements
@@ -452,3 +453,63 @@ def test_a_contract_config_scratchflow_would_not_run_is_named_in_one_line_with_i
     assert typo.startswith("typo.yaml: not a config scratchflow runs: config key (top level): ") and "'trainng'" in typo
     assert no_grid.startswith("no_grid.yaml: not a config scratchflow runs: config key grid: ")
     assert missing.startswith("missing.yaml: not a config scratchflow runs: cannot read it: ")
+
+
+def test_a_labs_regression_ranks_by_the_lowest_rmse_draws_its_own_figure_and_refuses_a_halving_search(tmp_path):
+    """A materials lab's regression task (tests/regression_lab: an MLP predicting a number, written in
+    130 lines with no pruning, progress arithmetic or halving branch): its contract passes (the rung
+    check skipped, as it declares); its grid, with no `aggregate:` in the config, names the run of the
+    lowest RMSE best; the page shows its predicted-against-true figure and no confusion matrix; a
+    halving search, or a goal that contradicts its declaration, is refused at start-up in one line."""
+    config = {
+        "task": "ourlab.regression",
+        "dataset": {"name": "materials", "path": "data/materials.csv", "format": "csv", "target_column": "band_gap"},
+        "training": {"epochs": 4},
+        "grid": {"learning_rate": [0.001, 0.03]},
+        "cluster": {"scratch_root": str(tmp_path / "scratch")},
+    }
+    lab = lab_pipeline(tmp_path / "lab", "narval", config)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        command = [lab / "scratchflow" / "scripts" / "run_local.sh", *args]
+        return subprocess.run(command, cwd=lab, capture_output=True, text=True, env=workflow_env())
+
+    checked = subprocess.run(
+        [sys.executable, "scratchflow/scripts/check_task.py", "contract/regression.yaml"],
+        cwd=lab,
+        capture_output=True,
+        text=True,
+        env=workflow_env(),
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
+    assert checked.stdout.count(": ok\n") == 5 and "a halving search's rung: skipped: TRAINS_RUNGS is False" in checked.stdout
+    assert checked.stderr == "", "nothing but the checks' lines"
+
+    trained = run()
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    runs = pd.read_csv(lab / "results" / "runs.tsv", sep="\t")
+    lowest = runs.loc[runs["rmse"].idxmin(), "run_id"]
+    assert runs["rmse"].nunique() == 2
+    best = json.loads((lab / "results" / "best_run.json").read_text())
+    assert best["goal"] == "min" and best["run"]["run_id"] == lowest
+    metrics = [column for column in runs.columns if column in ("rmse", "mae")]
+    assert metrics == ["rmse", "mae"] and "hidden" not in runs.columns, "the ranking metric first; no constant"
+    assert (lab / "results" / "runs" / lowest / "figures" / "predicted_vs_true.png").is_file()
+    page = (lab / "results" / "summary.html").read_text()
+    assert "predicted_vs_true" in page and "confusion" not in page.lower()
+    assert not (lab / "results" / "best_confusion_matrix.png").exists()
+    assert "confusion" not in trained.stdout + trained.stderr
+
+    write_config(lab, {**config, "aggregate": {"goal": "max"}})
+    contradicted = run("--dry-run")
+    assert contradicted.returncode != 0 and "Traceback" not in contradicted.stderr
+    assert "config key aggregate.goal: max contradicts task 'ourlab.regression', which says lower rmse is better" in (
+        contradicted.stderr
+    )
+    del config["grid"]
+    space = {"learning_rate": {"log_uniform": [0.001, 0.03]}}
+    config["search"] = {"kind": "halving", "trials": 4, "seed": 0, "rungs": [2, 4], "keep": 0.5, "space": space}
+    write_config(lab, config)
+    halving = run("--dry-run")
+    assert halving.returncode != 0 and "Traceback" not in halving.stderr
+    assert "config key search.kind: task 'ourlab.regression' trains no halving search's rungs" in halving.stderr
