@@ -482,7 +482,8 @@ def test_a_labs_regression_ranks_by_the_lowest_rmse_draws_its_own_figure_and_ref
         env=workflow_env(),
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
-    assert checked.stdout.count(": ok\n") == 5 and "a halving search's rung: skipped: TRAINS_RUNGS is False" in checked.stdout
+    assert checked.stdout.count(": ok\n") == 5
+    assert "a halving search's rung: skipped: TRAINS_RUNGS is False" in checked.stdout
     assert checked.stderr == "", "nothing but the checks' lines"
 
     trained = run()
