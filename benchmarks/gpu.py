@@ -129,6 +129,7 @@ def job_process(spec_path: Path) -> None:
                     predictions_out=runs / "predictions.csv",
                     tracking="tensorboard",
                     train_record=runs / "record.json",
+                    figures_out=runs / "figures",
                 )
             )
         except TrainingStopped as stopped:

@@ -1,5 +1,8 @@
 """Bad input fails at start-up, before any job runs, with a message that names the key and what was
-expected. Each case runs the README's local command; profile resources are checked in test_slurm."""
+expected. A few cases run the README's local command (those whose environment matters, and those
+whose value a shell would run); the others run the start-up itself, `workflow_hooks.read_config`,
+which the Snakefile calls before any job, in this process (a Snakemake start each would cost the suite
+minutes for nothing more). Profile resources are checked in test_slurm."""
 
 from __future__ import annotations
 
@@ -7,9 +10,11 @@ import copy
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from conftest import run_workflow, workflow_config, write_config
+import yaml
+from conftest import REPO, run_workflow, workflow_config, write_config
 
 
 def table(tmp_path: Path, rows: list[tuple[str, str]], header=("text", "label")) -> str:
@@ -420,15 +425,53 @@ CASES = {
 }
 
 
+# The cases run as a user runs the workflow: those that set the environment, those checked against the
+# profile's resources (workflow_hooks.check_rule_resources, on Snakemake's rules), those whose value a
+# shell would run, and one of the schema's and one of the task's.
+RUN_AS_THE_README_SAYS = {
+    *(case for case, (_mutate, _expected, *env) in CASES.items() if env),
+    "FSDP on a CPU-only run",
+    "an image for a rule that runs no job",
+    "packing with the local profile",
+    "shell in a grid value",
+    "shell in the data path",
+    "backticks in the model path",
+    "zero batch size",
+    "a training key the task does not take",
+}
+
+
+def refused_at_start_up(workdir: Path, monkeypatch, capsys) -> str:
+    """What the workflow's start-up says of the config in `workdir`, run in this process as the
+    Snakefile runs it (the config read from its file, as Snakemake reads it): it must refuse."""
+    from scratchflow import workflow_hooks
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a lab's task folder is added to both
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    workflow = SimpleNamespace(
+        basedir=str(REPO), is_main_process=True, modifier=SimpleNamespace(resolved_rulename_modifier=None)
+    )
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    with pytest.raises(SystemExit) as refused:
+        workflow_hooks.read_config(config, workflow)
+    assert refused.value.code == 1
+    captured = capsys.readouterr()
+    return captured.out + captured.err
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_invalid_config_fails_before_anything_runs(case, tmp_path, bbc_subset, tiny_model):
+def test_invalid_config_fails_before_anything_runs(case, tmp_path, bbc_subset, tiny_model, monkeypatch, capsys):
     mutate, expected, *env = CASES[case]
     config = copy.deepcopy(workflow_config(bbc_subset, tiny_model, tmp_path / "scratch"))
     mutate(config, tmp_path)
     write_config(tmp_path, config)
-    result = run_workflow(tmp_path, check=False, env=env[0] if env else None)
-    output = result.stdout
-    assert result.returncode != 0
+    if case in RUN_AS_THE_README_SAYS:
+        result = run_workflow(tmp_path, check=False, env=env[0] if env else None)
+        output = result.stdout
+        assert result.returncode != 0
+    else:
+        output = refused_at_start_up(tmp_path, monkeypatch, capsys)
     assert "ConfigError" in output
     assert 'File "' not in output, "the mistake's line, without Python's frames after it"
     for text in expected:
