@@ -418,6 +418,14 @@ CASES = {
         ),
         ["config key training.epochs: a halving search", "SCRATCHFLOW_BUDGET_EPOCHS"],
     ),
+    "a target column the table lacks": (
+        lambda c, t: (
+            command_task(command=["python", "-c", "pass"], seed=0)(c, t),
+            csv_dataset(GOOD_ROWS)(c, t),
+            c["dataset"].update(target_column="band_gap"),
+        ),
+        ["config key dataset.target_column: 'band_gap' is no column of", "data.csv; its columns: text, label"],
+    ),
     "text and label in the same column": (
         lambda c, t: (csv_dataset(GOOD_ROWS)(c, t), c["dataset"].update(label_column="text")),
         ["dataset.text_column and dataset.label_column are both 'text'"],

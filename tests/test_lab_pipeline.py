@@ -431,7 +431,7 @@ def test_a_labs_own_task_is_checked_against_the_task_protocol_with_one_command(l
         env=workflow_env(),
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
-    assert checked.stdout.count(f"contract/texts.yaml: {LAB_TASK}: ") == checked.stdout.count(": ok\n") == 6
+    assert checked.stdout.count(f"contract/texts.yaml: {LAB_TASK}: ") == checked.stdout.count(": ok\n") == 7
 
 
 def test_a_contract_config_scratchflow_would_not_run_is_named_in_one_line_with_its_key(tmp_path):
@@ -482,7 +482,7 @@ def test_a_labs_regression_ranks_by_the_lowest_rmse_draws_its_own_figure_and_ref
         env=workflow_env(),
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
-    assert checked.stdout.count(": ok\n") == 5
+    assert checked.stdout.count(": ok\n") == 6
     assert "a halving search's rung: skipped: TRAINS_RUNGS is False" in checked.stdout
     assert checked.stderr == "", "nothing but the checks' lines"
 

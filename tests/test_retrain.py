@@ -56,14 +56,14 @@ def record(run_id: str, minute: int, code: dict | None, torch: str = "2.13.0", t
     }
 
 
-def grid(workdir: Path, records: dict[str, dict], executor: str = "local", **plan) -> None:
+def grid(workdir: Path, records: dict[str, dict], executor: str = "local", configfiles=(), **plan) -> None:
     """A grid the workflow has planned in `workdir`, its runs trained: a record, a model and metrics
     each, and a final checkpoint kept (checkpointing.keep_after_training); and compared, with each
     pack's files where runs are packed."""
     planned = Plan(
         {run_id: {"seed": 0} for run_id in records}, {}, None, "ourlab.mlp", "accuracy", "max", MARKER, **plan
     )
-    planned.started(executor).write(workdir)
+    planned.started(executor, configfiles).write(workdir)
     for output in planned.final_outputs():
         write(workdir / output, "")
     for run_id, written in records.items():
@@ -204,6 +204,12 @@ def test_retrain_releases_the_named_runs_and_the_comparison_and_touches_no_other
     grid(tmp_path, {"aaaa": record("aaaa", 1, None)}, executor="slurm")
     done = retrain(tmp_path, "aaaa", env=env)
     assert done.returncode == 0 and "submit it as before" in done.stdout and "aaaa" not in " ".join(folders(tmp_path))
+    # A grid started with a config file of its own (--configfile) is trained again with it: the runs
+    # released are its, not config/config.yaml's (a newcomer's retrain trained nothing).
+    grid(tmp_path, {"aaaa": record("aaaa", 1, None)}, executor="slurm", configfiles=["/lab/config/long.yaml"])
+    done = retrain(tmp_path, "aaaa", "--", str(submit), "--profile", "p", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"submitted in {tmp_path}: --profile p --configfile /lab/config/long.yaml"
 
 
 @pytest.mark.parametrize(

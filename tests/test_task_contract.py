@@ -255,6 +255,7 @@ CHECKS = (
     "predicted what it trained",
     "a halving search's rung",
     "its piece's duties left to it",
+    "resumed to the uninterrupted run's results",
 )
 
 
@@ -561,3 +562,18 @@ def test_a_contract_config_whose_data_or_task_is_missing_is_one_line_naming_it(t
         "contract/empty.yaml: not a config scratchflow runs: it holds no mapping of config keys (task:, dataset:, "
         "grid:, ...)",
     ]
+
+
+def test_a_task_whose_resumed_run_draws_its_batches_otherwise_fails_the_exact_resume_check(tmp_path, monkeypatch):
+    """The commonest bug of a resumable task: batches drawn from the process's random state, which a
+    resumed piece does not have. Every other check passes; the last names the weights that differ."""
+    config, _ = lab_task(
+        tmp_path,
+        monkeypatch,
+        ('generator=torch.Generator().manual_seed(params["seed"] * 1000 + epoch)', "generator=None"),
+    )
+    results = dict(contract.check_all(config))
+    assert [check for check, failure in results.items() if failure is not None] == [CHECKS[-1]]
+    assert str(results[CHECKS[-1]]).startswith(
+        f"{config['task']}: stopped and resumed, the run ended otherwise than uninterrupted: model.pt differs"
+    )

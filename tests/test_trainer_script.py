@@ -245,7 +245,9 @@ class AnyLine(str):
 
     def __eq__(self, line: object) -> bool:
         return (
-            isinstance(line, str) and line.startswith(self) and line.endswith("restore the random states with the rest")
+            isinstance(line, str)
+            and line.startswith(self)
+            and line.endswith("restore the optimizer's and the random states with the weights")
         )
 
     __hash__ = str.__hash__

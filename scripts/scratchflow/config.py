@@ -554,6 +554,8 @@ def check_paths(config: dict[str, Any], workflow_dir: Path) -> None:
     _refuse_overlapping(found)
     if "splits" in dataset and dataset["format"] != "folder":
         _refuse_other_columns(found, dataset["format"])
+    if dataset.get("target_column") and dataset["format"] != "folder":
+        _refuse_a_missing_target(found, dataset["format"], dataset["target_column"])
     if config.get("model"):
         _check_model_source(config["model"], workflow_dir)
 
@@ -563,6 +565,20 @@ def _refuse_overlapping(found: dict[str, Path]) -> None:
         for other_key, other in found.items():
             if key != other_key and (path == other or other.is_relative_to(path)):
                 raise ConfigError(f"{other_key}: {other} lies inside {key} ({path}); each split needs its own data")
+
+
+def _refuse_a_missing_target(found: dict[str, Path], fmt: str, target: str) -> None:
+    """Every table of the dataset has the column `dataset.target_column` names (a task reads it)."""
+    for path in found.values():
+        try:
+            columns = table_columns(path, fmt)
+        except ValueError:
+            continue  # a table it cannot read: the task's check_data says why
+        if target not in columns:
+            shown = ", ".join(columns[:8]) + (", …" if len(columns) > 8 else "")
+            raise ConfigError(
+                f"config key dataset.target_column: {target!r} is no column of {path}; its columns: {shown}"
+            )
 
 
 def _refuse_other_columns(found: dict[str, Path], fmt: str) -> None:

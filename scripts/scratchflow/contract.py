@@ -357,9 +357,10 @@ def check_predicts(config: dict[str, Any], work: Path, trained: Trained | None =
 
 
 def check_resumes_exactly(config: dict[str, Any], work: Path, resumed: Trained | None) -> None:
-    """A program's run stopped and resumed (`resumed`, from check_stops_and_resumes) ends with the
-    files of the same run trained in one piece, byte for byte: a program whose pieces draw anything
-    unseeded (its data split, a head's initialisation) trains each piece on something else."""
+    """A run stopped and resumed (`resumed`, from check_stops_and_resumes) ends with the files of the
+    same run trained in one piece, byte for byte: a task or program whose pieces draw anything
+    unseeded (its data split, a head's initialisation), or that restores less than it saved (the
+    optimizer's state), trains each piece on something else."""
     task = config["task"]
     if resumed is None:
         raise ContractBroken(f"{task}: not checked: the run was not stopped and resumed (the check before failed)")
@@ -374,8 +375,8 @@ def check_resumes_exactly(config: dict[str, Any], work: Path, resumed: Trained |
         raise ContractBroken(
             f"{task}: stopped and resumed, the run ended otherwise than uninterrupted: {name} differs{detail}"
             + (f" (and {len(differing) - 1} more file(s))" if len(differing) > 1 else "")
-            + "; what the program draws at random must come from its seed or its checkpoint: seed its data split "
-            "and its model's initialisation, and restore the random states with the rest"
+            + "; what it draws at random must come from its seed or its checkpoint: seed its data split and its "
+            "model's initialisation, and restore the optimizer's and the random states with the weights"
         )
 
 
@@ -550,6 +551,9 @@ def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | Ch
         "predicted what it trained": lambda work: check_predicts(config, work, resumed[0] if resumed else None),
         "a halving search's rung": lambda work: check_rung(config, work),
         "its piece's duties left to it": lambda work: check_leaves_duties_to_its_piece(loaded_file(task)),
+        "resumed to the uninterrupted run's results": lambda work: check_resumes_exactly(
+            config, work, resumed[0] if resumed else None
+        ),
     }
     if task == "command":  # a program's: the task's own module is scratchflow's
         checks = {
@@ -557,9 +561,6 @@ def check_all(config: dict[str, Any]) -> Iterator[tuple[str, ContractBroken | Ch
             for name, check in checks.items()
             if name not in ("declarations", "its piece's duties left to it")
         }
-        checks["resumed to the uninterrupted run's results"] = lambda work: check_resumes_exactly(
-            config, work, resumed[0] if resumed else None
-        )
         if trainer_script.launched_script(config["training"]["command"]):
             del checks["a halving search's rung"]  # not driven by the launcher (docs/tasks.md)
     elif not load_task(task).TRAINS_RUNGS:

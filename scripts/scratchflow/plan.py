@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,9 @@ class Plan:
     rungs: list[int] = field(default_factory=list)
     keep: float | None = None
     executor: str | None = None  # Snakemake's executor, once the workflow starts
+    # The config files given on its command line (--configfile), over config/config.yaml: what
+    # trains the same grid again (scratchflow.retrain).
+    configfiles: list[str] = field(default_factory=list)
     _packs: list[list[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -290,9 +294,10 @@ class Plan:
         search = list(SEARCH_OUTPUTS.values()) if self.halving else []
         return self.pack_outputs() + list(COMPARISON_OUTPUTS.values()) + search
 
-    def started(self, executor: str) -> Plan:
-        """The plan as the workflow runs it, with the executor that submits its jobs."""
-        return Plan(**{**self._fields(), "executor": executor})
+    def started(self, executor: str, configfiles: Sequence[str] = ()) -> Plan:
+        """The plan as the workflow runs it, with the executor that submits its jobs and the config
+        files its command line gave."""
+        return Plan(**{**self._fields(), "executor": executor, "configfiles": list(configfiles)})
 
     def write(self, workdir: Path) -> None:
         """`results/plan.json`: the plan, for the status (which knows the runs not started yet from it)."""

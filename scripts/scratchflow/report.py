@@ -161,7 +161,11 @@ def write_summary_page(
         f'<tr><th scope="row">{html.escape(name)}</th><td class="text">{html.escape(value)}</td></tr>'
         for name, value in provenance(list(records.values())).items()
     )
-    parameters = ", ".join(f"{name}={value}" for name, value in setting["parameters"].items())
+    # Those the tables show: a parameter the same in every run tells this setting from none.
+    parameters = (
+        ", ".join(f"{name}={value}" for name, value in setting["parameters"].items() if name in settings.columns)
+        or "the grid's one setting"
+    )
     rungs_cost = "".join(
         f"<br>Rung {rung}: {html.escape(described(spent, cost.site))}." for rung, spent in cost.by_rung.items()
     )

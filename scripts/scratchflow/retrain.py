@@ -49,6 +49,8 @@ def rerun_command(plan: Plan, submit: list[str]) -> list[str] | None:
     command = submit if plan.executor == "slurm" else [str(LOCAL_RUNNER)]
     if not command:
         return None
+    # The grid that ran, not config/config.yaml's alone: else the released runs would not train.
+    command = [*command, *(option for path in plan.configfiles for option in ("--configfile", path))]
     if plan.executor != "slurm" and shutil.which("snakemake", path=runner_environment()["PATH"]) is None:
         raise RetrainRefused(
             f"{Path(sys.executable).parent} has no snakemake: run this with the Python of the environment that "

@@ -223,7 +223,7 @@ def on_start(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
             sys.executable,
             snakemake_adapter.job_rules(workflow),
         )
-    plan.started(executor).write(Path("."))
+    plan.started(executor, [str(path) for path in workflow.overwrite_configfiles]).write(Path("."))
     warn_of_checkpoint_space(config, plan)
     if executor == "slurm":
         say_where_pauses_spend_retries(workflow)
