@@ -577,3 +577,32 @@ def test_a_task_whose_resumed_run_draws_its_batches_otherwise_fails_the_exact_re
     assert str(results[CHECKS[-1]]).startswith(
         f"{config['task']}: stopped and resumed, the run ended otherwise than uninterrupted: model.pt differs"
     )
+
+
+def test_a_task_written_for_0_4_passes_as_it_is(tmp_path, monkeypatch):
+    """What a 0.4 task still writes is taken: every declaration, METRICS as a tuple (the config's
+    goal then), a whole progress report of six numbers, its own pruning of scratch checkpoints."""
+    config, _ = lab_task(
+        tmp_path,
+        monkeypatch,
+        (
+            'METRICS = {"accuracy": "max", "loss": "min"}',
+            'CHECKPOINT_MARKER = "COMPLETE"\nNEEDS_MODEL = False\nMETRICS = ("accuracy", "loss")\n'
+            "LAUNCHES_OWN_PROCESSES = False\n\n\ndef check_model(model_dir):\n    pass",
+        ),
+        (
+            "context.report_progress(step, end, loss.item())",
+            'context.report_progress({"step": step, "max_steps": end, "loss": loss.item(), '
+            '"samples_per_second": 1.0, "seconds_left": 1.0, "at": __import__("time").time()})',
+        ),
+        (
+            "    context.checkpoint_saved(folder)\n",
+            "    context.checkpoint_saved(folder)\n"
+            "    for old in sorted(context.checkpoint_dir.glob('checkpoint-*'), key=lambda old: int(old.name[11:]))"
+            "[: -context.keep_checkpoints]:\n        shutil.rmtree(old)\n",
+        ),
+        ("import csv\n", "import csv\nimport shutil\n"),
+    )
+    assert config["aggregate"]["goal"] == "max"
+    results = dict(contract.check_all(config))
+    assert results == dict.fromkeys(CHECKS), results
