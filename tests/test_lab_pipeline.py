@@ -415,6 +415,12 @@ def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothi
 
 
 @pytest.mark.slow
+def check_task(lab: Path, contract: str) -> subprocess.CompletedProcess:
+    """scratchflow/scripts/check_task.py on one of the lab's contract configs, as `make test` runs it."""
+    command = [sys.executable, "scratchflow/scripts/check_task.py", contract]
+    return subprocess.run(command, cwd=lab, capture_output=True, text=True, env=workflow_env())
+
+
 def test_a_labs_own_task_is_checked_against_the_task_protocol_with_one_command(lab, bbc_subset, tiny_model):
     """scripts/check_task.py, as `make test` runs it on the lab's contract/ configs."""
     config = workflow_config(bbc_subset, tiny_model, None, task=LAB_TASK)
@@ -423,13 +429,7 @@ def test_a_labs_own_task_is_checked_against_the_task_protocol_with_one_command(l
     del config["cluster"]
     (lab / "contract").mkdir()
     (lab / "contract" / "texts.yaml").write_text(yaml.safe_dump(config))
-    checked = subprocess.run(
-        [sys.executable, "scratchflow/scripts/check_task.py", "contract/texts.yaml"],
-        cwd=lab,
-        capture_output=True,
-        text=True,
-        env=workflow_env(),
-    )
+    checked = check_task(lab, "contract/texts.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
     assert checked.stdout.count(f"contract/texts.yaml: {LAB_TASK}: ") == checked.stdout.count(": ok\n") == 7
 
@@ -474,13 +474,7 @@ def test_a_labs_regression_ranks_by_the_lowest_rmse_draws_its_own_figure_and_ref
         command = [lab / "scratchflow" / "scripts" / "run_local.sh", *args]
         return subprocess.run(command, cwd=lab, capture_output=True, text=True, env=workflow_env())
 
-    checked = subprocess.run(
-        [sys.executable, "scratchflow/scripts/check_task.py", "contract/regression.yaml"],
-        cwd=lab,
-        capture_output=True,
-        text=True,
-        env=workflow_env(),
-    )
+    checked = check_task(lab, "contract/regression.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
     assert checked.stdout.count(": ok\n") == 6
     assert "a halving search's rung: skipped: TRAINS_RUNGS is False" in checked.stdout
