@@ -11,11 +11,19 @@ task raises in one is that check's FAILED line, and the next check runs.
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
 SCRATCHFLOW_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(SCRATCHFLOW_DIR / "scripts"))
+from scratchflow.slurm_job import THREAD_VARIABLES  # noqa: E402
+
+# The checks' pieces train on one thread, set before torch starts, as a job sets its CPUs: without,
+# the text task's stopped and resumed run ended otherwise than its uninterrupted one here (both in
+# this process), though it resumes byte for byte in its jobs.
+for variable in THREAD_VARIABLES:
+    os.environ[variable] = "1"
 from scratchflow import contract  # noqa: E402
 from scratchflow.config import ConfigError, LabTaskFailed  # noqa: E402
 from scratchflow.tasks import find_lab_tasks_in  # noqa: E402

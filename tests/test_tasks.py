@@ -132,8 +132,12 @@ def test_a_command_run_stopped_by_usr1_pauses_and_the_retry_resumes_to_identical
     assert different_curves(tmp_path, uninterrupted_command_run, rel=0) == [], "the program's own curves"
     assert (run / "model" / "model.pt").is_file()
     runs = pd.read_csv(tmp_path / "results" / "runs.tsv", sep="\t")
-    assert {"accuracy", "macro_f1", "test_loss"} <= set(runs.columns)
-    assert not {"steps", "hidden", "features"} & set(runs.columns), "one run: no parameter tells it from another"
+    assert list(runs.columns[:5]) == ["run_id", "test_loss", "accuracy", "macro_f1", "steps"], (
+        "the ranking metric first"
+    )
+    assert not {"hidden", "features", "learning_rate"} & set(runs.columns), (
+        "one run: no parameter tells it from another"
+    )
     assert json.loads((tmp_path / "results" / "best_run.json").read_text())["goal"] == "min"
     assert list((tmp_path / "scratch").iterdir()) == []
 
