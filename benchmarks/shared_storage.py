@@ -15,7 +15,7 @@ process as a cluster job would, its scratch on another disk) for each kind of ta
   run per 10 seconds of training, whatever the task calls;
 - the end: sync back, record, release of the lease.
 
-    python benchmarks/shared_storage.py [--tasks mlp-every-step,mlp,text,command,trainer-script] [--json FILE]
+    python benchmarks/shared_storage.py [--tasks mlp,text,command,trainer-script] [--json FILE]
 """
 
 from __future__ import annotations
@@ -40,11 +40,10 @@ LAB = REPO / "tests" / "plain_pytorch_lab"
 MLP_DATA = {"name": "numbers", "path": str(LAB / "data" / "numbers.csv"), "format": "csv"}
 
 
-def mlp_setting(folder: Path, epochs: int, every_step: bool) -> dict[str, Any]:
+def mlp_setting(folder: Path, epochs: int) -> dict[str, Any]:
     """A lab's plain-PyTorch task (tests/plain_pytorch_lab, 0.4 ms a step), reporting its progress
-    as written (every few seconds) or after every step."""
-    setting = {"task": "ourlab.mlp", "dataset": MLP_DATA, "training": {"hidden": 8, "epochs": epochs, "seed": 0}}
-    return setting | ({"report_every_seconds": 0.0} if every_step else {})
+    after every step (`context.report_progress(step, end, loss)`: the piece throttles the writes)."""
+    return {"task": "ourlab.mlp", "dataset": MLP_DATA, "training": {"hidden": 8, "epochs": epochs, "seed": 0}}
 
 
 def text_setting(folder: Path, epochs: int) -> dict[str, Any]:
@@ -107,8 +106,7 @@ def trainer_script_setting(folder: Path, epochs: int) -> dict[str, Any]:
 
 # Each kind of task, with the epochs that train it for about a minute here.
 SETTINGS: dict[str, tuple[Callable[[Path, int], dict[str, Any]], int]] = {
-    "mlp-every-step": (lambda folder, epochs: mlp_setting(folder, epochs, every_step=True), 12_000),
-    "mlp": (lambda folder, epochs: mlp_setting(folder, epochs, every_step=False), 12_000),
+    "mlp": (mlp_setting, 12_000),
     "text": (text_setting, 60),
     "image": (image_setting, 150),
     "command": (command_setting, 40),
@@ -161,10 +159,6 @@ def job_process(spec_path: Path) -> None:
     sys.path.insert(0, str(LAB))
     from scratchflow import checkpoints, jobs, training_process
 
-    if "report_every_seconds" in spec:
-        import ourlab.mlp  # a lab's task: its reporting interval set here, as a lab might write it
-
-        ourlab.mlp.REPORT_EVERY_SECONDS = spec["report_every_seconds"]
     marks: dict[str, float] = {}
     train = training_process.TrainingProcess.train
 

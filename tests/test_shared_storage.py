@@ -28,11 +28,11 @@ def test_a_task_reporting_progress_every_step_writes_to_shared_storage_at_most_e
     """The plain-PyTorch lab task reporting after each of its 0.4 ms steps: before, every report was
     a create, an fsync and a rename on shared storage (1,800 reports a 6-second training)."""
     figures = tmp_path / "figures.json"
-    command = [sys.executable, str(REPO / "benchmarks" / "shared_storage.py"), "--tasks", "mlp-every-step"]
+    command = [sys.executable, str(REPO / "benchmarks" / "shared_storage.py"), "--tasks", "mlp"]
     command += ["--epochs", "300", "--json", str(figures)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    job = json.loads(figures.read_text())["mlp-every-step"]
+    job = json.loads(figures.read_text())["mlp"]
     training = job.get("training", {})
     writes = sum(training.get(kind, 0) for kind in ("create", "rename", "unlink", "mkdir", "fsync"))
     assert job["training_seconds"] > 2, "too short a training to tell"

@@ -248,8 +248,8 @@ class TrainingProcess:
         progress: dict[str, Any] = {"step": step, "at": time.time()}
         if max_steps is not None:
             progress["max_steps"] = max_steps
-        if loss is not None:
-            progress["loss"] = loss
+        if loss is not None:  # a 0-d tensor or a NumPy number as its number, which JSON holds
+            progress["loss"] = loss.item() if hasattr(loss, "item") else loss
         if step > first_step and now > first_at:
             steps_per_second = (step - first_step) / (now - first_at)
             batch_size = self.spec.params.get("batch_size")
