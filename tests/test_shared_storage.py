@@ -9,6 +9,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,38 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
     with pytest.raises(RuntimeError):
         trainer.train()
     assert written[-1] == 101
+
+
+def test_a_step_reported_becomes_a_whole_report_with_the_speed_and_the_time_left(tmp_path, monkeypatch):
+    """`context.report_progress(step, max_steps, loss)`: the piece works out the samples a second
+    (the run's batch size, over this piece's reports) and the seconds left at that speed; a loss given
+    as a tensor is kept as its number, which JSON holds."""
+    import torch
+
+    clock = [1000.0]
+    monkeypatch.setattr(training_process.time, "monotonic", lambda: clock[0])
+    spec = PieceSpec(
+        task="command",
+        run_id="r1",
+        identity={"dataset": {}, "training": {"batch_size": 4}},
+        model=None,
+        store=CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE"),
+        tracking_dir=tmp_path / "tensorboard",
+        tracking="tensorboard",
+        checkpoint_every=CheckpointInterval(steps=10),
+        stop_grace_seconds=1,
+        threads=1,
+        work_dir=tmp_path / "scratch",
+    )
+    trainer = TrainingProcess(spec)
+    trainer.report_step(10, 100, None)
+    assert {key: trainer.progress[key] for key in ("step", "max_steps")} == {"step": 10, "max_steps": 100}
+    assert "seconds_left" not in trainer.progress, "one report: no speed yet"
+    clock[0] += 10
+    trainer.report_step(30, 100, torch.tensor(0.25))
+    progress = dict(trainer.progress)
+    assert progress.pop("at") == pytest.approx(time.time(), abs=5)
+    assert progress == {"step": 30, "max_steps": 100, "loss": 0.25, "samples_per_second": 8.0, "seconds_left": 35.0}
 
 
 def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_path, monkeypatch):
