@@ -153,3 +153,36 @@ def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_pa
     TrainingProcess(spec).checkpoint_saved(checkpoint)
     assert seen == [b"the curves to step 10"], "the curves were there when the checkpoint was renamed into place"
     assert (spec.store.folder / "checkpoint-10" / "COMPLETE").is_file()
+
+
+def test_the_piece_keeps_the_newest_checkpoints_on_scratch_so_a_task_need_not_prune_its_own(tmp_path):
+    """Each checkpoint the task saves is copied to shared storage, then the complete ones on scratch
+    beyond checkpointing.keep are removed (one being written, without its marker, stays)."""
+    spec = PieceSpec(
+        task="command",
+        run_id="r1",
+        identity={"dataset": {}, "training": {}},
+        model=None,
+        store=CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE", keep=2),
+        tracking_dir=tmp_path / "tensorboard",
+        tracking="tensorboard",
+        checkpoint_every=CheckpointInterval(steps=10),
+        stop_grace_seconds=1,
+        threads=1,
+        work_dir=tmp_path / "scratch",
+    )
+    trainer = TrainingProcess(spec)
+    for step in (10, 20, 30, 40):
+        saved = spec.checkpoint_dir / f"checkpoint-{step}"
+        saved.mkdir(parents=True)
+        (saved / "state.pt").write_text(str(step))
+        (saved / "COMPLETE").touch()
+        trainer.checkpoint_saved(saved)
+    (spec.checkpoint_dir / "checkpoint-50").mkdir()  # being written: no marker yet
+    trainer.checkpoint_saved(spec.checkpoint_dir / "checkpoint-40")
+    assert sorted(path.name for path in spec.checkpoint_dir.iterdir()) == [
+        "checkpoint-30",
+        "checkpoint-40",
+        "checkpoint-50",
+    ]
+    assert spec.store.newest_step() == 40
