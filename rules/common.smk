@@ -33,6 +33,7 @@ from scratchflow.plan import (
     SEARCH_OUTPUTS,
 )
 from scratchflow.snakemake_adapter import (
+    as_recorded,
     check_module_hooks,
     prepare_job_step,
     register_pack_slot,
@@ -61,6 +62,12 @@ wildcard_constraints:
 
 def dataset_locations(wildcards):
     return list(DATA_SOURCES.values())
+
+
+def dataset_settings(wildcards):
+    """The config's dataset section, its keys in the order Snakemake last recorded them: reordered in
+    the config, it rebuilds no archive (and retrains no run)."""
+    return as_recorded(workflow, DATASET, PLAN.archive_template.format(dataset=wildcards.dataset))
 
 
 def dataset_fingerprint(wildcards):

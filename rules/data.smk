@@ -14,7 +14,7 @@ rule archive_dataset:
     conda:
         "../envs/scratchflow.yaml"
     params:
-        dataset=DATASET,
+        dataset=dataset_settings,
         fingerprint=dataset_fingerprint,
     script:
         "../scripts/archive_dataset.py"

@@ -108,3 +108,33 @@ def test_the_slurm_plugin_asks_the_clusters_min_job_age_once_a_run_not_once_a_st
     ask_min_job_age_once()  # a module's hooks and the host's: still once
     assert [plugin.get_min_job_age() for _ in range(5)] == [300] * 5
     assert calls.read_text().split() == ["x"]
+
+
+def test_a_dict_param_keeps_the_order_snakemake_recorded_and_is_sorted_where_none_is():
+    """The archive's dataset settings, reordered in the config (or written back by a tool that sorts
+    YAML), compare equal to what Snakemake recorded: the archive is not rebuilt, nor every run
+    retrained. Settings that differ, or none recorded, are sorted, nested dicts too."""
+    from types import SimpleNamespace
+
+    from scratchflow.snakemake_adapter import as_recorded
+
+    recorded = {"name": "news", "path": "data/news.csv", "splits": {"train": "a", "test": "b"}, "format": "csv"}
+
+    def workflow(params):
+        return SimpleNamespace(persistence=SimpleNamespace(params=lambda output: params.get(output)))
+
+    reordered = {"format": "csv", "splits": {"test": "b", "train": "a"}, "path": "data/news.csv", "name": "news"}
+    kept = as_recorded(
+        workflow({"archives/news.tar": [repr(recorded), "'fingerprint'"]}), reordered, "archives/news.tar"
+    )
+    assert repr(kept) == repr(recorded)
+    changed = {**reordered, "format": "tsv"}
+    assert list(as_recorded(workflow({"archives/news.tar": [repr(recorded)]}), changed, "archives/news.tar")) == [
+        "format",
+        "name",
+        "path",
+        "splits",
+    ]
+    fresh = as_recorded(workflow({}), reordered, "archives/news.tar")
+    assert list(fresh) == ["format", "name", "path", "splits"] and list(fresh["splits"]) == ["test", "train"]
+    assert as_recorded(SimpleNamespace(persistence=None), reordered, "archives/news.tar") == reordered

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import base64
 import contextlib
 import json
 import os
@@ -279,6 +281,19 @@ def test_a_new_grid_value_runs_only_the_new_runs(finished):
     workdir, _, _ = finished
     before = {run.name: (run / "record.json").stat().st_mtime_ns for run in run_dirs(workdir)}
     config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    # The same dataset settings in another order: in the config, or as an older scratchflow recorded
+    # them (in the config's order) in Snakemake's metadata. Nothing to do: no archive, no training.
+    config["dataset"] = dict(reversed(config["dataset"].items()))
+    write_config(workdir, config)
+    archive = f"archives/{config['dataset']['name']}.tar"
+    metadata = workdir / ".snakemake" / "metadata" / base64.urlsafe_b64encode(archive.encode()).decode()
+    record = json.loads(metadata.read_text())
+    settings = next(ast.literal_eval(param) for param in record["params"] if param.startswith("{"))
+    record["params"] = [
+        repr(dict(reversed(settings.items()))) if param.startswith("{") else param for param in record["params"]
+    ]
+    metadata.write_text(json.dumps(record))
+    assert "Nothing to be done" in run_workflow(workdir, "--dry-run").stdout
     config["grid"]["learning_rate"].append(5.0e-4)
     write_config(workdir, config)
     result = run_workflow(workdir)

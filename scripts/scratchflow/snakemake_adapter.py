@@ -26,6 +26,7 @@ ending add a few checks each, not one per job per second (benchmarks/job_end_lag
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import atexit
 import contextlib
@@ -409,3 +410,26 @@ def refuse_renamed_rules(workflow: Any) -> None:
 
 class HostRenamedRules(RuntimeError):
     """A host Snakefile used scratchflow's rules under other names."""
+
+
+def as_recorded(workflow: Any, value: dict[str, Any], output: str) -> dict[str, Any]:
+    """A rule's param `value` (a dict from the config) as Snakemake recorded it for `output`, where
+    that record holds the same dict with its keys in another order; else with its keys sorted.
+    Snakemake compares params by their repr, which follows the order of the keys: a config whose
+    keys were reordered (by hand, or by a tool that writes YAML back) would rerun the rule, and every
+    job downstream of it, for nothing."""
+    persistence = workflow.persistence  # None until Snakemake prepares its DAG (--lint, say)
+    for recorded in (persistence.params(output) if persistence is not None else None) or ():
+        with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            if (old := ast.literal_eval(recorded)) == value:
+                return old
+    return sorted_deeply(value)
+
+
+def sorted_deeply(value: Any) -> Any:
+    """`value` with the keys of every dict in it sorted."""
+    if isinstance(value, dict):
+        return {key: sorted_deeply(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [sorted_deeply(item) for item in value]
+    return value
