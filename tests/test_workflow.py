@@ -285,14 +285,14 @@ def test_a_new_grid_value_runs_only_the_new_runs(finished):
     # them (in the config's order) in Snakemake's metadata. Nothing to do: no archive, no training.
     config["dataset"] = dict(reversed(config["dataset"].items()))
     write_config(workdir, config)
-    archive = f"archives/{config['dataset']['name']}.tar"
-    metadata = workdir / ".snakemake" / "metadata" / base64.urlsafe_b64encode(archive.encode()).decode()
-    record = json.loads(metadata.read_text())
-    settings = next(ast.literal_eval(param) for param in record["params"] if param.startswith("{"))
-    record["params"] = [
-        repr(dict(reversed(settings.items()))) if param.startswith("{") else param for param in record["params"]
-    ]
-    metadata.write_text(json.dumps(record))
+    for metadata in (workdir / ".snakemake" / "metadata").iterdir():  # the archive's and its manifest's
+        if base64.urlsafe_b64decode(metadata.name).decode().startswith("archives/"):
+            record = json.loads(metadata.read_text())
+            settings = next(ast.literal_eval(param) for param in record["params"] if param.startswith("{"))
+            record["params"] = [
+                repr(dict(reversed(settings.items()))) if param.startswith("{") else param for param in record["params"]
+            ]
+            metadata.write_text(json.dumps(record))
     assert "Nothing to be done" in run_workflow(workdir, "--dry-run").stdout
     config["grid"]["learning_rate"].append(5.0e-4)
     write_config(workdir, config)

@@ -418,8 +418,10 @@ def as_recorded(workflow: Any, value: dict[str, Any], output: str) -> dict[str, 
     Snakemake compares params by their repr, which follows the order of the keys: a config whose
     keys were reordered (by hand, or by a tool that writes YAML back) would rerun the rule, and every
     job downstream of it, for nothing."""
+    from snakemake.io import IOFile
+
     persistence = workflow.persistence  # None until Snakemake prepares its DAG (--lint, say)
-    for recorded in (persistence.params(output) if persistence is not None else None) or ():
+    for recorded in (persistence.params(IOFile(output)) if persistence is not None else None) or ():
         with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             if (old := ast.literal_eval(recorded)) == value:
                 return old
