@@ -67,7 +67,9 @@ def dataset_locations(wildcards):
 def dataset_settings(wildcards):
     """The config's dataset section, its keys in the order Snakemake last recorded them: reordered in
     the config, it rebuilds no archive (and retrains no run)."""
-    return as_recorded(workflow, DATASET, PLAN.archive_template.format(dataset=wildcards.dataset))
+    return as_recorded(
+        workflow, DATASET, PLAN.archive_template.format(dataset=wildcards.dataset)
+    )
 
 
 def dataset_fingerprint(wildcards):
