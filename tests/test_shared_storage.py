@@ -24,6 +24,23 @@ from scratchflow.training_process import TrainingProcess
 REPO = Path(__file__).resolve().parents[1]
 
 
+def piece_spec(tmp_path: Path, store: CheckpointStore, training: dict | None = None, tracking_dir: Path | None = None):
+    """A command task's piece of run r1, its scratch in tmp_path, a checkpoint every 10 steps."""
+    return PieceSpec(
+        task="command",
+        run_id="r1",
+        identity={"dataset": {}, "training": training or {}},
+        model=None,
+        store=store,
+        tracking_dir=tracking_dir or tmp_path / "tensorboard",
+        tracking="tensorboard",
+        checkpoint_every=CheckpointInterval(steps=10),
+        stop_grace_seconds=1,
+        threads=1,
+        work_dir=tmp_path / "scratch",
+    )
+
+
 @pytest.mark.slow
 def test_a_task_reporting_progress_every_step_writes_to_shared_storage_at_most_every_10_seconds(tmp_path):
     """The plain-PyTorch lab task reporting after each of its 0.4 ms steps: before, every report was
@@ -48,19 +65,7 @@ def test_progress_reaches_shared_storage_once_an_interval_and_as_a_failing_piece
     clock = [1000.0]
     monkeypatch.setattr(training_process.time, "monotonic", lambda: clock[0])
     folder = tmp_path / "shared"
-    spec = PieceSpec(
-        task="command",
-        run_id="r1",
-        identity={"dataset": {}, "training": {}},
-        model=None,
-        store=CheckpointStore(RunFolder(folder), "COMPLETE"),
-        tracking_dir=tmp_path / "tensorboard",
-        tracking="tensorboard",
-        checkpoint_every=CheckpointInterval(steps=10),
-        stop_grace_seconds=1,
-        threads=1,
-        work_dir=tmp_path / "scratch",
-    )
+    spec = piece_spec(tmp_path, CheckpointStore(RunFolder(folder), "COMPLETE"))
     trainer = TrainingProcess(spec)
     written = []
     monkeypatch.setattr(
@@ -91,19 +96,7 @@ def test_a_step_reported_becomes_a_whole_report_with_the_speed_and_the_time_left
 
     clock = [1000.0]
     monkeypatch.setattr(training_process.time, "monotonic", lambda: clock[0])
-    spec = PieceSpec(
-        task="command",
-        run_id="r1",
-        identity={"dataset": {}, "training": {"batch_size": 4}},
-        model=None,
-        store=CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE"),
-        tracking_dir=tmp_path / "tensorboard",
-        tracking="tensorboard",
-        checkpoint_every=CheckpointInterval(steps=10),
-        stop_grace_seconds=1,
-        threads=1,
-        work_dir=tmp_path / "scratch",
-    )
+    spec = piece_spec(tmp_path, CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE"), training={"batch_size": 4})
     trainer = TrainingProcess(spec)
     trainer.report_step(10, 100, None)
     assert {key: trainer.progress[key] for key in ("step", "max_steps")} == {"step": 10, "max_steps": 100}
@@ -120,18 +113,10 @@ def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_pa
     curves there: a piece killed between the two would leave a gap that the next piece, resuming
     from that checkpoint (purge_step after it), never logs again."""
     run_folder = tmp_path / "results" / "runs" / "r1"
-    spec = PieceSpec(
-        task="command",
-        run_id="r1",
-        identity={"dataset": {}, "training": {}},
-        model=None,
-        store=CheckpointStore(RunFolder(tmp_path / "checkpoints" / "r1", results=run_folder), "COMPLETE"),
+    spec = piece_spec(
+        tmp_path,
+        CheckpointStore(RunFolder(tmp_path / "checkpoints" / "r1", results=run_folder), "COMPLETE"),
         tracking_dir=run_folder / "tensorboard",
-        tracking="tensorboard",
-        checkpoint_every=CheckpointInterval(steps=10),
-        stop_grace_seconds=1,
-        threads=1,
-        work_dir=tmp_path / "scratch",
     )
     events = spec.local_tracking_dir / "events.out.tfevents.1.vm.1.0"
     events.parent.mkdir(parents=True)
@@ -158,19 +143,7 @@ def test_a_checkpoint_reaches_shared_storage_after_the_curves_to_its_step(tmp_pa
 def test_the_piece_keeps_the_newest_checkpoints_on_scratch_so_a_task_need_not_prune_its_own(tmp_path):
     """Each checkpoint the task saves is copied to shared storage, then the complete ones on scratch
     beyond checkpointing.keep are removed (one being written, without its marker, stays)."""
-    spec = PieceSpec(
-        task="command",
-        run_id="r1",
-        identity={"dataset": {}, "training": {}},
-        model=None,
-        store=CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE", keep=2),
-        tracking_dir=tmp_path / "tensorboard",
-        tracking="tensorboard",
-        checkpoint_every=CheckpointInterval(steps=10),
-        stop_grace_seconds=1,
-        threads=1,
-        work_dir=tmp_path / "scratch",
-    )
+    spec = piece_spec(tmp_path, CheckpointStore(RunFolder(tmp_path / "shared"), "COMPLETE", keep=2))
     trainer = TrainingProcess(spec)
     for step in (10, 20, 30, 40):
         saved = spec.checkpoint_dir / f"checkpoint-{step}"
