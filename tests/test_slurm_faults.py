@@ -820,9 +820,10 @@ def requeued_beside_its_old_piece(
 
 
 def runs_python(pid: int) -> bool:
-    """Whether process `pid` runs Python (a training process, a job's Snakemake); not if it ended."""
+    """Whether process `pid` runs Python (a training process, a job's Snakemake); not if it ended. By
+    its executable: the srun that starts a job step names the step's python in its arguments."""
     try:
-        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return Path(os.readlink(f"/proc/{pid}/exe")).name.startswith("python")
     except OSError:
         return False
 
@@ -837,7 +838,7 @@ def still_training(pids: list[int], timeout: float = 60) -> list[str]:
         for pid in pids:
             with contextlib.suppress(OSError):
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                if "python" in command and not is_zombie(pid):
+                if runs_python(pid) and not is_zombie(pid):
                     running.append(command)
         if not running or time.monotonic() > deadline:
             return running
