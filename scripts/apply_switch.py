@@ -11,6 +11,10 @@ working directory you run scratchflow's Snakefile in), the layer that `snakemake
 scratchflow/profiles/<cluster> --workflow-profile profiles/<cluster>` (make submit) reads: each key
 the switch names holds the profile's value, or the layer's own, with the switch's keys merged in; the
 layer's other keys stay. Commit it with your pipeline.
+
+SWITCH may be the layer itself (profiles/<cluster>/config.v8+.yaml): each of its keys is then written
+whole, scratchflow's entries with the layer's over them, as the workflow asks of a layer that drops
+what scratchflow's profile sets (a 0.2 layer's `set-resources: train: runtime: 720`).
 """
 
 import argparse
@@ -32,6 +36,12 @@ try:
     applied = apply_switch(arguments.pipeline, arguments.switch, arguments.cluster)
 except SwitchError as error:
     sys.exit(f"apply_switch.py: {error}")
+if Path(arguments.switch).resolve() == applied.layer.resolve():
+    print(
+        f"{applied.layer}: written whole, each key of it holding scratchflow's entries with yours over them (the "
+        f"start-up check refused a layer that dropped some). Run with:\n  snakemake {applied.arguments}"
+    )
+    sys.exit()
 print(
     f"{applied.layer}: {arguments.switch} applied (its header says what it was made from; set there what the "
     f"switch's comment asks for, e.g. a partition or a path). Run with:\n  snakemake {applied.arguments}"

@@ -430,6 +430,18 @@ def slurm_workflow_command(slurm, profile: str, *arguments: str, pipeline: Path 
     )
 
 
+def profile_with(cluster: str, folder: Path, set_resources: dict[str, dict]) -> Path:
+    """A copy of scratchflow's profile of `cluster` in `folder`, some rules' resources changed (merged over its
+    own: a command line's --set-resources would replace its whole set-resources, which is refused)."""
+    profile = yaml.safe_load((REPO / "profiles" / cluster / "config.v8+.yaml").read_text())
+    profile["configfile"] = str(REPO / "config" / "clusters" / f"{cluster}.yaml")
+    for rule, resources in set_resources.items():
+        profile.setdefault("set-resources", {}).setdefault(rule, {}).update(resources)
+    folder.mkdir(parents=True)
+    (folder / "config.v8+.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return folder
+
+
 def slurm_workflow_env(slurm, env: dict[str, str] | None = None) -> dict[str, str]:
     return {**workflow_env(), "SLURM_CONF": str(slurm.conf), "USER": USER, **(env or {})}
 

@@ -37,6 +37,7 @@ from conftest import (
     image_config,
     lab_pipeline,
     netscratch_directory,
+    profile_with,
     queued_jobs,
     run_folder,
     run_on_slurm,
@@ -452,30 +453,30 @@ def test_a_job_slurm_rejects_fails_fast_with_its_error_and_leaves_nothing(
     assert not list(tmp_path.glob("results/runs/*"))
 
 
-# case -> (command-line arguments, cluster keys in the config (merged over the profile's), error)
+# case -> (train's resources in the profile (merged over edinburgh's), cluster keys in the config
+# (merged over the profile's), error)
 PROFILE_ERRORS = {
-    "unknown resource": (["--set-resources", "train:gpus=1"], {}, "resource gpus of rule train"),
+    "unknown resource": ({"gpus": 1}, {}, "resource gpus of rule train"),
     "runtime above the maximum": (
-        ["--set-resources", "train:runtime=2000"],
+        {"runtime": 2000},
         {},
         "2000 min on attempt 1 is above the maximum of cluster 'edinburgh', 1680 min",
     ),
     # Fine on the first attempt; a retry would ask for more than the cluster allows.
     "a retry's runtime above the maximum": (
-        ["--set-resources", "train:runtime=1000*attempt"],
+        {"runtime": "1000*attempt"},
         {},
         "2000 min on attempt 2 is above the maximum of cluster 'edinburgh', 1680 min",
     ),
     # Three of the profile's 720-minute train jobs, one after another, in one Slurm job.
     "a pack longer than the maximum": (
-        [],
+        {},
         {"pack_runs": 3},
         "config key cluster.pack_runs: 3 train jobs of 720 min each, one after another, need 2160 min, "
         "above the maximum of cluster 'edinburgh', 1680 min",
     ),
-    # A command-line --set-resources replaces the profile's whole train entry: the GPU is asked again.
     "more training processes than GPUs": (
-        ["--set-resources", "train:gres='gpu:1'", "train:processes_per_node=2"],
+        {"gres": "gpu:1", "processes_per_node": 2},
         {},
         "resource processes_per_node of rule train: 2 processes on a node given 1 GPU(s)",
     ),
@@ -484,26 +485,16 @@ PROFILE_ERRORS = {
 
 @pytest.mark.parametrize("case", PROFILE_ERRORS)
 def test_a_profile_resource_error_stops_before_any_submission(case, slurm, tmp_path, bbc_subset, tiny_model):
-    arguments, cluster, error = PROFILE_ERRORS[case]
+    train, cluster, error = PROFILE_ERRORS[case]
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     config["cluster"] = cluster
     write_config(tmp_path, config)
-    result = run_on_slurm(slurm, tmp_path, "edinburgh", {}, *arguments)
+    profile = profile_with("edinburgh", tmp_path / "profile", {"train": train})
+    result = run_on_slurm(slurm, tmp_path, str(profile), {})
     assert result.returncode != 0
     assert "ConfigError" in result.stdout and error in result.stdout, result.stdout[-4000:]
     assert "sbatch call:" not in result.stdout
     assert not any((tmp_path / folder).exists() for folder in ("archives", "models", "results"))
-
-
-def profile_with(cluster: str, folder: Path, set_resources: dict[str, dict]) -> Path:
-    """A cluster's profile with some rules' resources changed (merged over its own)."""
-    profile = yaml.safe_load((REPO / "profiles" / cluster / "config.v8+.yaml").read_text())
-    profile["configfile"] = str(REPO / "config" / "clusters" / f"{cluster}.yaml")
-    for rule, resources in set_resources.items():
-        profile.setdefault("set-resources", {}).setdefault(rule, {}).update(resources)
-    folder.mkdir(parents=True)
-    (folder / "config.v8+.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
-    return folder
 
 
 # cluster -> (its profile's rules' resources changed, every line the one preflight message must hold)

@@ -40,6 +40,7 @@ from conftest import (
     long_run,
     netscratch_directory,
     processes_in,
+    profile_with,
     published_checkpoint,
     queued_jobs,
     recipe,
@@ -410,15 +411,9 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_and_requeues_itself_spendin
     config = configure_long_run(tmp_path, bbc_subset, tiny_model)
     config["checkpointing"]["stop_signal"] = "USR2"
     write_config(tmp_path, config)
-    workflow = start(
-        slurm,
-        tmp_path,
-        "--retries",
-        "0",
-        "--set-resources",
-        "train:runtime=3*attempt",
-        "train:slurm_extra='--signal=USR2@90'",
-    )
+    three_minutes = {"train": {"runtime": "3*attempt", "slurm_extra": "--signal=USR2@90"}}
+    profile = profile_with(PROFILE, tmp_path / "profile", three_minutes)
+    workflow = start(slurm, tmp_path, "--retries", "0", profile=str(profile))
     wait_until(lambda: first_checkpoint(tmp_path), workflow, tmp_path, "a first checkpoint")
     (job,) = active_jobs(slurm, tmp_path, "train")
     trainer, _environ = wait_until(lambda: trainer_of(job), workflow, tmp_path, "the trainer")
@@ -919,7 +914,7 @@ def test_a_two_node_training_whose_slurmds_die_and_whose_old_piece_trains_on_end
     # count is 0"; srun: "Invalid generic resource (gres) specification"). The ranks train on CPU.
     settings = yaml.safe_load((profile / "config.v8+.yaml").read_text())
     del settings["set-resources"]["train"]["gres"]
-    settings["set-resources"]["train"]["processes_per_node"] = 2
+    settings["set-resources"]["train"] |= {"gpu": 0, "processes_per_node": 2}  # none, said so: not a lost GPU
     (profile / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
     workflow = start(slurm, workdir, "--retries", "0", profile=str(profile))
     wait_until(lambda: shared_checkpoint_after(workdir, 0), workflow, workdir, "a first checkpoint")
@@ -963,12 +958,7 @@ LOST_NODE_SECONDS = 360
 def fragile_profile(cluster: str, folder: Path) -> Path:
     """`cluster`'s profile, copied to `folder`, its train jobs on the test cluster's `fragile`
     partition (the one that holds n3, which the lost-node tests lose)."""
-    shutil.copytree(REPO / "profiles" / cluster, folder)
-    settings = yaml.safe_load((folder / "config.v8+.yaml").read_text())
-    settings["configfile"] = str(REPO / "config" / "clusters" / f"{cluster}.yaml")
-    settings["set-resources"]["train"]["slurm_partition"] = "fragile"
-    (folder / "config.v8+.yaml").write_text(yaml.safe_dump(settings))
-    return folder
+    return profile_with(cluster, folder, {"train": {"slurm_partition": "fragile"}})
 
 
 def declared_down_since(slurm, node: str, since: float) -> bool:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RECIPES, REPO, git, lab_pipeline, workflow_config, workflow_env
+from conftest import ACTIVATED, RECIPES, REPO, git, lab_pipeline, workflow_config, workflow_env
+from scratchflow.config import dropped_settings, dropped_settings_line
 from scratchflow.profiles import SwitchError, apply_switch, layer_with_switch, merged
 from snakemake.resources import Resource
 
@@ -162,6 +163,82 @@ def test_the_labs_own_keys_and_earlier_switches_stay_and_the_header_says_what_ea
         f"# Applied: {bigger_predictions}",
     ]
     assert "--workflow-profile profiles/narval" in layer.read_text()
+
+
+def test_a_layer_that_would_drop_the_train_jobs_gpu_is_refused_by_make_test_and_written_whole_on_request(lab):
+    """The layer 0.2.0 suggested, `set-resources: train: runtime: 720`, replaces scratchflow's
+    set-resources whole: train would ask for no GPU, the default memory and no stop signal, and
+    predict for nothing. `make test` refuses it in one line naming what it drops and the command that
+    writes the layer whole; after that command the pipeline plans, with the lab's runtime and every
+    other resource of scratchflow's."""
+    layer = lab / "profiles" / "narval" / "config.v8+.yaml"
+    layer.write_text(layer.read_text() + "set-resources:\n  train:\n    runtime: 720\n")
+    environment = {**os.environ, **ACTIVATED, "SLURM_CONF": "/dev/null"}
+    tested = subprocess.run(["make", "test"], cwd=lab, capture_output=True, text=True, env=environment)
+    assert tested.returncode != 0
+    refusal = [line for line in tested.stderr.splitlines() if line.startswith("scratchflow:")]
+    assert refusal == [
+        "scratchflow: the layer profiles/narval/config.v8+.yaml replaces scratchflow's narval profile's keys whole "
+        "and drops set-resources: train's slurm_extra, cpus_per_task, mem_mb, GPUs; all of predict's (gpu, "
+        "gpu_model, cpus_per_task, mem_mb, runtime) (train jobs would ask for no GPU and get no stop signal before "
+        "their wall time): write it whole, your values kept: python scratchflow/scripts/apply_switch.py "
+        "profiles/narval/config.v8+.yaml"
+    ], tested.stderr[-3000:]
+    assert "Traceback" not in tested.stderr
+
+    written = apply(lab, "profiles/narval/config.v8+.yaml")
+    assert written.returncode == 0, written.stderr
+    profile = lab / "scratchflow" / "profiles" / "narval"
+    settings = snakemakes_settings(profile, layer.parent)
+    scratchflows = as_written(snakemakes_settings(profile).set_resources)
+    assert as_written(settings.set_resources) == merged(scratchflows, {"train": {"runtime": 720}})
+    assert settings.jobs == 100, "the layer's other keys stay"
+    tested = subprocess.run(["make", "test"], cwd=lab, capture_output=True, text=True, env=environment)
+    assert tested.returncode == 0, tested.stderr[-3000:]
+
+
+def test_what_a_layer_drops_of_scratchflows_profile_is_named_and_a_switchs_exchanges_are_not():
+    """The settings in effect against scratchflow's profile: a rule's GPU may change syntax and a
+    several-node switch may remove `gpu`; the GPUs, the stop signal and every other resource stay."""
+    profile = {
+        "default-resources": {"mem_mb": 4000, "runtime": 60},
+        "set-resources": {
+            "train": {"gpu": 1, "gpu_model": "a100", "mem_mb": 64000, "slurm_extra": "--signal=USR1@600"},
+            "predict": {"gpu": 1, "runtime": 30},
+        },
+        "set-threads": {"train": 12, "predict": 6},
+    }
+
+    def in_effect(
+        train: dict, predict: dict | None = None, defaults=("mem_mb", "runtime"), threads=("train", "predict")
+    ):
+        rules = {"train": train} | ({"predict": predict} if predict is not None else {})
+        names = {"set-resources": {rule: set(entry) for rule, entry in rules.items()}}
+        return names | {"set-threads": set(threads), "default-resources": set(defaults)}, rules
+
+    several_nodes = {"mem_mb": 64000, "nodes": 2, "slurm_extra": "--signal=USR1@600 --gpus-per-node=a100:4"}
+    assert dropped_settings(profile, *in_effect(several_nodes, {"gres": "gpu:1", "runtime": 30})).lost == {}
+    dropped = dropped_settings(profile, *in_effect({"runtime": 720}, None, ("runtime",), ("train",)))
+    assert dropped.lost == {
+        "set-resources": ["train's mem_mb, slurm_extra, GPUs", "all of predict's (gpu, runtime)"],
+        "set-threads": ["predict"],
+        "default-resources": ["mem_mb"],
+    }
+    assert dropped.train_gpus and dropped.stop_signal
+    another_signal = {**several_nodes, "slurm_extra": "--qos=long --gpus-per-node=4"}
+    dropped = dropped_settings(profile, *in_effect(another_signal, {"gpu": 1, "runtime": 30}))
+    assert dropped.lost == {"set-resources": ["train's --signal=USR1@600 (in slurm_extra)"]}
+    assert (dropped.train_gpus, dropped.stop_signal) == (False, True)
+    on_cpu_on_purpose = {"gpu": 0, "mem_mb": 64000, "slurm_extra": "--signal=USR1@600"}
+    assert dropped_settings(profile, *in_effect(on_cpu_on_purpose, {"gpu": 1, "runtime": 30})).lost == {}
+    on_the_command_line = dropped_settings_line("narval", dropped, None, "scratchflow")
+    assert on_the_command_line.startswith(
+        "scratchflow: settings given over scratchflow's narval profile (on the command line, or in another "
+        "profile) replace its keys whole and drop "
+        "set-resources: train's --signal=USR1@600 (in slurm_extra) (train jobs would get no stop signal before "
+        "their wall time): put the change in a switch file and apply it to your layer (python "
+        "scratchflow/scripts/apply_switch.py FILE --cluster narval;"
+    )
 
 
 def test_what_cannot_be_applied_is_said_in_one_line_and_nothing_is_written(lab, tmp_path):

@@ -7,9 +7,11 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -450,6 +452,96 @@ def check_stop_signal(stop_signal: str, train_slurm_extra: Any) -> None:
             f"which would end the job without a checkpoint; set checkpointing.stop_signal: {name}, or "
             f"--signal={stop_signal}@<s>"
         )
+
+
+# Resources a switch exchanges for one another (a GPU asked for as gpu, gres or --gpus-per-node; one
+# node or several): a layer may leave one out where its rule keeps its GPUs (`dropped_settings`).
+SHAPE_KEYS = frozenset({"gpu", "gpu_model", "gres", "nodes", "mpi", "tasks", "tasks_per_gpu", "processes_per_node"})
+
+
+def size_name(resource: str) -> str:
+    """A resource's name as Snakemake compares it: mem_mb, mem_mib and mem are one resource."""
+    return resource.removesuffix("_mib").removesuffix("_mb")
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """What a layer over scratchflow's profile (or the command line) drops of the profile's
+    set-resources, set-threads and default-resources, which it replaces whole: per key, what is lost
+    ("train's mem_mb", "all of predict's (gpu, runtime)"); and whether the train jobs lose their GPUs
+    or their stop signal."""
+
+    lost: dict[str, list[str]]
+    train_gpus: bool = False
+    stop_signal: bool = False
+
+
+def says_which_gpus(resources: Mapping[str, Any]) -> bool:
+    """Whether a rule's resources say what GPUs it asks for, none included (`gpu: 0`: CPU training
+    on purpose), in any syntax `requested_gpus_per_node` reads."""
+    extra = str(resources.get("slurm_extra") or "")
+    return "gpu" in resources or "gres" in resources or re.search(r"--(gpus|gres)\b", extra) is not None
+
+
+def dropped_settings(profile: Mapping[str, Any], in_effect: Mapping[str, Any], shapes: Mapping[str, Any]) -> Dropped:
+    """What the settings `in_effect` (`snakemake_adapter.settings_in_effect`) lack of scratchflow's
+    `profile`: a rule entry of set-resources left out whole, or a resource of it other than those a
+    switch exchanges (SHAPE_KEYS), its GPUs (in any syntax, read from the rules' evaluated `shapes`;
+    `gpu: 0` says none on purpose) or the --signal of its slurm_extra; a rule of set-threads; a name
+    of default-resources."""
+    lost: dict[str, list[str]] = {}
+    train_gpus = stop_signal = False
+    for rule, wanted in (profile.get("set-resources") or {}).items():
+        wanted = wanted or {}
+        if rule not in in_effect["set-resources"]:
+            lost.setdefault("set-resources", []).append(f"all of {rule}'s ({', '.join(wanted)})")
+            train_gpus |= rule == "train" and bool(requested_gpus_per_node(wanted))
+            stop_signal |= rule == "train" and bool(SLURM_SIGNAL_OPTION.search(str(wanted.get("slurm_extra") or "")))
+            continue
+        kept = {size_name(name) for name in in_effect["set-resources"][rule]}
+        names = [name for name in wanted if name not in SHAPE_KEYS and size_name(name) not in kept]
+        shape = shapes.get(rule) or {}
+        if requested_gpus_per_node(wanted) and not says_which_gpus(shape):
+            names.append("GPUs")
+            train_gpus |= rule == "train"
+        asked = SLURM_SIGNAL_OPTION.search(str(wanted.get("slurm_extra") or ""))
+        if asked and not SLURM_SIGNAL_OPTION.search(str(shape.get("slurm_extra") or "")):
+            if "slurm_extra" not in names:
+                names.append(f"{asked.group(0)} (in slurm_extra)")
+            stop_signal |= rule == "train"
+        if names:
+            lost.setdefault("set-resources", []).append(f"{rule}'s {', '.join(names)}")
+    threads = [rule for rule in profile.get("set-threads") or {} if rule not in in_effect["set-threads"]]
+    defaults = {size_name(name) for name in in_effect["default-resources"]}
+    lost_defaults = [name for name in profile.get("default-resources") or {} if size_name(name) not in defaults]
+    for key, names in (("set-threads", threads), ("default-resources", lost_defaults)):
+        if names:
+            lost[key] = [", ".join(names)]
+    return Dropped(lost, train_gpus, stop_signal)
+
+
+def dropped_settings_line(cluster: str, dropped: Dropped, layer: str | None, scratchflow: str) -> str:
+    """The one line that refuses settings which drop what scratchflow's profile of `cluster` sets:
+    set in the layer file `layer` (--workflow-profile), with the command that writes the layer whole;
+    or, where None, on the command line or in another profile, with how to make such a change
+    (`scratchflow`: scratchflow's folder as the user reaches it)."""
+    lost = "; ".join(f"{key}: {'; '.join(names)}" for key, names in dropped.lost.items())
+    consequences = ["ask for no GPU"] * dropped.train_gpus + ["get no stop signal before their wall time"] * (
+        dropped.stop_signal
+    )
+    what = f"train jobs would {' and '.join(consequences)}" if consequences else "the jobs would run without them"
+    if layer is None:
+        return (
+            f"scratchflow: settings given over scratchflow's {cluster} profile (on the command line, or in another "
+            f"profile) replace its keys whole and drop {lost} "
+            f"({what}): put the change in a switch file and apply it to your layer (python {scratchflow}/scripts/"
+            f'apply_switch.py FILE --cluster {cluster}; {scratchflow}/docs/lab-pipeline.md, "Your settings over a '
+            "cluster's profile\")"
+        )
+    return (
+        f"scratchflow: the layer {layer} replaces scratchflow's {cluster} profile's keys whole and drops {lost} "
+        f"({what}): write it whole, your values kept: python {scratchflow}/scripts/apply_switch.py {layer}"
+    )
 
 
 CPU_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")

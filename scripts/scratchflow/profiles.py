@@ -168,7 +168,9 @@ def apply_switch(folder: Path, given: str, cluster: str | None = None) -> Applie
     in, every other key of the profile intact."""
     scratchflow = scratchflow_under(folder)
     path = find_switch(given, scratchflow)
-    cluster = cluster or path.stem.split("-")[0]
+    # The layer given as its own switch: its keys merged into scratchflow's, each written whole.
+    own_layer = path.name == PROFILE_FILE and path.resolve().parent.parent == (folder / "profiles").resolve()
+    cluster = path.parent.name if own_layer else cluster or path.stem.split("-")[0]
     profile_path = scratchflow / "profiles" / cluster / PROFILE_FILE
     if not profile_path.is_file():
         clusters = sorted(entry.parent.name for entry in (scratchflow / "profiles").glob(f"*/{PROFILE_FILE}"))
@@ -178,7 +180,7 @@ def apply_switch(folder: Path, given: str, cluster: str | None = None) -> Applie
         )
     layer_path = folder / "profiles" / cluster / PROFILE_FILE
     earlier = layer_path.read_text() if layer_path.is_file() else ""
-    layer = read_settings(layer_path, "the layer") if earlier else {}
+    layer = read_settings(layer_path, "the layer") if earlier and not own_layer else {}
     switch = read_settings(path, "the switch")
     written = layer_with_switch(read_settings(profile_path, "scratchflow's profile"), layer, switch)
     source = path.resolve()

@@ -142,6 +142,39 @@ def rule_requests(workflow: Any) -> RuleRequests:
     return RuleRequests(names, shapes, runtimes)
 
 
+def settings_in_effect(workflow: Any) -> dict[str, Any]:
+    """This run's profile keys that a later profile, or the command line, replaces whole
+    (`profiles.WHOLE_MAPPINGS`): set-resources as its rules' resource names, set-threads' rules and
+    default-resources' names."""
+    settings = workflow.resource_settings
+    return {
+        "set-resources": {rule: set(resources) for rule, resources in settings.overwrite_resources.items()},
+        "set-threads": set(settings.overwrite_threads),
+        "default-resources": set(settings.default_resources or ()),
+    }
+
+
+def configfiles(workflow: Any) -> list[Path]:
+    """The config files this run merged (a profile's `configfile:` and --configfile), resolved."""
+    return [Path(path).resolve() for path in workflow.overwrite_configfiles]
+
+
+def sets_whole_mappings(argv: list[str] = sys.argv) -> bool:
+    """Whether the command line itself sets a key that replaces a profile's whole (--set-resources,
+    --set-threads or --default-resources)."""
+    whole = ("--set-resources", "--set-threads", "--default-resources")
+    return any(argument.split("=")[0] in whole for argument in argv)
+
+
+def workflow_profile(argv: list[str] = sys.argv) -> Path | None:
+    """The folder --workflow-profile names on the command line (None: it names none)."""
+    for at, argument in enumerate(argv[:-1]):
+        if argument == "--workflow-profile":
+            return Path(argv[at + 1])
+    named = [argument.split("=", 1)[1] for argument in argv if argument.startswith("--workflow-profile=")]
+    return Path(named[0]) if named else None
+
+
 def job_rules(workflow: Any) -> set[str]:
     """The rules whose jobs go to a cluster's executor (not the local rules), whatever the executor
     of this run: Snakemake's own `is_local` says every rule is local while the workflow is read,

@@ -34,6 +34,8 @@ from scratchflow.config import (
     check_tracking,
     configured_task,
     cpu_flags,
+    dropped_settings,
+    dropped_settings_line,
     validate_config,
 )
 from scratchflow.containers import check_rule_image_rules, set_job_step_image, start_job_steps_in_image
@@ -47,10 +49,12 @@ from scratchflow.dataset import (
 )
 from scratchflow.failures import FAILED, unfinished_line, unfinished_runs
 from scratchflow.files import read_json
+from scratchflow.lab_pipeline import FACTS_FOLDER, PROFILE_FILE
 from scratchflow.lease import RunFolder
 from scratchflow.ledger import FINISHED
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan, best_run_figures
+from scratchflow.profiles import read_settings
 from scratchflow.software import default_requirements_variable, job_software_problem, pipeline_requirements
 from scratchflow.tasks import Task, find_lab_tasks_in
 from scratchflow.tracking import wandb_sync_command
@@ -145,11 +149,35 @@ def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_ada
 def _checked_rule_requests(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests:
     """`check_rule_resources` in the main process, the one that reads the profile's requests."""
     requests = snakemake_adapter.rule_requests(workflow)
+    check_layers_keep_the_profile(workflow, config["cluster"]["name"], requests.shapes)
     check_resources(requests.names, requests.runtimes, requests.shapes, config["cluster"])
     check_rule_image_rules(config["cluster"]["rule_image_variables"], snakemake_adapter.job_rules(workflow))
     check_precision(config, requests.shapes["train"], shutil.which("nvidia-smi") is not None, cpu_flags())
     check_stop_signal(config["checkpointing"]["stop_signal"], requests.shapes["train"].get("slurm_extra"))
     return requests
+
+
+def check_layers_keep_the_profile(workflow: Any, cluster: str, shapes: dict[str, dict[str, Any]]) -> None:
+    """On one of scratchflow's cluster profiles (its facts file is among the run's config files), a
+    layer over it (--workflow-profile, the command line) that replaces set-resources, set-threads or
+    default-resources whole and so drops what the profile sets there (`config.dropped_settings`) is
+    refused in one line naming the command that writes the layer whole: a 0.2 layer's
+    `set-resources: train: runtime: 720` dropped the train job's GPU, memory and stop signal, and
+    every predict resource."""
+    profile = SCRATCHFLOW_DIR / "profiles" / cluster / PROFILE_FILE
+    facts = SCRATCHFLOW_DIR / FACTS_FOLDER / f"{cluster}.yaml"
+    if not profile.is_file() or facts.resolve() not in snakemake_adapter.configfiles(workflow):
+        return
+    in_effect = snakemake_adapter.settings_in_effect(workflow)
+    dropped = dropped_settings(read_settings(profile, "scratchflow's profile"), in_effect, shapes)
+    if not dropped.lost:
+        return
+    layer_folder = snakemake_adapter.workflow_profile()
+    layer = None
+    if layer_folder is not None and not snakemake_adapter.sets_whole_mappings():
+        layer = str(layer_folder / PROFILE_FILE)
+    shown = os.path.relpath(SCRATCHFLOW_DIR)
+    refuse(dropped_settings_line(cluster, dropped, layer, str(SCRATCHFLOW_DIR) if shown.startswith("..") else shown))
 
 
 def check_before_any_job(workflow: Any, config: dict[str, Any], plan: Plan) -> None:
