@@ -17,7 +17,7 @@ define install_missing
 	fi
 endef
 
-.PHONY: demo test check status retrain cluster setup setup-dev .debian-tools lint typecheck format clean example-image example-command
+.PHONY: demo test check status retrain verify cluster setup setup-dev .debian-tools lint typecheck format clean example-image example-command
 
 # The venv first on PATH: scripts/run_local.sh runs the snakemake it finds there.
 demo: setup  ## Run the demo grid on this machine, then build its report and say where it is.
@@ -35,6 +35,10 @@ status: setup  ## Where every run of the grid in DIR (default: here) stands; cha
 # A grid whose jobs went to Slurm runs again with PROFILE's snakemake command, from this machine (the login node).
 retrain: setup  ## Train the runs in RUNS (make status names them) of the grid in DIR again from zero, and nothing else.
 	$(PYTHON) scripts/retrain.py $(RUNS) --dir $(or $(DIR),.) $(if $(PROFILE),-- $(CURDIR)/$(VENV)/bin/snakemake --snakefile $(CURDIR)/Snakefile --profile $(CURDIR)/$(PROFILE))
+
+# The cheapest of RUNS trained again in a folder of its own and compared with its record, byte for byte.
+verify: setup  ## Show that what changed since the runs in RUNS were trained (code, release, packages) changes no result.
+	$(PYTHON) scripts/verify.py $(RUNS) --dir $(or $(DIR),.) $(if $(PROFILE),-- $(CURDIR)/$(VENV)/bin/snakemake --snakefile $(CURDIR)/Snakefile --profile $(CURDIR)/$(PROFILE))
 
 cluster: setup  ## Per partition of PROFILE's rules: idle and total GPUs by type, pending jobs; changes nothing.
 	$(PYTHON) scripts/cluster.py $(or $(PROFILE),$(error give the profile: make cluster PROFILE=profiles/<name>))

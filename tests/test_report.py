@@ -84,7 +84,7 @@ def test_the_page_says_which_runs_had_a_piece_superseded_and_what_that_cost(tmp_
 
 def test_the_page_says_which_runs_other_packages_trained_and_how_to_train_them_again(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the aggregate job runs in the grid's directory
-    (tmp_path / "Makefile").write_text("retrain:\n\techo\n")
+    (tmp_path / "Makefile").write_text("retrain:\n\techo\nverify:\n\techo\n")
     table, settings, chosen = grid(tmp_path)
     records = {run_id: record("c0ffee", "n1") for run_id in ("aaa", "bbb", "ccc")}
     for minute, written in enumerate(records.values()):
@@ -95,8 +95,18 @@ def test_the_page_says_which_runs_other_packages_trained_and_how_to_train_them_a
     assert (
         '<p id="trained-by"><b>The runs were trained by other code or packages:</b><br>torch 2.12.0 trained 1 of 3 '
         "runs, 2.13.0 the newest: bbb<br>to train it again from zero, and nothing else: make retrain "
-        "RUNS=&quot;bbb&quot;</p>"
+        "RUNS=&quot;bbb&quot;<br>or, to show that what changed changes no result (the cheapest trained again and "
+        "compared, byte for byte): make verify RUNS=&quot;bbb&quot;</p>"
     ) in text
+    (tmp_path / "results").mkdir()
+    proven = [{"run": "bbb", "on": "2026-11-29", "changes": [{"what": "torch", "was": "2.12.0", "now": "2.13.0"}]}]
+    (tmp_path / "results" / "verified.json").write_text(json.dumps(proven))
+    write_summary_page(settings, table, chosen, records, local_cost(list(records)), tmp_path / "page.html")
+    assert (
+        '<p id="trained-by"><b>The runs were trained by other code or packages, verified (make verify) to give the '
+        "same results:</b><br>torch 2.12.0 trained 1 of 3 runs, 2.13.0 the newest: bbb; verified: trained again "
+        "with it, run bbb on 2026-11-29 gave the same weights, metrics and predictions, byte for byte</p>"
+    ) in (tmp_path / "page.html").read_text()
 
 
 def test_provenance_names_what_differs_between_runs_with_counts():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, jobs_run, lab_pipeline, workflow_env
 from scratchflow.plan import COMPARISON_OUTPUTS, Plan
-from scratchflow.provenance import code_record, difference_lines, retrain_line
+from scratchflow.provenance import code_record, command_line, difference_lines
 
 STATUS = REPO / "scripts" / "status.py"
 RETRAIN = REPO / "scripts" / "retrain.py"
@@ -134,17 +134,38 @@ def test_runs_trained_by_an_earlier_version_of_the_labs_task_are_shown_with_the_
     )
     lines = status(tmp_path)
     script = shlex.join([sys.executable, str(RETRAIN), "aaaa", "cccc"])
-    assert lines[-3:] == [
-        "trained by other code or packages:",
+    verify = shlex.join([sys.executable, str(RETRAIN.with_name("verify.py")), "aaaa", "cccc"])
+    edited = (
         f"  ourlab/mlp.py as it was before (sha256 {before['files']['ourlab/mlp.py'][:8]} ≠ now "
-        f"{now['files']['ourlab/mlp.py'][:8]}) trained 2 of 3 runs: aaaa, cccc",
+        f"{now['files']['ourlab/mlp.py'][:8]}) trained 2 of 3 runs: aaaa, cccc"
+    )
+    assert lines[-4:] == [
+        "trained by other code or packages:",
+        edited,
         f"  to train these 2 runs again from zero, and nothing else: {script}",
+        "  or, to show that what changed changes no result (the cheapest trained again and compared, byte for "
+        f"byte): {verify}",
     ]
-    write(tmp_path / "Makefile", "retrain:  ## as scratchflow's and a lab's have it\n\techo\n")
-    assert status(tmp_path)[-1].endswith(': make retrain RUNS="aaaa cccc"')
+    write(tmp_path / "Makefile", "retrain:  ## as scratchflow's and a lab's have it\n\techo\nverify:\n\techo\n")
+    assert status(tmp_path)[-2].endswith(': make retrain RUNS="aaaa cccc"')
+    assert status(tmp_path)[-1].endswith(': make verify RUNS="aaaa cccc"')
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    assert status(tmp_path, cwd=elsewhere)[-1].endswith(f"{script} --dir {tmp_path}"), "run from another folder"
+    assert status(tmp_path, cwd=elsewhere)[-2].endswith(f"{script} --dir {tmp_path}"), "run from another folder"
+
+    # `make verify` found the edit reproduces a run's results: every run it flagged is told as verified.
+    change = {"what": "ourlab/mlp.py", "was": before["files"]["ourlab/mlp.py"], "now": now["files"]["ourlab/mlp.py"]}
+    write(
+        tmp_path / "results" / "verified.json", json.dumps([{"run": "cccc", "on": "2026-11-29", "changes": [change]}])
+    )
+    assert status(tmp_path)[-2:] == [
+        "trained by other code or packages, verified (make verify) to give the same results:",
+        f"{edited}; verified: trained again with it, run cccc on 2026-11-29 gave the same weights, metrics and "
+        "predictions, byte for byte",
+    ]
+    assert "trained by other code or packages:" not in status(tmp_path)
+    module.write_text(TASK_SOURCE + "# a better loss, and then another edit\n")
+    assert "trained by other code or packages:" in status(tmp_path), "an edit after the verification is flagged"
 
 
 def test_runs_trained_by_other_packages_are_told_against_the_newest_run(tmp_path):
@@ -159,11 +180,28 @@ def test_runs_trained_by_other_packages_are_told_against_the_newest_run(tmp_path
         "trained by other code or packages:",
         "  Python 3.12.1 trained 1 of 3 runs, 3.11.7 the newest: cccc",
         "  torch 2.12.0 trained 1 of 3 runs, 2.13.0 the newest: aaaa",
-        f"  to train these 2 runs again from zero, and nothing else: {retrain_line(['aaaa', 'cccc'], tmp_path)}",
+        "  to train these 2 runs again from zero, and nothing else: "
+        + command_line("retrain", ["aaaa", "cccc"], tmp_path),
+        "  or, to show that what changed changes no result (the cheapest trained again and compared, byte for "
+        f"byte): {command_line('verify', ['aaaa', 'cccc'], tmp_path)}",
     ]
-    assert difference_lines(records, tmp_path, halving=True)[-1] == (
-        "  a halving search's runs are not trained again one by one: run the search again in a new directory"
+    change = {"what": "torch", "was": "2.12.0", "now": "2.13.0"}
+    write(
+        tmp_path / "results" / "verified.json", json.dumps([{"run": "aaaa", "on": "2026-11-29", "changes": [change]}])
     )
+    assert difference_lines(records, tmp_path, halving=False) == [
+        "trained by other code or packages:",
+        "  Python 3.12.1 trained 1 of 3 runs, 3.11.7 the newest: cccc",
+        f"  to train it again from zero, and nothing else: {command_line('retrain', ['cccc'], tmp_path)}",
+        "  or, to show that what changed changes no result (the cheapest trained again and compared, byte for "
+        f"byte): {command_line('verify', ['cccc'], tmp_path)}",
+        "trained by other code or packages, verified (make verify) to give the same results:",
+        "  torch 2.12.0 trained 1 of 3 runs, 2.13.0 the newest: aaaa; verified: trained again with it, run aaaa on "
+        "2026-11-29 gave the same weights, metrics and predictions, byte for byte",
+    ]
+    assert (
+        "  a halving search's runs are not trained again one by one: run the search again in a new directory"
+    ) in difference_lines(records, tmp_path, halving=True)
 
 
 def test_runs_trained_alike_are_not_told_and_records_from_before_the_code_was_recorded_are_said_unknown(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -141,18 +142,26 @@ def setting_costs(settings: pd.DataFrame, by_run: dict[str, Cost]) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def trained_by_table(records: dict[str, dict[str, Any]]) -> pd.DataFrame:
+def trained_by_table(records: dict[str, dict[str, Any]], verified: Mapping[str, str] | None = None) -> pd.DataFrame:
     """One row per run (its record's id): what trained it, in a column `trained_by_<what>` for each
     of scratchflow, python, torch, transformers and code (the sha256 of the task's code, its first
-    characters) in which the runs differ; only `run_id` where they differ in none."""
+    characters) in which the runs differ, and `verified` (the days `make verify` found that what
+    trained a run otherwise reproduces its results: `verified`, provenance.verified_runs) where any
+    run is; only `run_id` where none of these."""
     facts = {run_id: trained_by(record) or {} for run_id, record in records.items()}
     names = {name: f"trained_by_{TRAINED_BY.get(name, name).lower()}" for name in (*TRAINED_BY, "code")}
     differing = [name for name in names if len({fact.get(name) for fact in facts.values()}) > 1]
+    verified = verified or {}
     rows = [
-        {"run_id": run_id, **{names[name]: _shown(name, fact.get(name)) for name in differing}}
+        {
+            "run_id": run_id,
+            **{names[name]: _shown(name, fact.get(name)) for name in differing},
+            **({"verified": verified.get(run_id)} if verified else {}),
+        }
         for run_id, fact in facts.items()
     ]
-    return pd.DataFrame(rows, columns=["run_id", *(names[name] for name in differing)])
+    columns = ["run_id", *(names[name] for name in differing), *(["verified"] if verified else [])]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _shown(name: str, value: str | None) -> str | None:

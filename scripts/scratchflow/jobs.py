@@ -30,7 +30,7 @@ from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import TrainingStopped, finished, run_piece
 from scratchflow.piece_spec import Paused, PieceSpec, Shape, Staging
 from scratchflow.plan import BEST_CONFUSION_MATRIX, FAILURE_NOTE, RUN_PATHS, Plan, best_run_figures
-from scratchflow.provenance import code_record
+from scratchflow.provenance import code_record, verified_runs
 from scratchflow.record import environment_record, output_to_log, plain
 from scratchflow.schedule import CheckpointInterval
 from scratchflow.snakemake_adapter import mark_job_end
@@ -556,7 +556,8 @@ def aggregate_job(
     table = table.sort_values(metric, ascending=ascending)
     search = halving_search
     cost = grid_cost_of(runs, records, search.rung_records if search else [], len(search.decisions) if search else None)
-    trained_by = aggregation.trained_by_table(records)  # columns only where the runs differ
+    verified = verified_runs(records, Path())  # what `make verify` found, where it has run
+    trained_by = aggregation.trained_by_table(records, verified)  # columns only where the runs differ
     settings_written = settings.merge(aggregation.setting_costs(settings, cost.by_run), on="run_ids")
     settings_written = settings_written.merge(aggregation.setting_trained_by(settings, trained_by), on="run_ids")
     runs_written = aggregation.with_unfinished_runs(

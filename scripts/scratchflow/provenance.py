@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow import SCRATCHFLOW_DIR
-from scratchflow.files import file_sha256
+from scratchflow.files import file_sha256, read_json
 from scratchflow.tasks import is_lab_task, module_root
 from scratchflow.tasks.command import program_file
 
@@ -63,6 +63,8 @@ TRAINED_BY = {
     "transformers": "transformers",
 }
 SHORT = 8  # a sha256 as it is shown: its first characters
+# What `make verify` found reproduces runs' results (scratchflow.verify), in the grid's folder.
+VERIFIED_FILE = Path("results") / "verified.json"
 MOST_RUNS_NAMED = 10  # in a sentence; the line that retrains them names them all
 
 
@@ -91,6 +93,8 @@ class Difference:
 
     line: str
     runs: list[str]
+    # The verifications (`make verify`: run id, day) that found the difference reproduces its runs' results.
+    verified: tuple[tuple[str, str], ...] = ()
 
 
 def differences(records: dict[str, dict[str, Any]], folder: Path) -> list[Difference]:
@@ -99,7 +103,8 @@ def differences(records: dict[str, dict[str, Any]], folder: Path) -> list[Differ
     where the run found it; each file hashed once), then scratchflow's release, Python, torch and
     transformers among the runs, where the runs that differ from the newest run are the odd ones."""
     facts = {run_id: run_facts for run_id, record in records.items() if (run_facts := trained_by(record))}
-    found = _code_differences(records, folder, len(facts))
+    verified = verified_changes(folder)
+    found = _code_differences(records, folder, len(facts), verified)
     unknown = [
         run_id for run_id, fact in facts.items() if fact["code"] == "not recorded" and _own_code(records[run_id])
     ]
@@ -117,11 +122,57 @@ def differences(records: dict[str, dict[str, Any]], folder: Path) -> list[Differ
         if len(set(values.values())) < 2:
             continue
         newest = newest or max(facts, key=lambda run_id: _finished_at(records[run_id]))
-        odd = [run_id for run_id, value in values.items() if value != values[newest]]
-        others = ", ".join(dict.fromkeys(values[run_id] for run_id in odd))
-        line = f"{shown} {others} trained {_count(len(odd), len(facts))}, {values[newest]} the newest: {_named(odd)}"
-        found.append(Difference(line, odd))
+        by_value: dict[str, list[str]] = {}
+        for run_id, value in values.items():
+            if value != values[newest]:
+                by_value.setdefault(value, []).append(run_id)
+        for proven in (False, True):
+            odd = [
+                run_id
+                for value, runs in by_value.items()
+                for run_id in runs
+                if _proven(verified, name, value, values[newest]) == proven
+            ]
+            if not odd:
+                continue
+            others = ", ".join(dict.fromkeys(values[run_id] for run_id in odd))
+            line = (
+                f"{shown} {others} trained {_count(len(odd), len(facts))}, {values[newest]} the newest: {_named(odd)}"
+            )
+            how = _verifications(verified, [(name, values[run_id], values[newest]) for run_id in odd])
+            found.append(Difference(line, odd, how if proven else ()))
     return found
+
+
+def _proven(verified: dict[tuple[str, str, str], dict[str, str]], what: str, was: str, now: str) -> bool:
+    return (what, was, now) in verified
+
+
+def _verifications(
+    verified: dict[tuple[str, str, str], dict[str, str]], changes: list[tuple[str, str, str]]
+) -> tuple[tuple[str, str], ...]:
+    """The verifications (run id, day) that found these changes reproduce runs' results."""
+    found = {(entry["run"], entry["on"]) for change in changes if (entry := verified.get(change))}
+    return tuple(sorted(found, key=lambda verification: verification[1]))
+
+
+def verified_line(difference: Difference) -> str:
+    """How a difference was found to reproduce its runs' results: by which run, on which day."""
+    runs = ", ".join(f"run {run} on {on}" for run, on in difference.verified)
+    return f"verified: trained again with it, {runs} gave the same weights, metrics and predictions, byte for byte"
+
+
+def verified_runs(records: dict[str, dict[str, Any]], folder: Path) -> dict[str, str]:
+    """Run id -> the days `make verify` found what trained it differently reproduces its results (one
+    verification for each way it differs), for the runs trained by other code or packages that
+    nothing else flags; what runs.tsv's `verified` column says."""
+    found = differences(records, folder)
+    flagged = set(to_retrain(found, list(records)))
+    days: dict[str, set[str]] = {}
+    for difference in found:
+        for run_id in difference.runs:
+            days.setdefault(run_id, set()).update(on for _run, on in difference.verified)
+    return {run_id: ", ".join(sorted(on)) for run_id, on in days.items() if run_id not in flagged and on}
 
 
 def _own_code(record: dict[str, Any]) -> bool:
@@ -130,7 +181,12 @@ def _own_code(record: dict[str, Any]) -> bool:
     return is_lab_task(task) or task == "command"
 
 
-def _code_differences(records: dict[str, dict[str, Any]], folder: Path, compared: int) -> list[Difference]:
+def _code_differences(
+    records: dict[str, dict[str, Any]],
+    folder: Path,
+    compared: int,
+    verified: dict[tuple[str, str, str], dict[str, str]],
+) -> list[Difference]:
     hashed: dict[Path, str | None] = {}  # each file as it is now, hashed once
     now: dict[str, str | None] = {}  # a file's name -> its sha256 now
     older: dict[str, dict[str, list[str]]] = {}  # a file's name -> a sha256 runs recorded -> those runs
@@ -146,14 +202,26 @@ def _code_differences(records: dict[str, dict[str, Any]], folder: Path, compared
             if hashed[path] != recorded:
                 older.setdefault(name, {}).setdefault(recorded, []).append(run_id)
     found = []
-    for name, by_sha256 in older.items():
-        runs = [run_id for run_id in records if any(run_id in listed for listed in by_sha256.values())]
-        was = ", ".join(sha256[:SHORT] for sha256 in by_sha256)
+    for name, all_by_sha256 in older.items():
         current = now[name]
-        how = (
-            f"as it was before (sha256 {was} ≠ now {current[:SHORT]})" if current else f"(sha256 {was}), not there now"
-        )
-        found.append(Difference(f"{name} {how} trained {_count(len(runs), compared)}: {_named(runs)}", runs))
+        for proven in (False, True):
+            by_sha256 = {
+                sha256: runs
+                for sha256, runs in all_by_sha256.items()
+                if _proven(verified, name, sha256, current or "") == proven
+            }
+            if not by_sha256:
+                continue
+            runs = [run_id for run_id in records if any(run_id in listed for listed in by_sha256.values())]
+            was = ", ".join(sha256[:SHORT] for sha256 in by_sha256)
+            how = (
+                f"as it was before (sha256 {was} ≠ now {current[:SHORT]})"
+                if current
+                else f"(sha256 {was}), not there now"
+            )
+            line = f"{name} {how} trained {_count(len(runs), compared)}: {_named(runs)}"
+            told = _verifications(verified, [(name, sha256, current or "") for sha256 in by_sha256])
+            found.append(Difference(line, runs, told if proven else ()))
     return found
 
 
@@ -173,7 +241,7 @@ def _named(run_ids: list[str]) -> str:
 
 def to_retrain(found: list[Difference], run_ids: list[str]) -> list[str]:
     """The runs any difference names, in the grid's order (`run_ids`)."""
-    named = {run_id for difference in found for run_id in difference.runs}
+    named = {run_id for difference in found if not difference.verified for run_id in difference.runs}
     return [run_id for run_id in run_ids if run_id in named]
 
 
@@ -182,9 +250,11 @@ def difference_lines(records: dict[str, dict[str, Any]], workdir: Path, halving:
     them, with the line that trains the odd ones again from zero (no such line for a halving
     search's runs); none where they do not differ: what the status and the report's page say."""
     found = differences(records, workdir)
-    if not found:
-        return []
-    lines = ["trained by other code or packages:", *(f"  {difference.line}" for difference in found)]
+    flagged = [difference for difference in found if not difference.verified]
+    proven = [difference for difference in found if difference.verified]
+    lines = []
+    if flagged:
+        lines += ["trained by other code or packages:", *(f"  {difference.line}" for difference in flagged)]
     redo = to_retrain(found, list(records))
     if redo and halving:
         lines.append(
@@ -192,24 +262,48 @@ def difference_lines(records: dict[str, dict[str, Any]], workdir: Path, halving:
         )
     elif redo:
         these = "it" if len(redo) == 1 else f"these {len(redo)} runs"
-        lines.append(f"  to train {these} again from zero, and nothing else: {retrain_line(redo, workdir)}")
+        lines.append(f"  to train {these} again from zero, and nothing else: {command_line('retrain', redo, workdir)}")
+        lines.append(
+            "  or, to show that what changed changes no result (the cheapest trained again and compared, byte for "
+            f"byte): {command_line('verify', redo, workdir)}"
+        )
+    if proven:
+        lines += [
+            "trained by other code or packages, verified (make verify) to give the same results:",
+            *(f"  {difference.line}; {verified_line(difference)}" for difference in proven),
+        ]
     return lines
 
 
-def retrain_line(run_ids: list[str], workdir: Path) -> str:
-    """The line that trains `run_ids` of the grid in `workdir` again from zero (scripts/retrain.py),
-    run from here: `make retrain` where this folder's Makefile has that target (scratchflow's own
+def command_line(command: str, run_ids: list[str], workdir: Path) -> str:
+    """The line that runs scripts/<command>.py (retrain, verify) on `run_ids` of the grid in `workdir`,
+    run from here: `make <command>` where this folder's Makefile has that target (scratchflow's own
     folder, a lab's pipeline), else the script itself."""
     runs = " ".join(run_ids)
     elsewhere = workdir.resolve() != Path.cwd().resolve()
-    if _has_retrain_target(Path("Makefile")):
-        return f'make retrain RUNS="{runs}"' + (f" DIR={shlex.quote(str(workdir))}" if elsewhere else "")
-    script = SCRATCHFLOW_DIR / "scripts" / "retrain.py"
+    if _has_target(Path("Makefile"), command):
+        return f'make {command} RUNS="{runs}"' + (f" DIR={shlex.quote(str(workdir))}" if elsewhere else "")
+    script = SCRATCHFLOW_DIR / "scripts" / f"{command}.py"
     return shlex.join([sys.executable, str(script), *run_ids, *(["--dir", str(workdir)] if elsewhere else [])])
 
 
-def _has_retrain_target(makefile: Path) -> bool:
+def _has_target(makefile: Path, target: str) -> bool:
     try:
-        return any(line.startswith("retrain:") for line in makefile.read_text().splitlines())
+        return any(line.startswith(f"{target}:") for line in makefile.read_text().splitlines())
     except (FileNotFoundError, UnicodeDecodeError):
         return False
+
+
+def verified_changes(workdir: Path) -> dict[tuple[str, str, str], dict[str, str]]:
+    """(what, was, now) -> the verification that found the change reproduces a run's results
+    ({"run", "on"}), from the grid's results/verified.json (scratchflow.verify) (none where it has none)."""
+    path = workdir / VERIFIED_FILE
+    try:
+        verified = read_json(path)
+    except (FileNotFoundError, ValueError):
+        return {}
+    return {
+        (change["what"], change["was"], change["now"]): {"run": entry["run"], "on": entry["on"]}
+        for entry in verified
+        for change in entry["changes"]
+    }
