@@ -5,18 +5,32 @@ scratchflow's hooks or profiles, and moving the pin to a newer release retrains 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import LAB_TASK, REPO, git, lab_pipeline, workflow_config, workflow_env, write_config
+from conftest import (
+    ACTIVATED,
+    LAB_TASK,
+    REPO,
+    git,
+    job_process,
+    lab_pipeline,
+    workflow_config,
+    workflow_env,
+    write_config,
+)
 from scratchflow import __version__
+from scratchflow.contract import different_files
 from scratchflow.releases import changelog_releases
 from scratchflow.software import read_requirements
 
@@ -93,7 +107,8 @@ def test_new_pipeline_makes_a_repository_of_the_labs_files_and_scratchflow_at_th
     targets = set(re.findall(r"^make ([a-z]+)", shown, re.MULTILINE)) | set(re.findall(r"`make ([a-z]+)", shown))
     assert targets == set(re.findall(r"^([a-z]+):", (lab / "Makefile").read_text(), re.MULTILINE)) - {"environment"}
     scratchflows = set(re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), re.MULTILINE))
-    assert targets & scratchflows == {"setup", "cluster", "status", "retrain", "test"}, "one name, one meaning in both"
+    both = {"setup", "cluster", "status", "retrain", "verify", "test"}
+    assert targets & scratchflows == both, "one name, one meaning in both"
     for target in targets:
         planned = subprocess.run(["make", "-n", target], cwd=lab, capture_output=True, text=True, env=workflow_env())
         assert planned.returncode == 0 and "Nothing to be done" not in planned.stdout, (target, planned.stderr)
@@ -194,8 +209,17 @@ def test_a_clone_with_its_releases_tagged_pins_the_newest_which_holds_every_file
     assert git(tmp_path / "ours" / "scratchflow", "describe", "--tags", "--exact-match") == newest
     assert (
         f"new_pipeline.py: the submodule's URL is the path {releases}, which a colleague's `git submodule update "
-        "--init` cannot reach: point it at a repository they can clone (git submodule set-url scratchflow URL)"
+        "--init` cannot reach: point it at a repository they can clone (git submodule set-url scratchflow URL); "
+        "on this machine, a clone of the pipeline gets it with `git -c protocol.file.allow=always submodule update "
+        "--init` (git >= 2.38 refuses a submodule's path unless told)"
     ) in made.stdout.splitlines(), "a local path is allowed, and said"
+    git(tmp_path / "ours", "commit", "--quiet", "--message", "Our pipeline")
+    colleague = clone(tmp_path / "ours", tmp_path / "colleague")
+    readme = (colleague / "README.md").read_text()
+    (command,) = [line.split("  #")[0].strip() for line in readme.splitlines() if "submodule update" in line]
+    updated = subprocess.run(command.split(), cwd=colleague, capture_output=True, text=True)
+    assert updated.returncode == 0, updated.stderr
+    assert git(colleague / "scratchflow", "describe", "--tags", "--exact-match") == newest, "as the README says"
     old = new_pipeline(tmp_path / "old", releases, "--cluster", "narval", "--tag", "v0.1.0")
     assert old.stderr.startswith(
         "new_pipeline.py: v0.1.0 lacks scripts/retrain.py, scripts/check_task.py, docs/lab-pipeline.md, which a "
@@ -414,13 +438,143 @@ def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothi
     assert planned.returncode == 0 and "Nothing to be done" in planned.stdout, planned.stdout[-3000:]
 
 
+# docs/lab-pipeline.md's upgrade, as a lab runs it in its pipeline, its environment active.
+UPGRADE_RECIPE = re.search(
+    r"## Upgrade scratchflow\n\n```bash\n(.*?)```", (REPO / "docs" / "lab-pipeline.md").read_text(), re.S
+)[1]
+AS_A_LAB = {
+    **workflow_env(),
+    **ACTIVATED,
+    "SLURM_CONF": "/dev/null",
+    **{
+        f"GIT_{who}_{what}": value
+        for who in ("AUTHOR", "COMMITTER")
+        for what, value in (("NAME", "Lab"), ("EMAIL", "lab@example.org"))
+    },
+}
+
+
+def make(lab: Path, *targets: str) -> subprocess.CompletedProcess:
+    """The pipeline's own make, as a lab runs it with its environment active."""
+    return subprocess.run(
+        ["make", "--no-print-directory", *targets], cwd=lab, capture_output=True, text=True, env=AS_A_LAB
+    )
+
+
 @pytest.mark.slow
+def test_an_edit_verified_to_change_no_result_stops_flagging_the_runs_and_one_that_does_stays_flagged(
+    tmp_path, releases
+):
+    """A grid of the lab's plain-PyTorch task trained under this commit; the task edited
+    mechanically and the pin moved to the next release: `make status` flags both runs and names
+    `make verify`, which trains the cheaper again in a folder of its own, finds the same weights,
+    metrics and predictions, and records it; then the status, runs.tsv and the page say verified, and
+    ask to retrain nothing. An edit that changes the initialisation is flagged again, found different
+    by `make verify`, and stays flagged."""
+    lab = lab_pipeline(
+        tmp_path / "ourlab", "narval", {**PAUSED_MID_GRID, "grid": {"seed": [0, 1]}}, source=releases, tag=PINNED
+    )
+    lab_config = lab / "config" / "config.yaml"
+    config = yaml.safe_load(lab_config.read_text())
+    config["training"]["epochs"] = 20
+    lab_config.write_text(yaml.safe_dump(config))
+    assert snakemake(lab).returncode == 0
+    task = lab / "ourlab" / "mlp.py"
+    task.write_text(task.read_text().replace(" mlp(", " multilayer_perceptron("))  # a rename: no result changes
+    git(lab / "scratchflow", "checkout", "--quiet", NEXT_RELEASE)
+    git(lab, "commit", "--quiet", "--all", "--message", f"Our task's names; scratchflow {NEXT_RELEASE}")
+    flagged = make(lab, "status").stdout
+    runs = re.search(r'make verify RUNS="([^"]+)"', flagged)[1].split()
+    assert sorted(runs) == sorted(path.name for path in (lab / "results" / "runs").iterdir())
+    assert f"trained 2 of 2 runs: {', '.join(runs)}" in flagged, flagged
+
+    verified = make(lab, "verify", f"RUNS={' '.join(runs)}")
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    assert "has the same weights, metrics and predictions, byte for byte" in verified.stdout
+    status = make(lab, "status").stdout
+    today = datetime.date.today().isoformat()
+    assert "trained by other code or packages, verified (make verify) to give the same results:" in status, status
+    assert "gave the same weights, metrics and predictions, byte for byte" in status and today in status
+    assert "trained by other code or packages:" not in status and "make retrain" not in status
+    assert not (lab / ".snakemake" / "scratchflow" / "verify").exists() or not any(
+        (lab / ".snakemake" / "scratchflow" / "verify").iterdir()
+    )
+    assert snakemake(lab).returncode == 0, "the comparison made again, with what make verify found"
+    table = pd.read_csv(lab / "results" / "runs.tsv", sep="\t")
+    assert set(table["verified"]) == {today}
+    assert "verified (make verify)" in (lab / "results" / "summary.html").read_text()
+
+    task.write_text(
+        task.read_text().replace('torch.manual_seed(params["seed"])', 'torch.manual_seed(params["seed"] + 1)')
+    )
+    differing = make(lab, "verify", f"RUNS={' '.join(runs)}")
+    assert differing.returncode != 0 and "differs in model/" in differing.stdout, differing.stdout[-3000:]
+    status = make(lab, "status").stdout
+    assert "trained by other code or packages:" in status and "make retrain" in status, status
+
+
+PAUSED_MID_GRID = {
+    "task": "ourlab.mlp",
+    "dataset": {"name": "numbers", "path": "data/numbers.csv", "format": "csv", "label_column": "label"},
+    "training": {"hidden": 8, "epochs": 200},
+    "grid": {"seed": [0]},
+    "checkpointing": {"every_steps": 200, "keep": 2},
+}
+
+
+@pytest.mark.slow
+def test_a_run_paused_under_one_release_resumes_under_the_next_to_an_uninterrupted_runs_weights(tmp_path, releases):
+    """The upgrade recipe mid-grid: a run of the lab's plain-PyTorch task, paused (USR1) at a
+    checkpoint under this commit; the pin moved to the next release (which changes no run's
+    identity); the same command resumes the run from its checkpoint, and it ends with the weights and
+    metrics of the run trained uninterrupted under the next release."""
+    lab = lab_pipeline(tmp_path / "ourlab", "narval", PAUSED_MID_GRID, source=releases, tag=PINNED)
+    workflow = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--profile", "scratchflow/profiles/local", "--retries", "0"],
+        cwd=lab,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=workflow_env(),
+    )
+    while not list(lab.glob("checkpoints/*/checkpoint-*/COMPLETE")):
+        assert workflow.poll() is None, workflow.communicate()[0][-3000:]
+        time.sleep(0.05)
+    os.kill(job_process(lab), signal.SIGUSR1)
+    paused = workflow.communicate(timeout=600)[0]
+    assert workflow.returncode != 0 and not list(lab.glob("results/runs/*/record.json")), paused[-3000:]
+
+    upgraded = subprocess.run(
+        ["bash", "-e", "-c", UPGRADE_RECIPE], cwd=lab, capture_output=True, text=True, env=AS_A_LAB
+    )
+    assert upgraded.returncode == 0, upgraded.stdout[-3000:] + upgraded.stderr[-3000:]
+    assert git(lab / "scratchflow", "describe", "--tags") == NEXT_RELEASE, "the newest release"
+    assert git(lab, "log", "-1", "--format=%s") == f"scratchflow {NEXT_RELEASE}" and not git(lab, "status", "--short")
+    resumed = snakemake(lab)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    (run,) = (lab / "results" / "runs").iterdir()
+    record = json.loads((run / "record.json").read_text())
+    first, second = record["pieces"]
+    assert (first["outcome"], first["signal"]) == ("paused", "SIGUSR1")
+    assert first["reached_step"] == second["resumed_from_step"] > 0
+    assert record["environment"]["scratchflow_version"] == NEXT_RELEASE[1:]
+
+    uninterrupted = lab_pipeline(
+        tmp_path / "uninterrupted", "narval", PAUSED_MID_GRID, source=releases, tag=NEXT_RELEASE
+    )
+    assert snakemake(uninterrupted).returncode == 0
+    reference = uninterrupted / "results" / "runs" / run.name
+    assert different_files(run / "model", reference / "model") == []
+    assert (run / "metrics.json").read_bytes() == (reference / "metrics.json").read_bytes()
+
+
 def check_task(lab: Path, contract: str) -> subprocess.CompletedProcess:
     """scratchflow/scripts/check_task.py on one of the lab's contract configs, as `make test` runs it."""
     command = [sys.executable, "scratchflow/scripts/check_task.py", contract]
     return subprocess.run(command, cwd=lab, capture_output=True, text=True, env=workflow_env())
 
 
+@pytest.mark.slow
 def test_a_labs_own_task_is_checked_against_the_task_protocol_with_one_command(lab, bbc_subset, tiny_model):
     """scripts/check_task.py, as `make test` runs it on the lab's contract/ configs."""
     config = workflow_config(bbc_subset, tiny_model, None, task=LAB_TASK)

@@ -18,6 +18,9 @@ from scratchflow import SCRATCHFLOW_DIR
 from scratchflow.releases import TAG_PATTERN, git, release_of
 
 SUBMODULE = "scratchflow"  # where the lab's repository holds scratchflow
+SUBMODULE_UPDATE = "git submodule update --init"
+# A submodule whose URL is a path: git >= 2.38 clones it only when told (protocol.file.allow).
+SUBMODULE_UPDATE_FROM_A_PATH = "git -c protocol.file.allow=always submodule update --init"
 CLUSTERS = ("dfki", "edinburgh", "lrz", "narval", "oscer")
 PROFILE_FILE = "config.v8+.yaml"
 FACTS_FOLDER = "config/clusters"  # a cluster's facts, in scratchflow's tree and in a lab's own profile's pipeline
@@ -64,7 +67,7 @@ PROFILE := {profile_arguments}
 # More for Snakemake (run, submit, test's cluster dry run): make submit ARGS="--unlock"
 ARGS ?=
 
-.PHONY: setup environment run submit cluster status retrain test
+.PHONY: setup environment run submit cluster status retrain verify test
 
 setup: .venv/.installed  ## a laptop's venv in .venv: requirements.txt at the versions scratchflow tests
 
@@ -104,6 +107,10 @@ status: environment  ## where every run stands
 retrain: environment  ## train the runs in RUNS again from zero, and nothing else (make status prints the line)
 \t$(PYTHON) $(SCRATCHFLOW)/scripts/retrain.py $(RUNS) -- $(SNAKEMAKE) $(PROFILE)
 
+verify: environment  ## the cheapest of RUNS trained again and compared: what changed changes no result?
+\t$(PYTHON) $(or $(wildcard $(SCRATCHFLOW)/scripts/verify.py),$(error make verify: the scratchflow pinned here \
+\t    predates it: upgrade it (its docs/lab-pipeline.md says how))) $(RUNS) -- $(SNAKEMAKE) $(PROFILE)
+
 test: environment  ## the grid plans here and on {cluster} (its jobs' software too); our tasks keep the protocol
 \t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/local --dry-run --quiet
 \t$(SNAKEMAKE) $(PROFILE) --dry-run --quiet $(ARGS)
@@ -142,12 +149,13 @@ Our experiments, on scratchflow {version}, pinned as the submodule `{submodule}/
 `{submodule}/docs/lab-pipeline.md`).
 
 ```bash
-git submodule update --init   # after cloning this repository (and after pulling an upgrade of it)
+{submodule_update}   # after cloning this repository (and after pulling an upgrade of it)
 make run                      # the grid in config/config.yaml on this machine (no env active: builds .venv)
 make cluster                  # what {cluster} offers our jobs (on its login node; changes nothing)
 make submit                   # the grid on {cluster}, from its login node, in tmux
 make status                   # where every run stands (and which runs other code trained)
 make retrain RUNS="…"         # train those runs again from zero, and nothing else
+make verify RUNS="…"          # or show that what changed changes none of their results (one run, compared)
 make test                     # the grid plans, here and on {cluster}; our tasks pass check_task.py
 ```
 
@@ -256,6 +264,7 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str | None = Non
         "profile_arguments": target.profile_arguments,
         "profile_folders": target.profile_folders,
         "profile_sentence": target.profile_sentence,
+        "submodule_update": SUBMODULE_UPDATE_FROM_A_PATH if Path(source).exists() else SUBMODULE_UPDATE,
     }
     files = {
         "Snakefile": HOST_SNAKEFILE,
@@ -275,6 +284,8 @@ def make_pipeline(folder: Path, cluster: str, source: str, tag: str | None = Non
     shutil.copy(checkout / "config" / "config.yaml", folder / "config" / "config.yaml")  # the release's demo grid
     git(folder, "add", "--all")
     if Path(source).exists():
+        # This clone's own `git submodule update` (after pulling an upgrade) fetches from the path too.
+        git(checkout, "config", "protocol.file.allow", "always")
         return Pin(pinned.tag, (*pinned.notes, local_source_note(source)))
     return pinned
 
@@ -310,6 +321,7 @@ def named_files(cluster: Cluster) -> list[str]:
             profile_arguments=cluster.profile_arguments,
             profile_folders=cluster.profile_folders,
             profile_sentence="",
+            submodule_update=SUBMODULE_UPDATE,
         )
         for template in (HOST_SNAKEFILE, MAKEFILE, REQUIREMENTS, README)
     )
@@ -358,7 +370,9 @@ def releases_in(checkout: Path) -> list[str]:
 def local_source_note(source: str) -> str:
     return (
         f"the submodule's URL is the path {source}, which a colleague's `git submodule update --init` cannot "
-        f"reach: point it at a repository they can clone (git submodule set-url {SUBMODULE} URL)"
+        f"reach: point it at a repository they can clone (git submodule set-url {SUBMODULE} URL); on this "
+        f"machine, a clone of the pipeline gets it with `{SUBMODULE_UPDATE_FROM_A_PATH}` (git >= 2.38 "
+        "refuses a submodule's path unless told)"
     )
 
 
