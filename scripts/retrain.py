@@ -9,7 +9,6 @@ the grid next trains the released runs). Only the released runs train, then thei
 the comparison. Refuses, releasing nothing, a run not in the grid or one that is being trained now.
 Exits 2 on a refusal; else with the runner's exit status."""
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -20,14 +19,8 @@ from scratchflow.plan import NoPlan, Plan
 
 
 def main() -> int:
-    arguments = sys.argv[1:]
-    split = arguments.index("--") if "--" in arguments else len(arguments)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="*", help="the run ids to train again (make status names them)")
-    parser.add_argument("--dir", default=".", type=Path, help="where the grid runs (default: here)")
-    given = parser.parse_args(arguments[:split])
-    submit, workdir = arguments[split + 1 :], given.dir
-    runs = list(dict.fromkeys(given.runs))
+    given = retrain.runs_and_command(sys.argv[1:], __doc__.split("\n\n")[0])
+    runs, workdir, submit = given.runs, given.workdir, given.submit
     try:
         plan = Plan.read(workdir)
         command = retrain.rerun_command(plan, submit)

@@ -12,7 +12,6 @@ instead of asking to retrain them. Different: says what differs, and the runs st
 grid's own runs and results are never touched. Exits 0 when identical, 1 when not (or the training
 failed), 2 on a refusal."""
 
-import argparse
 import datetime
 import subprocess
 import sys
@@ -22,20 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scratchflow import verify
 from scratchflow.files import read_json, remove_whole
 from scratchflow.plan import NoPlan, Plan
+from scratchflow.retrain import runs_and_command
 
 
 def main() -> int:
-    arguments = sys.argv[1:]
-    split = arguments.index("--") if "--" in arguments else len(arguments)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="*", help="the runs trained by other code or packages (make status names them)")
-    parser.add_argument("--dir", default=".", type=Path, help="where the grid runs (default: here)")
-    given = parser.parse_args(arguments[:split])
-    workdir = given.dir.resolve()
+    given = runs_and_command(sys.argv[1:], __doc__.split("\n\n")[0])
+    workdir = given.workdir.resolve()
     try:
         plan = Plan.read(workdir)
-        run_id = verify.chosen_run(workdir, plan, list(dict.fromkeys(given.runs)))
-        command = verify.training_command(workdir, plan, arguments[split + 1 :], run_id)
+        run_id = verify.chosen_run(workdir, plan, given.runs)
+        command = verify.training_command(workdir, plan, given.submit, run_id)
     except (NoPlan, verify.VerifyRefused) as error:
         print(f"scratchflow verify: {error}", file=sys.stderr)
         return 2

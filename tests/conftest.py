@@ -917,6 +917,22 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LAB_TASK = "ourlab.texts"
 # A lab's plain-PyTorch task (ourlab.mlp) and its data, as a lab writes one from docs/tasks.md.
 PLAIN_PYTORCH_LAB = REPO / "tests" / "plain_pytorch_lab"
+# The plain-PyTorch lab's table (its data/numbers.csv), as its pipeline's config names it.
+NUMBERS = {"name": "numbers", "path": "data/numbers.csv", "format": "csv", "label_column": "label"}
+
+
+def mlp_run(epochs: int, every_steps: int) -> dict:
+    """A grid of one run of the plain-PyTorch lab's task (ourlab.mlp) on its numbers table, `epochs`
+    long, a checkpoint every `every_steps` steps (about 11 steps an epoch)."""
+    return {
+        "task": "ourlab.mlp",
+        "dataset": NUMBERS,
+        "training": {"hidden": 8, "epochs": epochs},
+        "grid": {"seed": [0]},
+        "checkpointing": {"every_steps": every_steps, "keep": 2},
+    }
+
+
 # A materials lab's regression task (ourlab.regression), its data and its contract config.
 REGRESSION_LAB = REPO / "tests" / "regression_lab"
 LAB_TASK_SOURCE = '''"""Our lab's text classifier (scratchflow's, under our name)."""

@@ -25,6 +25,7 @@ from conftest import (
     git,
     job_process,
     lab_pipeline,
+    mlp_run,
     workflow_config,
     workflow_env,
     write_config,
@@ -471,13 +472,8 @@ def test_an_edit_verified_to_change_no_result_stops_flagging_the_runs_and_one_th
     metrics and predictions, and records it; then the status, runs.tsv and the page say verified, and
     ask to retrain nothing. An edit that changes the initialisation is flagged again, found different
     by `make verify`, and stays flagged."""
-    lab = lab_pipeline(
-        tmp_path / "ourlab", "narval", {**PAUSED_MID_GRID, "grid": {"seed": [0, 1]}}, source=releases, tag=PINNED
-    )
-    lab_config = lab / "config" / "config.yaml"
-    config = yaml.safe_load(lab_config.read_text())
-    config["training"]["epochs"] = 20
-    lab_config.write_text(yaml.safe_dump(config))
+    two_runs = {**mlp_run(epochs=20, every_steps=200), "grid": {"seed": [0, 1]}}
+    lab = lab_pipeline(tmp_path / "ourlab", "narval", two_runs, source=releases, tag=PINNED)
     assert snakemake(lab).returncode == 0
     task = lab / "ourlab" / "mlp.py"
     task.write_text(task.read_text().replace(" mlp(", " multilayer_perceptron("))  # a rename: no result changes
@@ -513,13 +509,7 @@ def test_an_edit_verified_to_change_no_result_stops_flagging_the_runs_and_one_th
     assert "trained by other code or packages:" in status and "make retrain" in status, status
 
 
-PAUSED_MID_GRID = {
-    "task": "ourlab.mlp",
-    "dataset": {"name": "numbers", "path": "data/numbers.csv", "format": "csv", "label_column": "label"},
-    "training": {"hidden": 8, "epochs": 200},
-    "grid": {"seed": [0]},
-    "checkpointing": {"every_steps": 200, "keep": 2},
-}
+PAUSED_MID_GRID = mlp_run(epochs=200, every_steps=200)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, jobs_run, lab_pipeline, workflow_env
+from conftest import NUMBERS, REPO, jobs_run, lab_pipeline, workflow_env
 from scratchflow.plan import COMPARISON_OUTPUTS, Plan
 from scratchflow.provenance import code_record, command_line, difference_lines
 
@@ -314,7 +314,7 @@ def test_editing_a_labs_task_flags_the_runs_it_trained_and_the_line_given_retrai
     it alone."""
     config = {
         "task": "ourlab.mlp",
-        "dataset": {"name": "numbers", "path": "data/numbers.csv", "format": "csv", "label_column": "label"},
+        "dataset": NUMBERS,
         "grid": {"learning_rate": [0.1, 0.2]},
         "checkpointing": {"keep_after_training": True},
         "cluster": {"scratch_root": str(tmp_path / "scratch")},

@@ -38,6 +38,7 @@ from conftest import (
     lab_pipeline,
     live_pieces,
     long_run,
+    mlp_run,
     netscratch_directory,
     processes_in,
     profile_with,
@@ -739,13 +740,7 @@ def test_a_labs_training_whose_nodes_slurmd_dies_and_whose_old_piece_trains_on_a
     wrote is dated after the newer piece held the run, its job's own Snakemake removes none of the
     newer piece's outputs, the lab's `make status` says so, and the run ends with the weights and
     metrics of the same pipeline run uninterrupted beside it, spending no retry."""
-    config = {
-        "task": "ourlab.mlp",
-        "dataset": {"name": "numbers", "path": "data/numbers.csv", "format": "csv", "label_column": "label"},
-        "training": {"hidden": 8, "epochs": 1000},
-        "grid": {"seed": [0]},
-        "checkpointing": {"every_steps": 500, "keep": 2},
-    }
+    config = mlp_run(epochs=1000, every_steps=500)
     reference = lab_pipeline(tmp_path_factory.mktemp("uninterrupted") / "ourlab", PROFILE, config)
     lab = lab_pipeline(tmp_path, PROFILE, config)
     layer = lab / "profiles" / PROFILE / "config.v8+.yaml"

@@ -18,12 +18,14 @@ comparison that hides a run still to train.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import os
 import shutil
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from scratchflow import SCRATCHFLOW_DIR
@@ -36,6 +38,25 @@ from scratchflow.status import slurm_jobs
 LOCAL_RUNNER = SCRATCHFLOW_DIR / "scripts" / "run_local.sh"
 # The lock scripts/run_local.sh holds while a run of it is active in a directory.
 LOCAL_RUN_LOCK = Path(".snakemake/run_local.flock")
+
+
+@dataclass(frozen=True)
+class RunsAndCommand:
+    """What retrain.py and verify.py are given: `RUN [RUN ...] [--dir DIR] [-- COMMAND]`."""
+
+    runs: list[str]  # in the order given, each once
+    workdir: Path  # where the grid runs
+    submit: list[str]  # the command that submits the grid (none: the grid ran here, or not given)
+
+
+def runs_and_command(arguments: list[str], description: str) -> RunsAndCommand:
+    """The run ids, the grid's folder (--dir) and the command after `--` of a command line."""
+    split = arguments.index("--") if "--" in arguments else len(arguments)
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("runs", nargs="*", help="the run ids (make status names them)")
+    parser.add_argument("--dir", default=".", type=Path, help="where the grid runs (default: here)")
+    given = parser.parse_args(arguments[:split])
+    return RunsAndCommand(list(dict.fromkeys(given.runs)), given.dir, arguments[split + 1 :])
 
 
 class RetrainRefused(RuntimeError):
