@@ -329,7 +329,7 @@ def test_editing_a_labs_task_flags_the_runs_it_trained_and_the_line_given_retrai
     # Run from the lab's parent folder: the line holds the grid's directory (a lab's Makefile may have a
     # retrain target, whose line is `make retrain RUNS=…`).
     shown = status_of(lab, cwd=tmp_path)
-    flagged, line = shown[-2], shown[-1]
+    flagged, line = shown[-3], shown[-2]  # the last: how to verify instead
     runs = flagged.rsplit(": ", 1)[1].split(", ")
     assert len(runs) == 2 and flagged.startswith("  ourlab/mlp.py as it was before (sha256 ")
     command = line.split("again from zero, and nothing else: ", 1)[1]
@@ -350,7 +350,7 @@ def test_editing_a_labs_task_flags_the_runs_it_trained_and_the_line_given_retrai
     assert record["code"]["files"]["ourlab/mlp.py"] == hashlib.sha256(module.read_bytes()).hexdigest()
     assert [piece["resumed_from_step"] for piece in record["pieces"]] == [None], "from zero, not its final checkpoint"
     assert (lab / "results" / "runs" / runs[1] / "record.json").read_bytes() == kept
-    assert status_of(lab, cwd=tmp_path)[-1].endswith(
+    assert status_of(lab, cwd=tmp_path)[-2].endswith(
         shlex.join([sys.executable, str(script), runs[1], "--dir", str(lab)])
     )
     summary = (lab / "results" / "summary.tsv").read_text().splitlines()
