@@ -414,31 +414,6 @@ def test_no_hooks_skips_no_check_and_is_refused_where_jobs_need_the_start_up_to_
     assert not (lab / ".snakemake" / "slurm_logs").exists() and not (lab / "archives").exists()
 
 
-@pytest.mark.slow
-def test_a_pipeline_runs_records_both_commits_and_a_newer_release_retrains_nothing(lab, releases):
-    run_local = lab / "scratchflow" / "scripts" / "run_local.sh"
-    first = subprocess.run([run_local], cwd=lab, capture_output=True, text=True, env=workflow_env())
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert (lab / "results" / "summary.tsv").is_file() and (lab / "results" / "plan.json").is_file()
-    records = [json.loads(path.read_text()) for path in (lab / "results" / "runs").glob("*/record.json")]
-    assert len(records) == 2 and {record["task"] for record in records} == {LAB_TASK}
-    environment = records[0]["environment"]
-    assert environment["scratchflow_version"] == __version__
-    assert environment["git"] == {"commit": PINNED, "dirty": False}
-    assert environment["pipeline_git"] == {"commit": git(lab, "rev-parse", "HEAD"), "dirty": False}
-    status = subprocess.run(
-        [sys.executable, "scratchflow/scripts/status.py", "."], cwd=lab, capture_output=True, text=True
-    )
-    assert "2 runs: 2 finished" in status.stdout, status.stdout + status.stderr
-    reported = snakemake(lab, "--report", "results/report.html")
-    assert reported.returncode == 0 and "Report created" in reported.stdout, reported.stdout[-3000:]
-
-    git(lab / "scratchflow", "checkout", "--quiet", NEXT_RELEASE)
-    git(lab, "commit", "--quiet", "--all", "--message", f"scratchflow {NEXT_RELEASE}")
-    planned = snakemake(lab, "--dry-run")
-    assert planned.returncode == 0 and "Nothing to be done" in planned.stdout, planned.stdout[-3000:]
-
-
 # docs/lab-pipeline.md's upgrade, as a lab runs it in its pipeline, its environment active.
 UPGRADE_RECIPE = re.search(
     r"## Upgrade scratchflow\n\n```bash\n(.*?)```", (REPO / "docs" / "lab-pipeline.md").read_text(), re.S
@@ -463,22 +438,34 @@ def make(lab: Path, *targets: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_an_edit_verified_to_change_no_result_stops_flagging_the_runs_and_one_that_does_stays_flagged(
+def test_a_newer_release_retrains_nothing_and_an_edit_verified_to_change_no_result_stops_flagging_the_runs(
     tmp_path, releases
 ):
-    """A grid of the lab's plain-PyTorch task trained under this commit; the task edited
-    mechanically and the pin moved to the next release: `make status` flags both runs and names
+    """A grid of the lab's plain-PyTorch task trained under this commit, its records naming both
+    repositories' commits; the task edited mechanically and the pin moved to the next release, which
+    changes no run's identity: nothing is to be done, and `make status` flags both runs and names
     `make verify`, which trains the cheaper again in a folder of its own, finds the same weights,
     metrics and predictions, and records it; then the status, runs.tsv and the page say verified, and
     ask to retrain nothing. An edit that changes the initialisation is flagged again, found different
     by `make verify`, and stays flagged."""
     two_runs = {**mlp_run(epochs=20, every_steps=200), "grid": {"seed": [0, 1]}}
     lab = lab_pipeline(tmp_path / "ourlab", "narval", two_runs, source=releases, tag=PINNED)
-    assert snakemake(lab).returncode == 0
+    run_local = lab / "scratchflow" / "scripts" / "run_local.sh"
+    first = subprocess.run([run_local], cwd=lab, capture_output=True, text=True, env=workflow_env())
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    records = [json.loads(path.read_text()) for path in (lab / "results" / "runs").glob("*/record.json")]
+    assert len(records) == 2 and {record["task"] for record in records} == {"ourlab.mlp"}
+    environment = records[0]["environment"]
+    assert environment["scratchflow_version"] == __version__
+    assert environment["git"] == {"commit": PINNED, "dirty": False}
+    assert environment["pipeline_git"] == {"commit": git(lab, "rev-parse", "HEAD"), "dirty": False}
+    assert "2 runs: 2 finished" in make(lab, "status").stdout
     task = lab / "ourlab" / "mlp.py"
     task.write_text(task.read_text().replace(" mlp(", " multilayer_perceptron("))  # a rename: no result changes
     git(lab / "scratchflow", "checkout", "--quiet", NEXT_RELEASE)
     git(lab, "commit", "--quiet", "--all", "--message", f"Our task's names; scratchflow {NEXT_RELEASE}")
+    planned = snakemake(lab, "--dry-run")
+    assert planned.returncode == 0 and "Nothing to be done" in planned.stdout, planned.stdout[-3000:]
     flagged = make(lab, "status").stdout
     runs = re.search(r'make verify RUNS="([^"]+)"', flagged)[1].split()
     assert sorted(runs) == sorted(path.name for path in (lab / "results" / "runs").iterdir())
@@ -499,6 +486,8 @@ def test_an_edit_verified_to_change_no_result_stops_flagging_the_runs_and_one_th
     table = pd.read_csv(lab / "results" / "runs.tsv", sep="\t")
     assert set(table["verified"]) == {today}
     assert "verified (make verify)" in (lab / "results" / "summary.html").read_text()
+    reported = snakemake(lab, "--report", "results/report.html")
+    assert reported.returncode == 0 and "Report created" in reported.stdout, reported.stdout[-3000:]
 
     task.write_text(
         task.read_text().replace('torch.manual_seed(params["seed"])', 'torch.manual_seed(params["seed"] + 1)')
