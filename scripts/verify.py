@@ -44,13 +44,13 @@ def main() -> int:
     changes = verify.changes(read_json(recorded), read_json(again), workdir)
     changed = "; ".join(f"{change['what']} {change['was'][:12]} → {change['now'][:12]}" for change in changes)
     trained_again = f"run {run_id}, trained again with today's code and packages ({changed or 'no change recorded'})"
+    verify.record_verification(workdir, run_id, changes, differing, datetime.date.today())
     if differing:
         print(
             f"scratchflow verify: {trained_again}, differs in {', '.join(differing)}: what changed changes results, "
             f"and the runs stay flagged (make status). The run trained again: {again.parent}"
         )
         return 1
-    verify.record_verification(workdir, run_id, changes, datetime.date.today())
     remove_whole(folder)
     print(
         f"scratchflow verify: {trained_again}, has the same weights, metrics and predictions, byte for byte: "

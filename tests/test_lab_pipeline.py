@@ -496,6 +496,7 @@ def test_a_newer_release_retrains_nothing_and_an_edit_verified_to_change_no_resu
     assert differing.returncode != 0 and "differs in model/" in differing.stdout, differing.stdout[-3000:]
     status = make(lab, "status").stdout
     assert "trained by other code or packages:" in status and "make retrain" in status, status
+    assert "make verify found it changes results (run " in status and "make verify RUNS" not in status, status
 
 
 PAUSED_MID_GRID = mlp_run(epochs=200, every_steps=200)

@@ -2,6 +2,7 @@
 Python (no Snakemake), and the same plan read back by the status."""
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -107,4 +108,17 @@ def test_a_plan_file_of_another_version_is_refused_saying_what_to_do(tmp_path):
     written.parent.mkdir(parents=True)
     written.write_text('{"metric": "accuracy", "goal": "max", "executor": "local", "runs": {}}')
     with pytest.raises(NoPlan, match="written by another version of scratchflow; run the workflow's command again"):
+        Plan.read(tmp_path)
+
+
+def test_a_plan_file_of_an_earlier_release_reads_with_the_defaults_of_what_came_later(tmp_path):
+    """0.4.0 wrote no `configfiles`: after an upgrade that retrains nothing, the workflow writes no
+    new plan (it has no job to start), and `make status` and `make verify` read 0.4.0's."""
+    plan = Plan({"aaaa": {"seed": 0}}, {}, None, "ourlab.mlp", "accuracy", "max", "COMPLETE", executor="local")
+    written = {name: value for name, value in plan._fields().items() if name != "configfiles"}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "plan.json").write_text(json.dumps(written))
+    assert Plan.read(tmp_path) == plan
+    (tmp_path / "results" / "plan.json").write_text(json.dumps({**written, "a_later_key": 1}))
+    with pytest.raises(NoPlan, match="written by another version of scratchflow"):
         Plan.read(tmp_path)

@@ -167,6 +167,18 @@ def test_runs_trained_by_an_earlier_version_of_the_labs_task_are_shown_with_the_
     module.write_text(TASK_SOURCE + "# a better loss, and then another edit\n")
     assert "trained by other code or packages:" in status(tmp_path), "an edit after the verification is flagged"
 
+    # One that `make verify` found changes results: flagged, saying so, and verifying it is not offered again.
+    edited_again = code_record("ourlab.mlp", module, {})["files"]["ourlab/mlp.py"]
+    found = [
+        {"run": "aaaa", "on": "2026-11-30", "changes": [{**change, "now": edited_again}], "differs": ["metrics.json"]}
+    ]
+    write(tmp_path / "results" / "verified.json", json.dumps(found))
+    lines = status(tmp_path)
+    assert lines[-2].endswith(
+        "trained 3 of 3 runs: aaaa, bbbb, cccc; make verify found it changes results (run aaaa on 2026-11-30)"
+    )
+    assert lines[-1].endswith(': make retrain RUNS="aaaa bbbb cccc"'), "no make verify line"
+
 
 def test_runs_trained_by_other_packages_are_told_against_the_newest_run(tmp_path):
     code = {"task": "text-classification", "folder": None, "files": {}, "sha256": None}

@@ -66,6 +66,8 @@ SCRATCHFLOW := {submodule}
 PROFILE := {profile_arguments}
 # More for Snakemake (run, submit, test's cluster dry run): make submit ARGS="--unlock"
 ARGS ?=
+NO_VERIFY := make verify: the scratchflow checked out here has no scripts/verify.py: upgrade it \\
+    (its docs/lab-pipeline.md says how) or run git submodule update --init
 
 .PHONY: setup environment run submit cluster status retrain verify test
 
@@ -108,8 +110,7 @@ retrain: environment  ## train the runs in RUNS again from zero, and nothing els
 \t$(PYTHON) $(SCRATCHFLOW)/scripts/retrain.py $(RUNS) -- $(SNAKEMAKE) $(PROFILE)
 
 verify: environment  ## the cheapest of RUNS trained again and compared: what changed changes no result?
-\t$(PYTHON) $(or $(wildcard $(SCRATCHFLOW)/scripts/verify.py),$(error make verify: the scratchflow pinned here \
-\t    predates it: upgrade it (its docs/lab-pipeline.md says how))) $(RUNS) -- $(SNAKEMAKE) $(PROFILE)
+\t$(PYTHON) $(or $(wildcard $(SCRATCHFLOW)/scripts/verify.py),$(error $(NO_VERIFY))) $(RUNS) -- $(SNAKEMAKE) $(PROFILE)
 
 test: environment  ## the grid plans here and on {cluster} (its jobs' software too); our tasks keep the protocol
 \t$(SNAKEMAKE) --profile $(SCRATCHFLOW)/profiles/local --dry-run --quiet
@@ -145,7 +146,8 @@ slurm-*.out
 README = """\
 # {name}
 
-Our experiments, on scratchflow {version}, pinned as the submodule `{submodule}/` (its docs:
+Our experiments, on scratchflow pinned at a release as the submodule `{submodule}/` (`git -C
+{submodule} describe --tags` names it; {version} when this pipeline was made; its docs:
 `{submodule}/docs/lab-pipeline.md`).
 
 ```bash

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -319,7 +319,13 @@ class Plan:
                 "it starts; run this in the directory you run snakemake in, or name that directory."
             )
         written = json.loads(path.read_text())
-        if set(written) != {name for name in cls.__dataclass_fields__ if not name.startswith("_")}:
+        # An earlier release's plan lacks what came later (configfiles, 0.5): read with its default. The
+        # workflow writes the file anew only when it has jobs to run, not after an upgrade that retrains nothing.
+        fields = {name: spec for name, spec in cls.__dataclass_fields__.items() if not name.startswith("_")}
+        required = {
+            name for name, spec in fields.items() if spec.default is MISSING and spec.default_factory is MISSING
+        }
+        if not required <= set(written) or not set(written) <= set(fields):
             raise NoPlan(
                 f"{path.resolve()} was written by another version of scratchflow; run the workflow's command "
                 "again (it writes the file anew when it starts)"

@@ -187,7 +187,8 @@ def apply_switch(folder: Path, given: str, cluster: str | None = None) -> Applie
     shown = source.relative_to(folder.resolve()) if source.is_relative_to(folder.resolve()) else source
     arguments = run_arguments(folder, scratchflow, cluster)
     header = LAYER_HEADER.format(cluster=cluster, arguments=arguments)
-    applied = [*APPLIED.findall(earlier), f"# Applied: {shown}, over scratchflow {version_of(scratchflow)}\n"]
+    what = "the layer's own keys, each written whole" if own_layer else shown
+    applied = [*APPLIED.findall(earlier), f"# Applied: {what}, over scratchflow {version_of(scratchflow)}\n"]
     header += "".join(dict.fromkeys(applied))
     layer_path.parent.mkdir(parents=True, exist_ok=True)
     layer_path.write_text(header + yaml.safe_dump(written, sort_keys=False, width=float("inf"), allow_unicode=True))

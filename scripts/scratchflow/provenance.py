@@ -93,8 +93,10 @@ class Difference:
 
     line: str
     runs: list[str]
-    # The verifications (`make verify`: run id, day) that found the difference reproduces its runs' results.
+    # The verifications (`make verify`: run id, day) that found the difference reproduces its runs' results,
+    # or, for one still flagged, that found it does not.
     verified: tuple[tuple[str, str], ...] = ()
+    found_different: tuple[tuple[str, str], ...] = ()
 
 
 def differences(records: dict[str, dict[str, Any]], folder: Path) -> list[Difference]:
@@ -139,27 +141,50 @@ def differences(records: dict[str, dict[str, Any]], folder: Path) -> list[Differ
             line = (
                 f"{shown} {others} trained {_count(len(odd), len(facts))}, {values[newest]} the newest: {_named(odd)}"
             )
-            how = _verifications(verified, [(name, values[run_id], values[newest]) for run_id in odd])
-            found.append(Difference(line, odd, how if proven else ()))
+            changes = [(name, values[run_id], values[newest]) for run_id in odd]
+            found.append(Difference(line, odd, *_told(verified, changes, proven)))
     return found
 
 
-def _proven(verified: dict[tuple[str, str, str], dict[str, str]], what: str, was: str, now: str) -> bool:
-    return (what, was, now) in verified
+def _proven(verified: dict[tuple[str, str, str], dict[str, Any]], what: str, was: str, now: str) -> bool:
+    found = verified.get((what, was, now))
+    return found is not None and not found["differs"]
 
 
 def _verifications(
-    verified: dict[tuple[str, str, str], dict[str, str]], changes: list[tuple[str, str, str]]
+    verified: dict[tuple[str, str, str], dict[str, Any]], changes: list[tuple[str, str, str]], differing: bool = False
 ) -> tuple[tuple[str, str], ...]:
-    """The verifications (run id, day) that found these changes reproduce runs' results."""
-    found = {(entry["run"], entry["on"]) for change in changes if (entry := verified.get(change))}
+    """The verifications (run id, day) of these changes: those that found they reproduce runs'
+    results, or those that found they do not (`differing`)."""
+    found = {
+        (entry["run"], entry["on"])
+        for change in changes
+        if (entry := verified.get(change)) and bool(entry["differs"]) == differing
+    }
     return tuple(sorted(found, key=lambda verification: verification[1]))
+
+
+def _told(
+    verified: dict[tuple[str, str, str], dict[str, Any]], changes: list[tuple[str, str, str]], proven: bool
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """A difference's verifications: (those that proved it, those that found it changes results)."""
+    if proven:
+        return _verifications(verified, changes), ()
+    return (), _verifications(verified, changes, differing=True)
 
 
 def verified_line(difference: Difference) -> str:
     """How a difference was found to reproduce its runs' results: by which run, on which day."""
     runs = ", ".join(f"run {run} on {on}" for run, on in difference.verified)
     return f"verified: trained again with it, {runs} gave the same weights, metrics and predictions, byte for byte"
+
+
+def flagged_line(difference: Difference) -> str:
+    """A difference still to retrain, with the verification that found it changes results, if any."""
+    if not difference.found_different:
+        return difference.line
+    runs = ", ".join(f"run {run} on {on}" for run, on in difference.found_different)
+    return f"{difference.line}; make verify found it changes results ({runs})"
 
 
 def verified_runs(records: dict[str, dict[str, Any]], folder: Path) -> dict[str, str]:
@@ -220,8 +245,8 @@ def _code_differences(
                 else f"(sha256 {was}), not there now"
             )
             line = f"{name} {how} trained {_count(len(runs), compared)}: {_named(runs)}"
-            told = _verifications(verified, [(name, sha256, current or "") for sha256 in by_sha256])
-            found.append(Difference(line, runs, told if proven else ()))
+            changes = [(name, sha256, current or "") for sha256 in by_sha256]
+            found.append(Difference(line, runs, *_told(verified, changes, proven)))
     return found
 
 
@@ -254,7 +279,7 @@ def difference_lines(records: dict[str, dict[str, Any]], workdir: Path, halving:
     proven = [difference for difference in found if difference.verified]
     lines = []
     if flagged:
-        lines += ["trained by other code or packages:", *(f"  {difference.line}" for difference in flagged)]
+        lines += ["trained by other code or packages:", *(f"  {flagged_line(difference)}" for difference in flagged)]
     redo = to_retrain(found, list(records))
     if redo and halving:
         lines.append(
@@ -263,10 +288,12 @@ def difference_lines(records: dict[str, dict[str, Any]], workdir: Path, halving:
     elif redo:
         these = "it" if len(redo) == 1 else f"these {len(redo)} runs"
         lines.append(f"  to train {these} again from zero, and nothing else: {command_line('retrain', redo, workdir)}")
-        lines.append(
-            "  or, to show that what changed changes no result (the cheapest trained again and compared, byte for "
-            f"byte): {command_line('verify', redo, workdir)}"
-        )
+        unverified = [run_id for difference in flagged if not difference.found_different for run_id in difference.runs]
+        if unverified:
+            lines.append(
+                "  or, to show that what changed changes no result (the cheapest trained again and compared, byte "
+                f"for byte): {command_line('verify', [run_id for run_id in redo if run_id in unverified], workdir)}"
+            )
     if proven:
         lines += [
             "trained by other code or packages, verified (make verify) to give the same results:",
@@ -294,16 +321,21 @@ def _has_target(makefile: Path, target: str) -> bool:
         return False
 
 
-def verified_changes(workdir: Path) -> dict[tuple[str, str, str], dict[str, str]]:
-    """(what, was, now) -> the verification that found the change reproduces a run's results
-    ({"run", "on"}), from the grid's results/verified.json (scratchflow.verify) (none where it has none)."""
+def verified_changes(workdir: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(what, was, now) -> the newest verification of the change, from the grid's
+    results/verified.json (scratchflow.verify; none where it has none): {"run", "on", "differs"}, the
+    run trained again, the day, and what of its results differed (none: the change reproduces them)."""
     path = workdir / VERIFIED_FILE
     try:
         verified = read_json(path)
     except (FileNotFoundError, ValueError):
         return {}
     return {
-        (change["what"], change["was"], change["now"]): {"run": entry["run"], "on": entry["on"]}
+        (change["what"], change["was"], change["now"]): {
+            "run": entry["run"],
+            "on": entry["on"],
+            "differs": entry.get("differs", []),
+        }
         for entry in verified
         for change in entry["changes"]
     }

@@ -7,11 +7,11 @@ and retraining them all costs the grid's GPU-hours. Instead the cheapest of the 
 again from zero, with today's code and packages, in a working folder of its own (the grid's folder
 as it is, its outputs left out: `.snakemake/scratchflow/verify/<run>`), with the command that trains
 the grid (locally, or on the cluster where its jobs went). Its weights, metrics and predictions are
-then compared with the recorded run's, byte for byte. Identical: what changed between the two (each
-code file's sha256, scratchflow's release, Python, torch, transformers) is recorded as reproducing,
-with the date and the run, in `results/verified.json`, and every run that change flagged is told as
-verified rather than to be retrained. Different: what differs is said, nothing is recorded, the
-flag stays, and the working folder stays for a look. The grid's own runs and results are never
+then compared with the recorded run's, byte for byte. What changed between the two (each code file's
+sha256, scratchflow's release, Python, torch, transformers) is recorded with the date, the run and
+what differed in `results/verified.json`. Identical: every run that change flagged is told as
+verified rather than to be retrained. Different: what differs is said, the flag stays (saying so,
+and no longer offering to verify), and the working folder stays for a look. The grid's own runs and results are never
 touched.
 """
 
@@ -129,9 +129,12 @@ def changes(record: dict[str, Any], again: dict[str, Any], workdir: Path) -> lis
     return found
 
 
-def record_verification(workdir: Path, run_id: str, found: list[dict[str, str]], today: datetime.date) -> None:
-    """Add to the grid's results/verified.json: `found` (`changes`) reproduced `run_id`'s results."""
+def record_verification(
+    workdir: Path, run_id: str, found: list[dict[str, str]], differs: list[str], today: datetime.date
+) -> None:
+    """Add to the grid's results/verified.json what training `run_id` again found: the changes
+    (`changes`) reproduce its results where nothing `differs` (`what_differs`), else not."""
     path = workdir / VERIFIED_FILE
     verified = read_json(path) if path.is_file() else []
-    verified.append({"run": run_id, "on": today.isoformat(), "changes": found})
+    verified.append({"run": run_id, "on": today.isoformat(), "changes": found, "differs": differs})
     write_json_atomically(verified, path)
