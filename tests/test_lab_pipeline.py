@@ -74,11 +74,22 @@ def new_pipeline(folder: Path, source: Path, *args: str) -> subprocess.Completed
 
 
 @pytest.fixture
-def lab(tmp_path, releases, bbc_subset, tiny_model) -> Path:
-    """A new pipeline at the release, with the lab's own task and a small grid of it, committed."""
-    config = workflow_config(bbc_subset, tiny_model, tmp_path / "scratch")
+def lab(made_pipeline) -> Path:
+    """A new pipeline at the release, with the lab's own task and a small grid of it, committed:
+    made once for the module, each test's changes to it undone (files, what the workflow wrote)."""
+    first_commit = git(made_pipeline, "rev-list", "--max-parents=0", "HEAD")
+    git(made_pipeline, "reset", "--hard", "--quiet", first_commit)
+    git(made_pipeline, "clean", "-d", "-x", "--force", "--quiet")
+    git(made_pipeline / "scratchflow", "checkout", "--quiet", PINNED)
+    return made_pipeline
+
+
+@pytest.fixture(scope="module")
+def made_pipeline(tmp_path_factory, releases, bbc_subset, tiny_model) -> Path:
+    folder = tmp_path_factory.mktemp("lab")
+    config = workflow_config(bbc_subset, tiny_model, folder / "scratch")
     config["training"]["epochs"] = 2
-    return lab_pipeline(tmp_path / "ourlab-pipeline", "narval", config, source=releases, tag=PINNED)
+    return lab_pipeline(folder / "ourlab-pipeline", "narval", config, source=releases, tag=PINNED)
 
 
 def snakemake(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -499,7 +510,7 @@ def test_a_newer_release_retrains_nothing_and_an_edit_verified_to_change_no_resu
     assert "make verify found it changes results (run " in status and "make verify RUNS" not in status, status
 
 
-PAUSED_MID_GRID = mlp_run(epochs=200, every_steps=200)
+PAUSED_MID_GRID = mlp_run(epochs=100, every_steps=200)
 
 
 @pytest.mark.slow
