@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import NUMBERS, REPO, jobs_run, lab_pipeline, workflow_env
+from scratchflow import verify
 from scratchflow.plan import COMPARISON_OUTPUTS, Plan
 from scratchflow.provenance import code_record, command_line, difference_lines
 
@@ -379,3 +380,54 @@ def status_of(workdir: Path, cwd: Path) -> list[str]:
         check=True,
     )
     return shown.stdout.splitlines()
+
+
+def test_verify_trains_the_cheapest_finished_run_in_a_folder_of_the_grids_files_but_its_outputs(tmp_path):
+    """scratchflow.verify's choices, before anything trains: the cheapest of the runs named (by the
+    recorded training time), never a run not finished; the working folder links every entry of the
+    grid's folder but what the workflow writes; the local runner, with the grid's config files."""
+    records = {run_id: record(run_id, 1, None) for run_id in ("aaaa", "bbbb", "cccc")}
+    for seconds, written in zip((30.0, 10.0, 5.0), records.values(), strict=True):
+        written["timings_seconds"] = {"stage": 1.0, "train": seconds}
+    records["cccc"]["outcome"] = "failed"
+    grid(tmp_path, records, configfiles=["config/second.yaml"])
+    plan = Plan.read(tmp_path)
+    assert verify.chosen_run(tmp_path, plan, ["aaaa", "bbbb"]) == "bbbb"
+    for runs, refusal in (
+        ([], "give the runs to verify"),
+        (["zzzz"], "no run zzzz in the grid"),
+        (["aaaa", "cccc"], "run cccc has not finished training"),
+    ):
+        with pytest.raises(verify.VerifyRefused, match=refusal):
+            verify.chosen_run(tmp_path, plan, runs)
+
+    (tmp_path / "ourlab").mkdir()
+    folder = verify.working_folder(tmp_path, "bbbb")
+    linked = {entry.name for entry in folder.iterdir()}
+    assert "ourlab" in linked and not linked & {"results", "checkpoints", "logs", ".snakemake"}
+    assert (folder / "ourlab").resolve() == tmp_path / "ourlab"
+    command = verify.training_command(tmp_path, plan, [], "bbbb")
+    assert command[-3:] == ["--configfile", str(tmp_path / "config/second.yaml"), "results/runs/bbbb/metrics.json"]
+    assert Path(command[0]).name == "run_local.sh"
+
+
+def test_verify_compares_weights_metrics_and_predictions_byte_for_byte_and_names_what_changed(tmp_path):
+    recorded, again = tmp_path / "recorded", tmp_path / "again"
+    for folder in (recorded, again):
+        write(folder / "model" / "weights.bin", "w")
+        write(folder / "metrics.json", {"accuracy": 0.9})
+        write(folder / "predictions.csv", "id,label\n1,a\n")
+        write(folder / "record.json", {"took": str(folder)})  # where and when: never compared
+    assert verify.what_differs(recorded, again) == []
+    write(again / "model" / "weights.bin", "v")
+    write(again / "predictions.csv", "id,label\n1,b\n")
+    assert verify.what_differs(recorded, again) == ["model/weights.bin", "predictions.csv"]
+
+    module = lab_task(tmp_path)
+    then = record("aaaa", 1, code_record("ourlab.mlp", module, {}))
+    module.write_text(TASK_SOURCE + "# renamed inside\n")
+    now = record("aaaa", 2, code_record("ourlab.mlp", module, {}), torch="2.14.0")
+    assert [(change["what"], change["was"], change["now"]) for change in verify.changes(then, now, tmp_path)] == [
+        ("ourlab/mlp.py", then["code"]["files"]["ourlab/mlp.py"], now["code"]["files"]["ourlab/mlp.py"]),
+        ("torch", "2.13.0", "2.14.0"),
+    ]

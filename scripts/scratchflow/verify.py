@@ -27,6 +27,7 @@ from typing import Any
 from scratchflow import SCRATCHFLOW_DIR
 from scratchflow.contract import different_files
 from scratchflow.files import file_sha256, read_json, remove_whole, write_json_atomically
+from scratchflow.ledger import FINISHED
 from scratchflow.plan import Plan
 from scratchflow.provenance import TRAINED_BY, VERIFIED_FILE, trained_by
 
@@ -50,9 +51,13 @@ def chosen_run(workdir: Path, plan: Plan, run_ids: list[str]) -> str:
         grid = workdir.resolve()
         raise VerifyRefused(f"no run {', '.join(unknown)} in the grid in {grid} (make status lists its runs)")
     records = {run_id: workdir / plan.paths(run_id).record for run_id in run_ids}
-    untrained = [run_id for run_id, record in records.items() if not record.is_file()]
+    untrained = [
+        run_id
+        for run_id, record in records.items()
+        if not record.is_file() or read_json(record).get("outcome", FINISHED) != FINISHED
+    ]
     if untrained:
-        raise VerifyRefused(f"run {', '.join(untrained)} has not finished training: there is nothing to compare yet")
+        raise VerifyRefused(f"run {', '.join(untrained)} has not finished training: there is nothing to compare")
     if plan.halving:
         raise VerifyRefused("a halving search's runs are trained in rungs together, not one by one: nothing to verify")
 
