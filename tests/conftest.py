@@ -430,13 +430,17 @@ def slurm_workflow_command(slurm, profile: str, *arguments: str, pipeline: Path 
     )
 
 
-def profile_with(cluster: str, folder: Path, set_resources: dict[str, dict]) -> Path:
-    """A copy of scratchflow's profile of `cluster` in `folder`, some rules' resources changed (merged over its
-    own: a command line's --set-resources would replace its whole set-resources, which is refused)."""
+def profile_with(
+    cluster: str, folder: Path, set_resources: dict[str, dict], default_resources: dict | None = None
+) -> Path:
+    """A copy of scratchflow's profile of `cluster` in `folder`, some rules' resources and default
+    resources changed (merged over its own: the command line's --set-resources or --default-resources
+    would replace its whole key, which the workflow refuses)."""
     profile = yaml.safe_load((REPO / "profiles" / cluster / "config.v8+.yaml").read_text())
     profile["configfile"] = str(REPO / "config" / "clusters" / f"{cluster}.yaml")
     for rule, resources in set_resources.items():
         profile.setdefault("set-resources", {}).setdefault(rule, {}).update(resources)
+    profile.setdefault("default-resources", {}).update(default_resources or {})
     folder.mkdir(parents=True)
     (folder / "config.v8+.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
     return folder

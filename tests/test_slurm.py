@@ -426,11 +426,12 @@ def test_a_container_profile_refuses_a_missing_image_before_any_job_and_an_image
 
 
 # Mistakes the preflight finds; with it turned off, Slurm refuses the first sbatch instead.
+# case -> (the cluster's profile, its default resources changed, the environment, Slurm's error)
 REJECTIONS = {
-    "bad account": ("narval", ["--config", "preflight=False"], {"SBATCH_ACCOUNT": "def-nobody"}, "Invalid account"),
+    "bad account": ("narval", {}, {"SBATCH_ACCOUNT": "def-nobody"}, "Invalid account"),
     "unknown partition": (
         "edinburgh",
-        ["--default-resources", "slurm_partition=no-such-partition", "--config", "preflight=False"],
+        {"slurm_partition": "no-such-partition"},
         {},
         "invalid partition specified: no-such-partition",
     ),
@@ -441,11 +442,12 @@ REJECTIONS = {
 def test_a_job_slurm_rejects_fails_fast_with_its_error_and_leaves_nothing(
     case, slurm, tmp_path, bbc_subset, tiny_model
 ):
-    profile, arguments, env, error = REJECTIONS[case]
+    cluster, default_resources, env, error = REJECTIONS[case]
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     del config["cluster"]
     write_config(tmp_path, config)
-    result = run_on_slurm(slurm, tmp_path, profile, env, *arguments)
+    profile = str(profile_with(cluster, tmp_path / "profile", {}, default_resources)) if default_resources else cluster
+    result = run_on_slurm(slurm, tmp_path, profile, env, "--config", "preflight=False")
     assert result.returncode != 0
     assert error in result.stdout, result.stdout[-4000:]
     # The first cluster job was refused: nothing it would have made exists, whole or in part.
