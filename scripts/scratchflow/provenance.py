@@ -218,9 +218,7 @@ def _code_differences(
     for run_id, record in records.items():
         code = record.get("code") or {}
         for name, recorded in code.get("files", {}).items():
-            path = folder / name
-            if not path.is_file() and code.get("folder"):
-                path = Path(code["folder"]) / name
+            path = code_file_now(code, name, folder)
             if path not in hashed:
                 hashed[path] = file_sha256(path) if path.is_file() else None
             now.setdefault(name, hashed[path])
@@ -248,6 +246,15 @@ def _code_differences(
             changes = [(name, sha256, current or "") for sha256 in by_sha256]
             found.append(Difference(line, runs, *_told(verified, changes, proven)))
     return found
+
+
+def code_file_now(code: dict[str, Any], name: str, folder: Path) -> Path:
+    """Where a code file a record names (`code["files"]`) is now: in `folder`, the directory the grid
+    runs in, or else where the run found it."""
+    path = folder / name
+    if not path.is_file() and code.get("folder"):
+        return Path(code["folder"]) / name
+    return path
 
 
 def _finished_at(record: dict[str, Any]) -> float:

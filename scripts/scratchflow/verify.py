@@ -29,7 +29,7 @@ from scratchflow.contract import different_files
 from scratchflow.files import file_sha256, read_json, remove_whole, write_json_atomically
 from scratchflow.ledger import FINISHED
 from scratchflow.plan import Plan
-from scratchflow.provenance import TRAINED_BY, VERIFIED_FILE, trained_by
+from scratchflow.provenance import TRAINED_BY, VERIFIED_FILE, code_file_now, trained_by
 
 WORKING_FOLDERS = Path(".snakemake") / "scratchflow" / "verify"
 # What the workflow writes into the folder it runs in: not the verification's to read or write.
@@ -121,9 +121,7 @@ def changes(record: dict[str, Any], again: dict[str, Any], workdir: Path) -> lis
     found = []
     code = record.get("code") or {}
     for name, was in code.get("files", {}).items():
-        path = workdir / name
-        if not path.is_file() and code.get("folder"):
-            path = Path(code["folder"]) / name
+        path = code_file_now(code, name, workdir)
         now = file_sha256(path) if path.is_file() else None
         if now is not None and now != was:
             found.append({"what": name, "was": was, "now": now})
