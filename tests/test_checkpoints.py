@@ -8,12 +8,13 @@ import threading
 import time
 
 import pytest
-from scratchflow import checkpoints, lease
+from scratchflow import checkpoints, lease, staging
 from scratchflow import ledger as ledger_module
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.files import NoSpace
 from scratchflow.lease import RunFolder, RunLease, this_process
 from scratchflow.ledger import PieceRecord, PiecesLimit, PiecesLimitReached, RunLedger, piece_records
+from scratchflow.staging import StagingError
 
 MARKER = "COMPLETE"  # any file a task writes last into a checkpoint
 
@@ -66,6 +67,38 @@ def test_mirroring_keeps_only_the_newest(tmp_path):
     published = [json.loads(line)["checkpoint"] for line in (shared / "published.jsonl").read_text().splitlines()]
     assert published == ["checkpoint-5", "checkpoint-10", "checkpoint-15"], "when each was published, for the cost"
     assert (shared / "checkpoint-15" / "model.safetensors").read_text() == "weights 15"
+
+
+@pytest.mark.parametrize("saved_a_newer_one", [True, False])
+def test_a_checkpoint_the_task_prunes_while_it_is_mirrored_is_skipped_for_the_newer_one(
+    tmp_path, monkeypatch, saved_a_newer_one
+):
+    """A program that saves on its own removes its old checkpoints once it has saved a newer one, in
+    whatever order its rmtree takes the files (CI: a file gone, the marker not yet). The watcher's
+    copy of the old one fails; it publishes the newer one next instead of failing the job. A file that
+    vanishes from the newest checkpoint with nothing newer saved is an error."""
+    scratch, shared = tmp_path / "scratch", tmp_path / "shared"
+    mirroring = checkpoints.CheckpointMirroring(CheckpointStore(RunFolder(shared), MARKER, keep=2), scratch)
+    make_checkpoint(scratch, 40)
+    run = staging.subprocess.run
+
+    def copy_while_the_task_prunes(command, **options):
+        result = run(command, **options)
+        if (scratch / "checkpoint-40").exists():
+            if saved_a_newer_one:
+                make_checkpoint(scratch, 60)
+            (scratch / "checkpoint-40" / "model.safetensors").unlink()
+        return result
+
+    monkeypatch.setattr(staging.subprocess, "run", copy_while_the_task_prunes)
+    if not saved_a_newer_one:
+        with pytest.raises((StagingError, OSError)):
+            mirroring.mirror_newest()
+        return
+    assert mirroring.mirror_newest() is None
+    shutil.rmtree(scratch / "checkpoint-40")
+    assert mirroring.mirror_newest() == scratch / "checkpoint-60"
+    assert [path.name for _step, path in CheckpointStore(RunFolder(shared), MARKER).complete()] == ["checkpoint-60"]
 
 
 def mirrored(tmp_path, steps=(10, 20)) -> CheckpointStore:

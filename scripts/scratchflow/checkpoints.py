@@ -90,6 +90,17 @@ def newest_complete_checkpoint(folder: Path, marker: str) -> Path | None:
     return checkpoints[-1][1] if checkpoints else None
 
 
+def pruned_since(checkpoint: Path, folder: Path, marker: str) -> bool:
+    """Whether the task has removed `checkpoint` from `folder`, or begun to, since it was the newest
+    complete one there: it lacks its marker now, or a newer one is there (a task removes its old
+    checkpoints once it has saved a new one, as the Trainer's save_total_limit does, and may remove
+    the marker last)."""
+    if not (checkpoint / marker).is_file():
+        return True
+    newer = (CHECKPOINT_NAME.fullmatch(entry.name) for entry in folder.iterdir())
+    return any(match is not None and int(match.group(1)) > step_of(checkpoint) for match in newer)
+
+
 def step_of(checkpoint: Path) -> int:
     named = CHECKPOINT_NAME.fullmatch(checkpoint.name)
     if named is None:
@@ -386,9 +397,9 @@ class CheckpointMirroring:
         try:
             self.store.mirror(newest, self.with_each)
         except (StagingError, OSError):
-            if newest.exists():
+            if not pruned_since(newest, self.local_folder, self.store.marker):
                 raise
-            return None  # the task pruned it while it was copied: a newer one is there
+            return None  # the task removed it while it was copied: a newer one is there
         self.mirrored_step = step_of(newest)
         log.info("checkpoint %s saved to %s", newest.name, self.store.folder)
         if self.published is not None:
