@@ -242,12 +242,12 @@ ACTIVATED = {"VIRTUAL_ENV": sys.prefix, "PATH": f"{Path(sys.executable).parent}{
 
 
 def long_run(workdir: Path, data: Path, model: Path, checkpointing: dict | None = None, **overrides) -> Path:
-    """One run long enough to interrupt (280 steps, checkpoints every 20 unless `checkpointing` says
-    otherwise): config in `workdir`, returns its scratch root. The fault tests compare their results
-    with an uninterrupted one."""
+    """One run long enough to interrupt (280 steps of 64 tokens, checkpoints every 20 unless
+    `checkpointing` says otherwise): config in `workdir`, returns its scratch root. The fault tests
+    compare their results with an uninterrupted one."""
     scratch = workdir / "scratch"
     config = workflow_config(data, model, scratch, grid={"seed": [7]}, **overrides)
-    config["training"].update(epochs=20, max_length=128)
+    config["training"]["epochs"] = 20
     config["checkpointing"] = checkpointing or {"every_steps": 20, "keep": 2}
     write_config(workdir, config)
     return scratch
@@ -600,11 +600,11 @@ def small_disk(tmp_path):
 
 
 def two_node_config(workdir: Path, data: Path, model: Path) -> None:
-    """One grid point for the OSCER profile's 2 nodes x 2 processes, with its cluster facts: 120
+    """One grid point for the OSCER profile's 2 nodes x 2 processes, with its cluster facts: 80
     steps, a checkpoint every 10, long enough to interrupt three times."""
     config = workflow_config(data, model, scratch=None, grid={"seed": [3]})
     config["dataset"]["archive_parts"] = 2  # each node stages both parts at once
-    config["training"]["epochs"] = 30
+    config["training"]["epochs"] = 20
     config["checkpointing"] = {"every_steps": 10, "keep": 2}
     del config["cluster"]
     write_config(workdir, config)

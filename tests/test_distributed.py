@@ -244,7 +244,7 @@ def test_a_stop_reaches_the_launchers_workers_and_the_launcher_itself_ignores_us
 
 def two_process_config(workdir: Path, data: Path, model: Path) -> None:
     config = workflow_config(data, model, workdir / "scratch", grid={"seed": [7]})
-    config["training"].update(epochs=4, max_length=128)  # 56 steps: a kill at 10, a stop at 20, then the rest
+    config["training"]["epochs"] = 4  # 56 steps: a kill at 10, a stop at 20, then the rest
     config["checkpointing"] = {"every_steps": 10, "keep": 2}
     write_config(workdir, config)
 

@@ -404,7 +404,7 @@ def test_a_job_at_its_wall_time_saves_on_the_warning_and_requeues_itself_spendin
     resumes and ends with the weights of an uninterrupted run (both runs of a requeued job are
     counted as sacct has them: the preemption test). slurmctld checks time limits every 30 s and
     sends the warning at the first check that finds fewer than 90 + 30 s left: 60 to 90 s into the
-    job. The long run trains for about 16 s, so once its first checkpoint is on shared storage (its
+    job. The long run trains for about 10 s, so once its first checkpoint is on shared storage (its
     trainer listens by then) the trainer is held with SIGSTOP until the warning waits for it, then
     let go: it takes the signal at once, as a trainer still training would. The requeued job waits
     Slurm's requeue delay (120 s) before it may start: it is started once nothing of its first run
@@ -479,7 +479,7 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
 ):
     """Four faults in turn on one run, as they come on a real cluster:
     - slurmctld stops and starts again while the job trains: the job lives through the outage and
-      trains on after it (its trainer is held with SIGSTOP meanwhile: the run trains for about 16 s
+      trains on after it (its trainer is held with SIGSTOP meanwhile: the run trains for about 10 s
       in all, and a slow machine's restart would otherwise outlast it);
     - the job is requeued (what preemption or a node failure does with --requeue): Slurm kills it
       and queues it again under the same id, and its second start resumes from its checkpoint;
@@ -827,12 +827,24 @@ def still_training(pids: list[int], timeout: float = 60) -> list[str]:
         running = []
         for pid in pids:
             with contextlib.suppress(OSError):
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
                 if runs_python(pid) and not is_zombie(pid):
-                    running.append(command)
+                    running.append(process_described(pid))
         if not running or time.monotonic() > deadline:
             return running
         time.sleep(1)
+
+
+def process_described(pid: int) -> str:
+    """Process `pid` as a failure shows it: its command line, state, where it waits, its node and
+    parent, for a process that should have ended."""
+    proc = Path(f"/proc/{pid}")
+    command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    status = dict(line.split(":\t", 1) for line in (proc / "status").read_text().splitlines() if ":\t" in line)
+    node = [v for v in (proc / "environ").read_bytes().split(b"\0") if v.startswith(b"SLURMD_NODENAME=")]
+    parent = status.get("PPid", "").strip()
+    with contextlib.suppress(OSError):
+        parent += f" {Path('/proc', parent, 'cmdline').read_bytes()[:80]!r}"
+    return f"{pid} ({status.get('State')}, waits in {(proc / 'wchan').read_text()}, {node}, parent {parent}): {command}"
 
 
 def nothing_written_by_the_old_piece_after(run: Path, took_over: float) -> bool:
