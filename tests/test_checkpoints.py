@@ -101,6 +101,22 @@ def test_a_checkpoint_the_task_prunes_while_it_is_mirrored_is_skipped_for_the_ne
     assert [path.name for _step, path in CheckpointStore(RunFolder(shared), MARKER).complete()] == ["checkpoint-60"]
 
 
+def test_a_full_disk_while_the_task_saves_a_newer_checkpoint_is_raised(tmp_path, monkeypatch):
+    """No room on shared storage is no pruning: the newer checkpoint needs the room too, and the
+    program must stop before it trains past what it can save."""
+    scratch = tmp_path / "scratch"
+    store = CheckpointStore(RunFolder(tmp_path / "shared"), MARKER, keep=2)
+    make_checkpoint(scratch, 40)
+
+    def full(*_arguments):
+        make_checkpoint(scratch, 60)
+        raise NoSpace("no space in shared/ for checkpoint-40")
+
+    monkeypatch.setattr(CheckpointStore, "mirror", full)
+    with pytest.raises(NoSpace):
+        checkpoints.CheckpointMirroring(store, scratch).mirror_newest()
+
+
 def mirrored(tmp_path, steps=(10, 20)) -> CheckpointStore:
     run = CheckpointStore(RunFolder(tmp_path / "shared"), MARKER, keep=len(steps))
     for step in steps:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow.files import (
+    NoSpace,
     file_sha256,
     filesystem_of,
     read_json,
@@ -396,6 +397,8 @@ class CheckpointMirroring:
         started = time.monotonic()
         try:
             self.store.mirror(newest, self.with_each)
+        except NoSpace:
+            raise  # a newer checkpoint needs the room all the same
         except (StagingError, OSError):
             if not pruned_since(newest, self.local_folder, self.store.marker):
                 raise
