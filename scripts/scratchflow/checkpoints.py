@@ -399,10 +399,11 @@ class CheckpointMirroring:
             self.store.mirror(newest, self.with_each)
         except NoSpace:
             raise  # a newer checkpoint needs the room all the same
-        except (StagingError, OSError):
+        except (StagingError, FileNotFoundError):  # what a source removed mid-copy gives
             if not pruned_since(newest, self.local_folder, self.store.marker):
                 raise
-            return None  # the task removed it while it was copied: a newer one is there
+            log.info("%s was removed by the task while it was copied: the newer one is copied next", newest.name)
+            return None
         self.mirrored_step = step_of(newest)
         log.info("checkpoint %s saved to %s", newest.name, self.store.folder)
         if self.published is not None:
