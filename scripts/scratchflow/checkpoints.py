@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from scratchflow.files import (
-    NoSpace,
     file_sha256,
     filesystem_of,
     read_json,
@@ -397,9 +396,7 @@ class CheckpointMirroring:
         started = time.monotonic()
         try:
             self.store.mirror(newest, self.with_each)
-        except NoSpace:
-            raise  # a newer checkpoint needs the room all the same
-        except (StagingError, FileNotFoundError):  # what a source removed mid-copy gives
+        except (StagingError, FileNotFoundError):  # what a source removed mid-copy gives (never NoSpace)
             if not pruned_since(newest, self.local_folder, self.store.marker):
                 raise
             log.info("%s was removed by the task while it was copied: the newer one is copied next", newest.name)
