@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    COMMAND_EXAMPLE,
     SLOWING,
     command_config,
     image_config,
@@ -258,21 +259,25 @@ def test_a_full_checkpoint_filesystem_fails_with_the_figures_and_its_retry_fails
     sees there is no room for a checkpoint and fails at once, without training. With space freed,
     the same command resumes and ends with the uninterrupted run's weights."""
     config = command_config(bbc_subset, tmp_path / "scratch")
-    # Nothing pruned on scratch (9 checkpoints, 10 kept): the watcher, looking every second, copies
-    # the one it finds whole however fast the program trains (a checkpoint the program pruned
-    # mid-copy was skipped, and a fast program left the final one alone to copy, which fits), and the
-    # next copy, at the latest the final one's, finds no room.
+    # The program held at its first checkpoint until the watcher, looking every second, has copied
+    # it: the program trains its 810 steps in about 4 s, and left alone it could end before a first
+    # look, its final checkpoint the one copy, which fits. The next copy, at the latest the final
+    # one's, finds no room (the program keeps its newest two: a copy may find its checkpoint pruned).
     config["checkpointing"].update(every_steps=100, keep=10)
     write_config(tmp_path, config)
     with small_filesystem(tmp_path / "checkpoints", "5m") as checkpoints:
-        result = run_workflow(tmp_path, check=False)
-        assert result.returncode != 0
-        assert f"no space in {checkpoints}/" in result.stdout and f"(tmpfs at {checkpoints}) has" in result.stdout
+        workflow = start_workflow(tmp_path)
+        held_until_copied(workflow, tmp_path, checkpoints)
+        stdout = workflow.communicate(timeout=600)[0]
+        assert workflow.returncode != 0
+        assert f"no space in {checkpoints}/" in stdout and f"(tmpfs at {checkpoints}) has" in stdout, stdout[-3000:]
         (run,) = checkpoints.iterdir()
         full, retry = json.loads((run / "pieces.json").read_text())
         for piece in (full, retry):
             assert piece["outcome"].startswith(f"NoSpace: no space in {run} for "), piece
-        assert re.search(r"it needs 3\.\d MB and its filesystem .* has [0-2]\.\d MB free", full["outcome"])
+        assert re.search(r"it needs 3\.\d MB and its filesystem .* has [0-2]\.\d MB free", full["outcome"]), full[
+            "outcome"
+        ]
         assert not retry["timings_seconds"], "the retry failed at once, before staging or training"
         (kept,) = run.glob("checkpoint-*")
         assert checkpoint_damage(kept) is None, "the newest complete checkpoint stays whole"
@@ -283,6 +288,24 @@ def test_a_full_checkpoint_filesystem_fails_with_the_figures_and_its_retry_fails
         last = pieces_of(tmp_path)[-1]
         assert last["resumed_from_step"] == int(kept.name.split("-")[1]) and last["outcome"] == "finished"
         assert same_weights(tmp_path, uninterrupted_command_run, "model.pt")
+
+
+def held_until_copied(workflow: subprocess.Popen, workdir: Path, checkpoints: Path) -> None:
+    """SIGSTOP the train job's program once its first checkpoint is whole on scratch, SIGCONT once
+    the job's watcher has copied a checkpoint to `checkpoints`."""
+    deadline = time.monotonic() + 240
+    job = job_process(workdir)
+    while not list(workdir.glob("scratch/**/checkpoint-*/COMPLETE")):
+        assert workflow.poll() is None and time.monotonic() < deadline, workflow.communicate()[0][-3000:]
+        time.sleep(0.01)
+    (program,) = (pid for pid in job_tree(job) if str(COMMAND_EXAMPLE) in _command_line(pid))
+    os.kill(program, signal.SIGSTOP)
+    try:
+        while not list(checkpoints.glob("*/checkpoint-*/COMPLETE")):
+            assert workflow.poll() is None and time.monotonic() < deadline, workflow.communicate()[0][-3000:]
+            time.sleep(0.05)
+    finally:
+        os.kill(program, signal.SIGCONT)
 
 
 SAVES_THEN_TRAINS_ON = """

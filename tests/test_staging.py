@@ -237,6 +237,27 @@ def test_an_archive_that_fills_its_filesystem_fails_with_the_figures_and_leaves_
     assert list(small_disk.iterdir()) == []
 
 
+def test_a_checkpoint_pruned_while_its_copy_fills_the_disk_is_said_to_need_what_it_held(
+    tmp_path, small_disk, monkeypatch
+):
+    """The task prunes the checkpoint whose copy fills the disk: the line gives the bytes it held
+    when the copy began (it said 0.0 MB, measured after the pruning), and no partial stays."""
+    source = tmp_path / "checkpoint-40"
+    source.mkdir()
+    (source / "state.pt").write_bytes(os.urandom(400_000))
+    run = subprocess.run
+
+    def copy_then_prune(command, **options):
+        result = run(command, **options)
+        shutil.rmtree(source, ignore_errors=True)
+        return result
+
+    monkeypatch.setattr(staging.subprocess, "run", copy_then_prune)
+    with pytest.raises(NoSpace, match=r"for copying checkpoint-40 there: it needs 0\.4 MB and its filesystem"):
+        copy_whole(source, small_disk / "checkpoint-40")
+    assert os.listdir(small_disk) == []
+
+
 def test_a_result_written_on_a_full_filesystem_says_so_and_keeps_the_old_one(small_disk):
     """Any whole-or-absent write (a run's record, its metrics, its predictions) on a full
     filesystem: the line with the folder and its free space; the file before it stays as it was."""

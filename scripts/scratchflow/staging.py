@@ -507,10 +507,13 @@ def _copy_until_whole(source: Path, partial: Path) -> None:
     trailing = "/" if source.is_dir() else ""
     command = ["rsync", *RSYNC_OPTIONS, f"{source}{trailing}", f"{partial}{trailing}"]
     had_source = os.path.lexists(source)
+    # Measured before the copy: a task may prune its checkpoint while it is copied, and the line
+    # for a full disk then said it needed 0.0 MB.
+    needed = tree_bytes(source)
     for _try in range(COPY_TRIES):
         result = subprocess.run(command, capture_output=True, text=True)
         if any(error in result.stderr for error in FULL_DISK_ERRORS):
-            raise NoSpace(no_space_line(partial.parent, tree_bytes(source), f"copying {source.name} there"))
+            raise NoSpace(no_space_line(partial.parent, needed, f"copying {source.name} there"))
         differences = copy_differences(source, partial)
         if not differences and os.path.lexists(partial):
             return
