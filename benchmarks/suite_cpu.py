@@ -1,8 +1,11 @@
 """Where a command's CPU time goes, by kind of process: runs COMMAND (the test suite, say) while it
 reads every process's CPU time from /proc once a second, then prints the CPU minutes per kind (a
 train job's Python, a job step's Snakemake, a torchrun worker, slurmd, unsquashfs, ...) and the
-machine's own threads beside them. A process that lives less than a second may be missed, so the
-figures are a floor. Root sees every process, the test cluster's jobs included.
+machine's own threads beside them; then per test: a test's processes, its Slurm jobs' included,
+work in its pytest folder (tmp_path, named after the test), which their working directory shows,
+and what the suite's tests share (conftest.built_once) works in the shared folder, by name. A
+process that lives less than a second may be missed, so the figures are a floor. Root sees every
+process, the test cluster's jobs included.
 
     python benchmarks/suite_cpu.py [--json FILE] -- CI=true bash .ci/run
 """
@@ -46,8 +49,19 @@ def kind_of(command: str) -> str:
     return words[0]
 
 
+def test_of(cwd: str) -> str:
+    """The test a process worked for, from its working directory: pytest's folder for the test
+    (its name cut to 30 characters, then a number), or a folder of what the tests share."""
+    found = re.search(r"/pytest-\d+/(?:popen-gw\d+/)?(.+?)\d*(?:/|$)", cwd)
+    if found:
+        return found.group(1)
+    shared = re.search(r"/scratchflow-tests-\w+/([^/]+)", cwd)
+    return f"shared: {shared.group(1)}" if shared else "other"
+
+
 def sample(seen: dict[str, list], stop: threading.Event) -> None:
-    """pid:start -> [CPU seconds spent since sampling began, command line, CPU seconds before it]."""
+    """pid:start -> [CPU seconds spent since sampling began, command line, CPU seconds before it,
+    working directory (read once)]."""
     first = True
     while not stop.is_set():
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -55,7 +69,9 @@ def sample(seen: dict[str, list], stop: threading.Event) -> None:
                 stat = Path(f"/proc/{pid}/stat").read_text()
                 fields = stat[stat.rindex(")") + 2 :].split()
                 key, cpu = f"{pid}:{fields[19]}", (int(fields[11]) + int(fields[12])) / TICKS
-                entry = seen.setdefault(key, [0.0, "", cpu if first else 0.0])
+                if key not in seen:
+                    seen[key] = [0.0, "", cpu if first else 0.0, os.readlink(f"/proc/{pid}/cwd")]
+                entry = seen[key]
                 entry[0] = max(entry[0], cpu - entry[2])
                 # Read again each time: a process that execs another program (`exec`, the image's
                 # python) keeps its pid and start time, and its CPU goes to what it became.
@@ -82,10 +98,11 @@ def main() -> int:
     wall = time.monotonic() - started
     stop.set()
     sampler.join()
-    minutes, counts = Counter(), Counter()
-    for cpu, line, _before in seen.values():
+    minutes, counts, by_test = Counter(), Counter(), Counter()
+    for cpu, line, _before, cwd in seen.values():
         minutes[kind_of(line)] += cpu / 60
         counts[kind_of(line)] += 1
+        by_test[test_of(cwd)] += cpu / 60
     total = sum(minutes.values())
     print(
         f"\n{wall / 60:.1f} min of wall time; {total:.1f} CPU minutes seen ({os.cpu_count()} cores: at most "
@@ -94,8 +111,12 @@ def main() -> int:
     )
     for kind, spent in minutes.most_common(25):
         print(f"{spent:7.2f} min  {counts[kind]:5d} processes  {kind}", file=sys.stderr)
+    print("\nBy test (its Slurm jobs included):", file=sys.stderr)
+    for test, spent in by_test.most_common(40):
+        print(f"{spent:7.2f} min  {test}", file=sys.stderr)
     if options.json:
-        options.json.write_text(json.dumps({"wall_minutes": wall / 60, "cpu_minutes": dict(minutes)}, indent=1))
+        figures = {"wall_minutes": wall / 60, "cpu_minutes": dict(minutes), "cpu_minutes_by_test": dict(by_test)}
+        options.json.write_text(json.dumps(figures, indent=1))
     return returncode
 
 
