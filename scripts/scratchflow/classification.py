@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from scratchflow.dataset import label_names, load_splits
 from scratchflow.tasks import Predicted
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # What the Hugging Face Trainer writes last into a checkpoint: the text and image tasks' marker of a
 # complete one (here, not in hf_trainer: the workflow loads the tasks when it plans, and hf_trainer
@@ -51,6 +53,7 @@ def predict_in_batches(
 ) -> pd.DataFrame:
     """One row per item (which has .id and .label): id, true label, predicted label, and the
     model's confidence in it. `encode` turns a batch of items into the model's keyword inputs."""
+    import pandas as pd  # here: every training process imports this module, and trains without pandas
     import torch
 
     torch.set_num_threads(threads)

@@ -11,15 +11,15 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from scratchflow.aggregation import cell
 from scratchflow.failures import FinalFailure
 from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json, write_json_atomically
 from scratchflow.ledger import PieceRecord
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,11 @@ def rung_table(decisions: list[dict[str, Any]], last_epochs: int, last_values: d
     """One row per run of a halving search: its parameters, the last rung it reached (0 for the
     first) and the epochs it trained to there, and its validation metric at every rung it trained (after the
     decisions' rungs, the last rung's: `last_values`, at `last_epochs`); the furthest first."""
+    # Here, not at the top: every train job imports this module (its Rung), and trains without pandas.
+    import pandas as pd
+
+    from scratchflow.aggregation import cell
+
     metric = decisions[0]["metric"]
     rows: dict[str, dict[str, Any]] = {}
     budgets = [(decision["rung"], decision["epochs"], decision["values"]) for decision in decisions]

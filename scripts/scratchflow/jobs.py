@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scratchflow import accounting, aggregation, halving, report, signals, slurm_job, tracking
+# aggregation and report (and with them pandas) are imported by the jobs that use them: every train
+# job imports this module, and trains without them.
+from scratchflow import accounting, halving, signals, slurm_job, tracking
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
 from scratchflow.failures import DIVERGED, FAILED, FinalFailure, unfinished_line, unfinished_runs
@@ -354,6 +356,8 @@ class RunRecord:
 def write_hparams_view(runs: pd.DataFrame, parameters: list[str], metrics: list[str]) -> None:
     """The grid in TensorBoard's HParams view: each run's parameters, test metrics (as test/<name>)
     and cost (cost/<column>), beside its curves under results/runs."""
+    from scratchflow import aggregation
+
     sessions = {}
     for row in runs.to_dict("records"):
         values = {name: aggregation.plain(row[name]) for name in row}
@@ -420,6 +424,8 @@ class PredictJob:
 def predict_job(job: PredictJob) -> None:
     """Stage the data and the trained model in, predict, sync predictions and metrics back. A run
     that failed or diverged has no model: its outputs say so, at once (`no_prediction`)."""
+    from scratchflow import aggregation
+
     trained = read_json(job.train_record)
     if trained.get("outcome", FINISHED) != FINISHED:
         no_prediction(job, trained["outcome"])
@@ -504,6 +510,8 @@ def write_figures(figures: dict[str, Any], folder: Path) -> None:
 def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.Curves, metrics: dict) -> None:
     """The W&B offline run `<run_id>`: the run's parameters, its curves as TensorBoard holds them
     (joined across pieces, repeated steps dropped) and its test metrics as the run's summary."""
+    from scratchflow import aggregation
+
     environment = tracking.wandb_environment(run_folder, job.run_id, piece=None)
     tracking.remove_wandb_runs(run_folder, job.run_id)  # a rerun of predict replaces the whole run
     with tracking.wandb_run(environment, {"run_id": job.run_id, **job.identity["training"]}) as run:
@@ -542,6 +550,8 @@ def aggregate_job(
     rung, in a table and a figure, and in runs.tsv. The comparison is of the runs that finished;
     those that diverged (ranked last) or failed are named, in runs.tsv (outcome, detail) and on the
     page, and counted in the cost."""
+    from scratchflow import aggregation, report
+
     records = {run_id: read_json(files["record"]) for run_id, files in runs.items()}
     unfinished = unfinished_runs(records)
     if len(unfinished) == len(runs):
@@ -606,6 +616,8 @@ def with_rungs(
     goal: str,
 ) -> pd.DataFrame:
     """runs.tsv's rows with each run's validation metrics by rung; the rungs' table and figure written."""
+    from scratchflow import aggregation
+
     last_values = {run_id: halving.last_validation(record, metric) for run_id, record in records.items()}
     rungs = halving.rung_table(
         [read_json(path) for path in search.decisions],
