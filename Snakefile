@@ -21,7 +21,7 @@ include: "rules/aggregate.smk"
 
 
 workflow_hooks.check_rule_resources(workflow, config)
-workflow_hooks.predict_here_what_has_no_model(workflow)
+workflow_hooks.predict_here_what_needs_no_job(workflow)
 
 
 rule all:

@@ -130,6 +130,7 @@ def job_process(spec_path: Path) -> None:
                     tracking="tensorboard",
                     train_record=runs / "record.json",
                     figures_out=runs / "figures",
+                    predicted_in_training=runs / "predicted-in-training",
                 )
             )
         except TrainingStopped as stopped:

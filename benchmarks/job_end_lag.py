@@ -1,11 +1,13 @@
-"""How long after a Slurm job ends its next job goes out: a run's predict job after its train job.
+"""How long after a Slurm job ends its next job goes out: a run's train job after another's, `--jobs 1`.
 
-On the test Slurm cluster of the tests (tests/local_slurm.py; root, about a minute to start), one
-grid point of the `command` task whose program only waits `--seconds` (a train job of that
-length, with no CPU to share), with the Edinburgh profile as written (its first status check 10 s
-after a submission, then 10 s later each time no job has finished, up to the plugin's fixed 180 s).
-Measured from Slurm's accounting: the predict job's submission time minus the train job's end
-(1 s resolution), and the `squeue` calls the submitting Snakemake made per minute while it waited.
+On the test Slurm cluster of the tests (tests/local_slurm.py; root, about a minute to start), two
+grid points of the `command` task whose program only waits `--seconds` (train jobs of that
+length, with no CPU to share), one Slurm job at a time, with the Edinburgh profile as written (its
+first status check 10 s after a submission, then 10 s later each time no job has finished, up to the
+plugin's fixed 180 s). (A run's predict job no longer follows its train job on Slurm: the train job
+predicts, scratchflow.prediction.) Measured from Slurm's accounting: the second train job's
+submission time minus the first one's end (1 s resolution), and the `squeue` calls the submitting
+Snakemake made per minute while it waited.
 Baseline, in the same run: the same workflow with `--no-hooks`, without which scratchflow notices a
 job's end (scripts/scratchflow/snakemake_adapter.py) as the plugin alone does.
 
@@ -47,7 +49,7 @@ def grid(work: Path, seconds: int) -> None:
         "task": "command",
         "dataset": {"name": "tiny", "path": str(work / "data"), "format": "folder"},
         "training": {"command": ["python", str(work / "wait.py")], "seconds": seconds},
-        "grid": {"seconds": [seconds]},
+        "grid": {"seconds": [seconds, seconds + 1]},
         "aggregate": {"metric": "waited"},
     }
     (work / "config").mkdir()
@@ -59,7 +61,7 @@ def one_run(slurm: LocalSlurm, work: Path, extra: list[str]) -> dict[str, float]
         str(Path(sys.executable).parent / "snakemake"),
         *("--snakefile", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles" / "edinburgh")),
         *("--profile", str(REPO / "tests" / "slurm_overlay"), "--slurm-init-seconds-before-status-checks", "10"),
-        *("--verbose", *extra),
+        *("--verbose", "--jobs", "1", *extra),
     )
     env = {**slurm.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "USER": USER}
     started = datetime.now()
@@ -68,13 +70,16 @@ def one_run(slurm: LocalSlurm, work: Path, extra: list[str]) -> dict[str, float]
         raise RuntimeError(f"the workflow failed:\n{output.stdout[-3000:]}{output.stderr[-3000:]}")
     minutes = (datetime.now() - started).total_seconds() / 60
     log = output.stdout + output.stderr
-    job_ids = {rule: job_id for job_id, rule in re.findall(r"SLURM jobid (\d+) \(log: \S*?rule_(\w+?)/", log)}
-    accounting = slurm.run("sacct", "-X", "-n", "-P", "--format=JobID,Submit,End", "-j", ",".join(job_ids.values()))
+    trains = [
+        job_id for job_id, rule in re.findall(r"SLURM jobid (\d+) \(log: \S*?rule_(\w+?)/", log) if rule == "train"
+    ]
+    accounting = slurm.run("sacct", "-X", "-n", "-P", "--format=JobID,Submit,End", "-j", ",".join(trains))
     times = {
         job_id: (datetime.fromisoformat(submit), datetime.fromisoformat(end))
         for job_id, submit, end in (line.split("|") for line in accounting.stdout.split())
     }
-    lag = (times[job_ids["predict"]][0] - times[job_ids["train"]][1]).total_seconds()
+    first, second = sorted(trains, key=int)
+    lag = (times[second][0] - times[first][1]).total_seconds()
     status_checks = int(re.search(r"Status query timing summary at shutdown: calls=(\d+)", log).group(1))
     return {"lag_s": lag, "status_checks_per_minute": status_checks / minutes, "workflow_minutes": minutes}
 
@@ -101,7 +106,7 @@ def main() -> None:
     best = {name: min(runs, key=lambda run: run["lag_s"]) for name, runs in measured.items()}
     baseline = best[next(iter(VARIANTS))]["lag_s"]
     print_table(
-        f"a {options.seconds} s train job's end to its predict job's submission, on the test Slurm cluster",
+        f"a {options.seconds} s train job's end to the next one's submission (--jobs 1), on the test Slurm cluster",
         ["variant", "lag s", "x plugin alone", "squeue calls / min"],
         [
             [name, run["lag_s"], run["lag_s"] / baseline if baseline else float("nan"), run["status_checks_per_minute"]]

@@ -25,5 +25,6 @@ with job_context(snakemake.log[0], snakemake.threads, ends_its_slurm_job=not pac
             tracking=snakemake.config["tracking"],
             train_record=Path(RUN_PATHS.of(snakemake.wildcards.run_id).record),
             figures_out=Path(RUN_PATHS.of(snakemake.wildcards.run_id).figures),
+            predicted_in_training=Path(RUN_PATHS.of(snakemake.wildcards.run_id).predicted_in_training),
         )
     )

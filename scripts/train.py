@@ -15,6 +15,10 @@ rung = (
     if rung_number is not None
     else None
 )
+# The run's train job predicts as the run ends, where its predict job would run in the same software
+# (scratchflow.prediction).
+images = snakemake.config["cluster"]["rule_image_variables"]
+predicts_at_end = rung is None and images.get("predict") == images.get("train")
 # A packed run is not its Slurm job's last: its pack job is (rules/pack.smk).
 packed = snakemake.config["cluster"]["pack_runs"] > 1
 with job_context(snakemake.log[0], snakemake.threads, ends_its_slurm_job=not packed) as cpus:
@@ -41,5 +45,8 @@ with job_context(snakemake.log[0], snakemake.threads, ends_its_slurm_job=not pac
             or RunOutputs(Path(snakemake.output.model), Path(snakemake.output.params), Path(snakemake.output.record)),
             shape=shape_of(snakemake.resources),
             warning_lead_seconds=signal_lead_seconds(snakemake.resources.get("slurm_extra")),
+            prediction_at_end=Path(RUN_PATHS.of(snakemake.wildcards.run_id).predicted_in_training)
+            if predicts_at_end
+            else None,
         )
     )

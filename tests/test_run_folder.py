@@ -129,13 +129,14 @@ def a_train_job(root: Path) -> TrainJob:
         tracking="tensorboard",
         log=root / "logs" / "r1.log",
         ends_with=RunOutputs(run / "model", run / "params.json", run / "record.json"),
+        prediction_at_end=run / "predicted-in-training",
     )
 
 
 def test_every_write_of_a_train_job_to_its_runs_folders_goes_through_the_gate(tracer, monkeypatch):
     """A whole train job in this process (the lease, the ledger, each checkpoint published and pruned,
-    the progress, the model synced back, the records): each of its writes under the run's folders is
-    made from the gate's module. The tracer itself is tried on a write that bypasses the gate."""
+    the progress, the model synced back, its prediction, the records): each of its writes under the
+    run's folders is made from the gate's module. The tracer itself is tried on a write that bypasses the gate."""
     for variable in ("SCRATCHFLOW_STOP_SIGNAL", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # the job sets them
         monkeypatch.setenv(variable, "")
     job = a_train_job(tracer.root)
@@ -145,6 +146,7 @@ def test_every_write_of_a_train_job_to_its_runs_folders_goes_through_the_gate(tr
     assert tracer.traced > 20, "the job's writes were seen"
     assert tracer.bypassing == [], "\n".join(tracer.bypassing)
     assert (job.shared_folder / "checkpoint-30" / "COMPLETE").is_file() and job.ends_with.record.is_file()
+    assert (job.prediction_at_end / "made.json").is_file(), "its prediction, published through the gate"
 
     with tracer.tracing():  # a writer that forgets the gate
         write_json_atomically({}, job.shared_folder / "notes.json")

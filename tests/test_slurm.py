@@ -340,7 +340,8 @@ def test_the_lifecycle_runs_on_slurm_with_each_cluster_profile(
         # Every job installed the lab's requirements.txt in a venv of its own, from the wheelhouse:
         # the lab's package, numpy at the wheelhouse's version, pyarrow from the arrow module.
         (arrow,) = (alliance / "arrow" / "site-packages").glob("pyarrow-*.dist-info")
-        predicted = json.loads((run / "predict_record.json").read_text())["environment"]
+        # Its train job predicted as it ended, in the job's environment.
+        predicted = json.loads((run / "predict_record.json").read_text())["predicted_in_training"]["environment"]
         for job in (environment, predicted):
             packages = job["packages"]
             assert packages["ourlab-tools"] == LAB_PACKAGE[1] and packages["numpy"] == OTHER_PATCH[1], packages
@@ -636,7 +637,8 @@ def test_tokens_and_shell_characters_in_data_stay_data_and_a_grid_larger_than_jo
 
     assert not list(tmp_path.parent.rglob("pwned")), "a value from the data was run by a shell"
     job_logs = list((tmp_path / ".snakemake" / "slurm_logs").rglob("*.log"))
-    assert len(job_logs) == 1 + 2 * len(runs), "every job's Slurm log is kept (the archive, each train and predict)"
+    # Each run's train job predicted as it ended: its predict job ran in the workflow's Snakemake.
+    assert len(job_logs) == 1 + len(runs), "every job's Slurm log is kept (the archive, each train)"
     assert "environment: environ(" in job_logs[0].read_text(), "the plugin printed the job's environment"
     secrets = [*SECRETS.values(), "hf_secret_from_a_file"]
     written = [path for path in tmp_path.rglob("*") if path.is_file() and path.suffix not in (".tar", ".safetensors")]

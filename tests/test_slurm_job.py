@@ -63,6 +63,17 @@ def test_a_job_submitted_with_no_requeue_never_requeues_itself(monkeypatch):
     assert slurm_job.self_requeue_cause(600, {"SLURM_JOB_ID": "7"}, now=ENDS_AT - 600) is None
 
 
+def test_the_time_before_the_wall_times_warning_counts_the_minute_slurm_may_send_it_early(monkeypatch):
+    shown(monkeypatch)
+    assert slurm_job.seconds_before_the_warning(600, {"SLURM_JOB_ID": "7"}, now=ENDS_AT - 1800) == 1800 - 600 - 60
+    assert slurm_job.seconds_before_the_warning(None, {"SLURM_JOB_ID": "7"}, now=ENDS_AT) is None, "none asked"
+    assert slurm_job.seconds_before_the_warning(600, {}) is None, "outside Slurm"
+    monkeypatch.setattr(
+        slurm_job, "ask_slurm", lambda *command: SHOWN.replace("EndTime=2026-11-26T17:44:55", "EndTime=Unknown")
+    )
+    assert slurm_job.seconds_before_the_warning(600, {"SLURM_JOB_ID": "7"}) is None, "no limit known"
+
+
 def test_outside_slurm_or_without_its_clients_a_job_does_not_requeue_itself(monkeypatch):
     assert slurm_job.self_requeue_cause(600, {}) is None
     monkeypatch.setenv("PATH", "/nonexistent")

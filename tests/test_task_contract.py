@@ -486,6 +486,7 @@ def predict_job_of(config: dict, tmp_path: Path):
         tracking="tensorboard",
         train_record=tmp_path / "record.json",
         figures_out=results / "figures",
+        predicted_in_training=results / "predicted-in-training",
     )
 
 

@@ -20,17 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 # aggregation and report (and with them pandas) are imported by the jobs that use them: every train
 # job imports this module, and trains without them.
-from scratchflow import accounting, halving, signals, slurm_job, tracking
+from scratchflow import accounting, halving, prediction, signals, slurm_job, tracking
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.dataset import staged_sources
 from scratchflow.failures import DIVERGED, FAILED, FinalFailure, unfinished_line, unfinished_runs
-from scratchflow.figures import save_png
 from scratchflow.files import read_json, remove_whole, write_json_atomically, written_whole
 from scratchflow.lease import RunFolder, Superseded
 from scratchflow.ledger import FINISHED, PieceRecord
 from scratchflow.models import prefetch, switch_hub_off
 from scratchflow.piece import TrainingStopped, finished, run_piece
-from scratchflow.piece_spec import Paused, PieceSpec, Shape, Staging
+from scratchflow.piece_spec import Paused, PieceSpec, PredictionAtEnd, Shape, Staging
 from scratchflow.plan import BEST_CONFUSION_MATRIX, FAILURE_NOTE, RUN_PATHS, Plan, best_run_figures
 from scratchflow.provenance import code_record, verified_runs
 from scratchflow.record import environment_record, output_to_log, plain
@@ -38,7 +37,7 @@ from scratchflow.schedule import CheckpointInterval
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
-from scratchflow.tasks import PredictContext, check_predicted, load_task, loaded_file
+from scratchflow.tasks import PredictContext, load_task, loaded_file
 from scratchflow.timing import PhaseTimer
 
 if TYPE_CHECKING:
@@ -188,6 +187,9 @@ class TrainJob:
     shape: Shape = field(default_factory=Shape)
     # How long before the time limit the job's --signal asks Slurm to warn it (its slurm_extra).
     warning_lead_seconds: int | None = None
+    # Where the run's prediction goes, made as the run ends in one process (scratchflow.prediction);
+    # None: its predict job predicts.
+    prediction_at_end: Path | None = None
 
 
 def train_job(job: TrainJob) -> None:
@@ -328,6 +330,9 @@ def piece_spec(job: TrainJob, store: CheckpointStore, data_sha256: str) -> Piece
         staging=Staging(job.archive, job.manifest, job.scratch_root),
         data_sha256=data_sha256,
         model_out=outputs.model if outputs else None,
+        prediction_at_end=PredictionAtEnd(job.prediction_at_end, job.workflow_dir)
+        if outputs and job.prediction_at_end
+        else None,
         log=job.log,
     )
 
@@ -419,20 +424,52 @@ class PredictJob:
     # The folder of the task's own figures (Predicted.figures), <name>.png: no declared output, their
     # names are the task's.
     figures_out: Path
+    predicted_in_training: Path  # where the run's train job leaves its prediction (scratchflow.prediction)
 
 
 def predict_job(job: PredictJob) -> None:
-    """Stage the data and the trained model in, predict, sync predictions and metrics back. A run
-    that failed or diverged has no model: its outputs say so, at once (`no_prediction`)."""
+    """The run's prediction: its train job's, moved into place where it made one for the run's model
+    (scratchflow.prediction); otherwise the data and the trained model staged in, predicted, and the
+    predictions and metrics synced back. A run that failed or diverged has no model: its outputs say
+    so, at once (`no_prediction`)."""
     from scratchflow import aggregation
 
     trained = read_json(job.train_record)
     if trained.get("outcome", FINISHED) != FINISHED:
         no_prediction(job, trained["outcome"])
         return
-    task = load_task(job.task)
-    switch_hub_off()
     timer = PhaseTimer()
+    made = prediction.made_for(job.predicted_in_training, trained)
+    if made is not None:
+        with timer.phase("place"):
+            metrics = prediction.place(job.predicted_in_training, job.metrics_out, job.predictions_out, job.figures_out)
+        log.info("run %s: the prediction its train job made (piece %d) moved into place", job.run_id, made["piece"])
+    else:
+        metrics = predict_in_this_job(job, timer)
+    if job.predicted_in_training.exists():  # what was moved out of it, or one made for another model
+        remove_whole(job.predicted_in_training)
+    with timer.phase("curves"):
+        curves = tracking.read_curves(Path(RUN_PATHS.of(job.run_id).tensorboard))
+        tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id}")
+        if job.tracking == "wandb":
+            log_whole_run_to_wandb(job, job.curves_out.parent, curves, metrics)
+    # This job's own time and place; a prediction the train job made is in that job's (its piece's) time.
+    write_json_atomically(
+        {
+            "run_id": job.run_id,
+            "threads": job.threads,
+            "timings_seconds": timer.seconds,
+            "environment": environment_record(job.workflow_dir),
+            **({"predicted_in_training": made} if made is not None else {}),
+        },
+        job.record_out,
+    )
+    log.info("run %s: test metrics %s", job.run_id, aggregation.numbers(metrics))
+
+
+def predict_in_this_job(job: PredictJob, timer: PhaseTimer) -> dict[str, Any]:
+    """Stage the data and the trained model in, predict, sync the prediction back. Returns the metrics."""
+    switch_hub_off()
     with scratch_directory(job.scratch_root, f"predict-{job.run_id}", timer) as scratch:
         log.info("run %s: predicting in scratch %s", job.run_id, scratch)
         with timer.phase("stage"):
@@ -449,37 +486,24 @@ def predict_job(job: PredictJob) -> None:
                 work_dir=scratch,
                 threads=job.threads,
             )
-            predicted = check_predicted(job.task, task.predict(context))
-            if job.predictions_out is not None:
-                predicted.predictions.to_csv(scratch / job.predictions_out.name, index=False)
+            predicted = scratch / "prediction"
+            metrics = prediction.predict_into(job.task, context, predicted)
         with timer.phase("sync"):
             if job.predictions_out is not None:
-                copy_whole(scratch / job.predictions_out.name, job.predictions_out)
-            write_json_atomically(predicted.metrics, job.metrics_out)
-            write_figures(predicted.figures, job.figures_out)
-        with timer.phase("curves"):
-            run_folder = job.curves_out.parent
-            curves = tracking.read_curves(Path(RUN_PATHS.of(job.run_id).tensorboard))
-            tracking.plot_curves({job.run_id: curves}, job.curves_out, f"run {job.run_id}")
-            if job.tracking == "wandb":
-                log_whole_run_to_wandb(job, run_folder, curves, predicted.metrics)
-    write_json_atomically(
-        {
-            "run_id": job.run_id,
-            "threads": job.threads,
-            "timings_seconds": timer.seconds,
-            "environment": environment_record(job.workflow_dir),
-        },
-        job.record_out,
-    )
-    log.info("run %s: test metrics %s", job.run_id, aggregation.numbers(predicted.metrics))
+                copy_whole(predicted / prediction.PREDICTIONS, job.predictions_out)
+            write_json_atomically(metrics, job.metrics_out)
+            if job.figures_out.exists():  # one an earlier prediction drew
+                remove_whole(job.figures_out)
+            if (predicted / prediction.FIGURES).is_dir():
+                copy_whole(predicted / prediction.FIGURES, job.figures_out)
+    return metrics
 
 
 def no_prediction(job: PredictJob, outcome: str) -> None:
     """The predict outputs of a run that failed or diverged: no metrics, no predictions (an empty
     file), the curves it trained, and a record that says why."""
     write_json_atomically({}, job.metrics_out)
-    write_figures({}, job.figures_out)
+    prediction.write_figures({}, job.figures_out)
     if job.predictions_out is not None:
         with written_whole(job.predictions_out) as partial:
             partial.write_text("")
@@ -496,15 +520,6 @@ def no_prediction(job: PredictJob, outcome: str) -> None:
         job.record_out,
     )
     log.info("run %s %s: no model to predict with", job.run_id, outcome)
-
-
-def write_figures(figures: dict[str, Any], folder: Path) -> None:
-    """A run's figures as `folder/<name>.png`, each closed once saved; `folder` holds these alone
-    (one an earlier prediction of the run drew goes), and none is no folder."""
-    if folder.exists():
-        remove_whole(folder)
-    for name, figure in figures.items():
-        save_png(figure, folder / f"{name}.png", dpi=100)
 
 
 def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.Curves, metrics: dict) -> None:

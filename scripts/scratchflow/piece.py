@@ -5,7 +5,8 @@ every write to the run's folders goes) and its entry in the run's ledger (scratc
 scratch folder and the stop file; verifies the newest checkpoint (scratchflow.checkpoints); prepares
 the node (scratchflow.training_process.prepare_node: stage the data in, then restore the newest
 checkpoint); trains (scratchflow.distributed.train: in this process, or in the processes it
-launches); and syncs the trained model back. It returns how the piece ended, a `PieceOutcome`:
+launches); syncs the trained model back; and, where it trained in this process, predicts the test
+split with it (scratchflow.prediction). It returns how the piece ended, a `PieceOutcome`:
 `Trained`, `Paused` (the stop signal, the phase it came in, the step the next piece resumes
 from), or `FinalFailure` (the task failed in a way a retry cannot fix: scratchflow.failures),
 recorded as such in the ledger; the job ends a paused piece with `finished`, whose
@@ -22,18 +23,18 @@ import os
 import signal
 from pathlib import Path
 
-from scratchflow import distributed, signals, slurm_job
+from scratchflow import distributed, prediction, signals, slurm_job
 from scratchflow.checkpoints import step_of
 from scratchflow.failures import DIVERGED, FinalFailure, final_failure
 from scratchflow.files import read_json
 from scratchflow.lease import RunFolder, RunLease
 from scratchflow.ledger import PAUSED, PieceRecord
-from scratchflow.piece_spec import Paused, PieceSpec, ranks_by_node
+from scratchflow.piece_spec import Paused, PieceSpec, PredictionAtEnd, ranks_by_node
 from scratchflow.record import keep_piece_log, typed
 from scratchflow.schedule import CheckpointCost
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import scratch_directory
-from scratchflow.tasks import Trained, loaded_file
+from scratchflow.tasks import PredictContext, Trained, loaded_file
 from scratchflow.timing import PhaseTimer
 from scratchflow.training_process import CHECKPOINT_COSTS_FILE, PieceOutcome, prepare_node
 
@@ -93,6 +94,9 @@ def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome | FinalFailu
         if isinstance(outcome, Trained) and spec.model_out is not None:
             with timer.phase("sync"):
                 spec.run_folder.publish_copy(outcome.output, spec.model_out)
+            if spec.prediction_at_end is not None and spec.shape.world_size == 1:
+                with timer.phase("predict"):
+                    _predict_at_end(node, entry, outcome.output, spec.prediction_at_end)
             outcome = _terminated_while_syncing(scratch, outcome)
         return _ended(spec, entry, outcome, piece_log)
 
@@ -147,13 +151,29 @@ def checkpoint_costs(scratch: Path) -> list[CheckpointCost]:
     return typed(list[CheckpointCost], read_json(costs)) if costs.is_file() else []
 
 
+def _predict_at_end(node: PieceSpec, entry: PieceRecord, model: Path, at_end: PredictionAtEnd) -> None:
+    """The run's prediction, made here with the data and the model on scratch (scratchflow.prediction)."""
+    context = PredictContext(
+        run_id=node.run_id,
+        data=node.data,
+        dataset=node.dataset,
+        params=node.params,
+        trained=model,
+        work_dir=node.work_dir,
+        threads=node.threads,
+    )
+    prediction.predict_at_end(
+        context, node.task, entry, node.run_folder, at_end.folder, at_end.workflow_dir, node.warning_lead_seconds
+    )
+
+
 def _terminated_while_syncing(scratch: Path, trained: Trained) -> PieceOutcome:
-    """A SIGTERM that came while the trained model was copied back (a scancel, a preemption, the
-    time limit) ends the job as a pause, once the copy is whole. The job is ending: on Slurm the job
-    step's Snakemake had the SIGTERM too, and fails the job and removes its outputs whatever the
-    rule's script does. Paused (and, when preempted, requeued), the next piece resumes from the final
-    checkpoint, trains nothing, and records the run. The stop signal, a warning with time left, ends
-    nothing: that run is recorded now."""
+    """A SIGTERM that came while the trained model was copied back, or while it predicted (a
+    scancel, a preemption, the time limit), ends the job as a pause, once the copy is whole. The
+    job is ending: on Slurm the job step's Snakemake had the SIGTERM too, and fails the job and
+    removes its outputs whatever the rule's script does. Paused (and, when preempted, requeued), the
+    next piece resumes from the final checkpoint, trains nothing, and records the run. The stop
+    signal, a warning with time left, ends nothing: that run is recorded now."""
     stop_file = scratch / STOP_FILE_NAME
     if stop_file.exists() and stop_file.read_text() == signal.Signals.SIGTERM.name:
         return Paused(signal.Signals.SIGTERM.name, "syncing", trained.metrics.get("global_steps"))

@@ -69,6 +69,15 @@ class Staging:
 
 
 @dataclass(frozen=True)
+class PredictionAtEnd:
+    """Where a train job that ends its run in one process publishes its prediction of the test split
+    (scratchflow.prediction), and the workflow's folder, whose code the prediction's record names."""
+
+    folder: Path
+    workflow_dir: Path
+
+
+@dataclass(frozen=True)
 class Rank:
     """This process's place among the training processes (torchrun's environment)."""
 
@@ -111,6 +120,7 @@ class PieceSpec:
     staging: Staging | None = None  # where each node stages the data in from
     data_sha256: str | None = None  # the archive's: the run's folder is claimed for it and the identity
     model_out: Path | None = None  # where the trained model is synced back (None: a rung's piece)
+    prediction_at_end: PredictionAtEnd | None = None  # None: the run's predict job predicts
     log: Path | None = None  # the rule's log, which the piece keeps a second name of
     assembly_tag: str = OWNER_TAG  # the job's, the same on every node (CheckpointStore.assembly)
     batch_node: str = field(default_factory=node_name)  # the job's node (Slurm's name), rank 0's

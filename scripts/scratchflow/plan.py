@@ -40,6 +40,8 @@ class RunPaths:
     curves: str = "results/runs/{run_id}/curves.png"
     predictions: str = "results/runs/{run_id}/predictions.csv"
     figures: str = "results/runs/{run_id}/figures"  # the task's own, <name>.png (Predicted.figures)
+    # The train job's prediction, until the predict job moves it into place (scratchflow.prediction).
+    predicted_in_training: str = "results/runs/{run_id}/predicted-in-training"
     tensorboard: str = f"results/runs/{{run_id}}/{TENSORBOARD_FOLDER}"
     train_log: str = "logs/train/{run_id}.log"
     predict_log: str = "logs/predict/{run_id}.log"

@@ -106,12 +106,31 @@ def self_requeue_cause(
         return PREEMPTED
     if warning_lead_seconds is None or _field(shown, "JobState") != "RUNNING":
         return None
+    left = _seconds_left(shown, now)
+    return TIME_LIMIT if left is not None and left <= warning_lead_seconds + SIGNAL_EARLY_SECONDS else None
+
+
+def seconds_before_the_warning(
+    warning_lead_seconds: int | None, environ: Mapping[str, str] = os.environ, now: float | None = None
+) -> float | None:
+    """How long this job has before Slurm's warning of its time limit may come (asked
+    `warning_lead_seconds` before it, up to SIGNAL_EARLY_SECONDS earlier still). None: no warning
+    asked, outside Slurm, or no limit known. One `scontrol show job` where a warning is asked."""
+    job_id = environ.get("SLURM_JOB_ID")
+    if warning_lead_seconds is None or not job_id:
+        return None
+    shown = ask_slurm("scontrol", "--oneliner", "show", "job", job_id)
+    left = _seconds_left(shown, now) if shown else None
+    return None if left is None else left - warning_lead_seconds - SIGNAL_EARLY_SECONDS
+
+
+def _seconds_left(shown: str, now: float | None) -> float | None:
+    """Until the EndTime `scontrol show job` shows; None where it shows none (Unknown, no limit)."""
     try:
         ends_at = time.mktime(time.strptime(_field(shown, "EndTime") or "", "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:  # Unknown, or no time limit
+    except ValueError:
         return None
-    left = ends_at - (time.time() if now is None else now)
-    return TIME_LIMIT if left <= warning_lead_seconds + SIGNAL_EARLY_SECONDS else None
+    return ends_at - (time.time() if now is None else now)
 
 
 def _field(shown: str, name: str) -> str | None:

@@ -54,6 +54,7 @@ from scratchflow.lease import RunFolder
 from scratchflow.ledger import FINISHED
 from scratchflow.models import is_local_source
 from scratchflow.plan import COMPARISON_OUTPUTS, RUN_PATHS, Plan, best_run_figures
+from scratchflow.prediction import made_for
 from scratchflow.profiles import read_settings
 from scratchflow.software import default_requirements_variable, job_software_problem, pipeline_requirements
 from scratchflow.tasks import Task, find_lab_tasks_in
@@ -117,21 +118,27 @@ def _read_valid_config(
     return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
 
 
-def predict_here_what_has_no_model(workflow: Any) -> None:
-    """A run that failed or diverged has no model to predict with: its predict job, which only says
-    so (scratchflow.jobs.no_prediction), runs in the workflow's own Snakemake, not as a cluster job
-    asking for a GPU: such a run costs no job but its training's."""
+def predict_here_what_needs_no_job(workflow: Any) -> None:
+    """A predict job that has nothing to predict runs in the workflow's own Snakemake, not as a
+    cluster job asking for a GPU: that of a run that failed or diverged, which has no model to
+    predict with (scratchflow.jobs.no_prediction), and that of a run whose train job predicted as it
+    ended, which moves that prediction into place (scratchflow.prediction). Such a run costs no job
+    but its training's."""
     known: dict[str, bool] = {}  # a run's answer, once its record says (Snakemake asks many times)
 
-    def has_no_model(run_id: str) -> bool:
+    def needs_no_job(run_id: str) -> bool:
         if run_id not in known:
-            record = Path(RUN_PATHS.of(run_id).record)
-            if not record.is_file():
+            paths = RUN_PATHS.of(run_id)
+            if not Path(paths.record).is_file():
                 return False  # not trained yet: its predict job does not run before it is
-            known[run_id] = read_json(record).get("outcome", FINISHED) != FINISHED
+            trained = read_json(Path(paths.record))
+            known[run_id] = (
+                trained.get("outcome", FINISHED) != FINISHED
+                or made_for(Path(paths.predicted_in_training), trained) is not None
+            )
         return known[run_id]
 
-    snakemake_adapter.run_here_when(workflow, "predict", has_no_model)
+    snakemake_adapter.run_here_when(workflow, "predict", needs_no_job)
 
 
 def check_rule_resources(workflow: Any, config: dict[str, Any]) -> snakemake_adapter.RuleRequests | None:

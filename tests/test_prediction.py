@@ -1,0 +1,123 @@
+"""A run's prediction made by its train job as the run ends (scratchflow.prediction), and what its
+predict job does with it: moves it into place where it was made for the run's model; predicts in a
+job of its own where it was not, or where none was made (a failing predict, a stop while predicting)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+
+import pytest
+from scratchflow import prediction
+from scratchflow.jobs import PredictJob, predict_job, train_job
+from scratchflow.piece import TrainingStopped
+from scratchflow.tasks import PredictContext, command
+from test_run_folder import a_train_job
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """A command task's train job in this process, in the folder a workflow runs in."""
+    for variable in ("SCRATCHFLOW_STOP_SIGNAL", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # the job sets them
+        monkeypatch.setenv(variable, "")
+    monkeypatch.chdir(tmp_path)
+    job = a_train_job(tmp_path)
+    job.log.parent.mkdir(parents=True)
+    return job
+
+
+def its_predict_job(job) -> PredictJob:
+    run = job.ends_with.record.parent
+    return PredictJob(
+        run_id=job.run_id,
+        task=job.task,
+        identity=job.identity,
+        archive=job.archive,
+        manifest=job.manifest,
+        trained=job.ends_with.model,
+        scratch_root=job.scratch_root,
+        threads=1,
+        workflow_dir=job.workflow_dir,
+        metrics_out=run / "metrics.json",
+        record_out=run / "predict_record.json",
+        curves_out=run / "curves.png",
+        predictions_out=None,
+        tracking="tensorboard",
+        train_record=job.ends_with.record,
+        figures_out=run / "figures",
+        predicted_in_training=job.prediction_at_end,
+    )
+
+
+def test_the_train_jobs_prediction_is_moved_into_place_by_the_predict_job(job):
+    train_job(job)
+    made = json.loads((job.prediction_at_end / "made.json").read_text())
+    (piece,) = json.loads(job.ends_with.record.read_text())["pieces"]
+    assert (made["piece"], made["piece_started_at"]) == (piece["piece"], piece["started_at"])
+    assert "predict" in piece["timings_seconds"], "its time is the piece's"
+    predict = its_predict_job(job)
+    predict_job(predict)
+    assert json.loads(predict.metrics_out.read_text()) == {"accuracy": 0.5}
+    record = json.loads(predict.record_out.read_text())
+    assert record["predicted_in_training"]["piece"] == 1 and "stage" not in record["timings_seconds"]
+    assert not job.prediction_at_end.exists(), "moved out, and its folder gone"
+    assert predict.curves_out.is_file()
+
+
+def test_a_prediction_made_for_another_piece_is_not_taken_the_predict_job_predicts(job):
+    train_job(job)
+    made_file = job.prediction_at_end / "made.json"
+    made_file.write_text(json.dumps({**json.loads(made_file.read_text()), "piece": 7}))
+    (job.prediction_at_end / "metrics.json").write_text('{"accuracy": 0.01}')
+    predict = its_predict_job(job)
+    predict_job(predict)
+    assert json.loads(predict.metrics_out.read_text()) == {"accuracy": 0.5}, "predicted again, from the model"
+    record = json.loads(predict.record_out.read_text())
+    assert "predicted_in_training" not in record and {"stage", "predict"} <= set(record["timings_seconds"])
+    assert not job.prediction_at_end.exists(), "the stale one removed"
+
+
+def test_a_failing_predict_leaves_the_run_trained_and_its_predict_job_to_predict(job, monkeypatch, caplog):
+    def failing(context):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(command, "predict", failing)
+    with caplog.at_level(logging.WARNING):
+        train_job(job)
+    assert job.ends_with.record.is_file() and not job.prediction_at_end.exists()
+    assert "predicting at the end of training failed (the predict job predicts): ZeroDivisionError" in caplog.text
+
+
+@pytest.mark.parametrize("stop", [signal.SIGUSR1, signal.SIGTERM], ids=["the stop signal", "SIGTERM"])
+def test_a_stop_while_predicting_cuts_the_prediction_short_not_the_run(job, monkeypatch, stop):
+    """The stop signal (the wall time's warning) ends the prediction, the run is recorded; SIGTERM (the
+    job is ending: its Snakemake removes the outputs) ends the piece paused, as a stop while syncing."""
+
+    def slow(context):
+        os.kill(os.getpid(), stop)
+        time.sleep(30)
+
+    monkeypatch.setattr(command, "predict", slow)
+    started = time.monotonic()
+    if stop == signal.SIGTERM:
+        with pytest.raises(TrainingStopped, match="SIGTERM"):
+            train_job(job)
+    else:
+        train_job(job)
+        assert job.ends_with.record.is_file()
+    assert time.monotonic() - started < 20 and not job.prediction_at_end.exists()
+
+
+def test_no_prediction_with_a_stop_asked_before_or_too_little_time_left(tmp_path, monkeypatch):
+    monkeypatch.setattr(prediction.slurm_job, "seconds_before_the_warning", lambda lead: 120.0)
+    calls = []
+    monkeypatch.setattr(prediction, "predict_into", lambda *given: calls.append(given))
+    context = PredictContext("r1", {}, {}, {}, tmp_path, tmp_path, 1)
+    prediction.predict_at_end(context, "command", None, None, tmp_path / "out", tmp_path, 300)
+    (tmp_path / "stop-requested").write_text("SIGUSR1")
+    monkeypatch.setattr(prediction.slurm_job, "seconds_before_the_warning", lambda lead: None)
+    prediction.predict_at_end(context, "command", None, None, tmp_path / "out", tmp_path, None)
+    assert calls == [] and not (tmp_path / "out").exists()
