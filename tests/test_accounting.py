@@ -185,6 +185,25 @@ def test_the_grid_asks_sacct_once_for_every_job_and_says_what_the_site_does_not_
     assert "0 GPU-hours" not in line
 
 
+def test_a_prediction_the_train_job_made_costs_its_piece_and_no_job_of_its_own():
+    """The run's train job (job 5: an hour on 2 GPUs) predicted as it ended; its predict job, run where
+    the workflow runs, moved that into place. The run's GPU-hours are the train job's, known."""
+
+    def ask(*command: str) -> str:
+        if command[0] == "scontrol":
+            return "AccountingStorageTRES = cpu,mem,gres/gpu\nAcctGatherEnergyType = acct_gather_energy/none\n"
+        return sacct_lines(("5", "COMPLETED", T0, T0 + 3600, "cpu=4,gres/gpu=2,mem=8G,node=1", ""))
+
+    moved = {
+        "environment": {"slurm_job_id": None, "finished_at": stamp(T0 + 3602)},
+        "timings_seconds": {"place": 0.01, "curves": 1.2},
+        "predicted_in_training": {"piece": 1, "timings_seconds": {"predict": 30.0}},
+    }
+    cost = grid_cost({"r": [piece(1, "5", T0 + 2, T0 + 3598, "finished")]}, {"r": (moved, 4)}, ask=ask)
+    assert cost.by_run["r"].gpu_hours == pytest.approx(2.0) and cost.total.gpu_hours == pytest.approx(2.0)
+    assert cost.by_run["r"].cpu_hours == pytest.approx(4.0)
+
+
 def test_a_cost_unknown_in_one_part_is_unknown_in_the_sum_and_described_without_slurm():
     assert (Cost(gpu_hours=None) + Cost(gpu_hours=1.0)).gpu_hours is None
     line = described(Cost(gpu_hours=None, lost_gpu_hours=None, cpu_hours=2.0, lost_cpu_hours=0.5), None)

@@ -187,6 +187,13 @@ def training_uses(run_id: str, listed: list[dict[str, Any]]) -> list[Use]:
     return uses
 
 
+def predicted_in_its_own_job(predict_record: dict[str, Any]) -> bool:
+    """Whether a run's predict job predicted: not where its train job did (`predicted_in_training`:
+    that is in the piece's time), nor for a run with no model (`outcome`); both of those ran in the
+    workflow's own Snakemake, no cluster job, and cost nothing of the grid's."""
+    return "predicted_in_training" not in predict_record and "outcome" not in predict_record
+
+
 def predict_use(run_id: str, predict_record: dict[str, Any], threads: int) -> Use:
     """A run's predict job (its record: results/runs/<run>/predict_record.json)."""
     environment = predict_record["environment"]
@@ -377,10 +384,15 @@ def grid_cost(
     now: float | None = None,
 ) -> GridCost:
     """`pieces`: each run's training pieces (its record's, or its last rung record's); `predictions`:
-    each run's predict record and the threads it ran with; `last_rung`: a halving search's last
+    each run's predict record and the threads it ran with (`predicted_in_its_own_job`: only such a
+    one costs anything beyond the run's pieces); `last_rung`: a halving search's last
     rung, where the pieces of the run's own training (after the decisions) go."""
     uses = [use for run_id, listed in pieces.items() for use in training_uses(run_id, listed)]
-    uses += [predict_use(run_id, record, threads) for run_id, (record, threads) in predictions.items()]
+    uses += [
+        predict_use(run_id, record, threads)
+        for run_id, (record, threads) in predictions.items()
+        if predicted_in_its_own_job(record)
+    ]
     accounting = slurm_accounting([use.job_id for use in uses if use.job_id], ask)
     jobs, site = accounting if accounting else ({}, None)
     cost_of = costs(uses, jobs, now)
