@@ -21,7 +21,7 @@ include: "rules/aggregate.smk"
 
 
 workflow_hooks.check_rule_resources(workflow, config)
-workflow_hooks.predict_here_what_needs_no_job(workflow)
+workflow_hooks.predict_here_what_needs_no_job(workflow, TASK.WRITES_PREDICTIONS)
 
 
 rule all:

@@ -121,3 +121,17 @@ def test_no_prediction_with_a_stop_asked_before_or_too_little_time_left(tmp_path
     monkeypatch.setattr(prediction.slurm_job, "seconds_before_the_warning", lambda lead: None)
     prediction.predict_at_end(context, "command", None, None, tmp_path / "out", tmp_path, None)
     assert calls == [] and not (tmp_path / "out").exists()
+
+
+def test_a_prediction_is_taken_only_whole_and_made_by_the_piece_that_finished_the_run(tmp_path):
+    record = {"pieces": [{"piece": 1, "started_at": "a"}, {"piece": 2, "started_at": "b"}]}
+    folder = tmp_path / "predicted-in-training"
+    folder.mkdir()
+    (folder / "metrics.json").write_text("{}")
+    made = {"files": ["metrics.json"], "piece": 2, "piece_started_at": "b"}
+    (folder / "made.json").write_text(json.dumps(made))
+    assert prediction.made_for(folder, record) == made
+    assert prediction.made_for(folder, record, predictions=True) is None, "a task's predictions.csv missing"
+    assert prediction.made_for(folder, {"pieces": [*record["pieces"], {"piece": 3, "started_at": "c"}]}) is None
+    (folder / "made.json").write_text(json.dumps({**made, "files": ["metrics.json", "figures"]}))
+    assert prediction.made_for(folder, record) is None, "a file it names is not there"

@@ -439,7 +439,7 @@ def predict_job(job: PredictJob) -> None:
         no_prediction(job, trained["outcome"])
         return
     timer = PhaseTimer()
-    made = prediction.made_for(job.predicted_in_training, trained)
+    made = prediction.made_for(job.predicted_in_training, trained, predictions=job.predictions_out is not None)
     if made is not None:
         with timer.phase("place"):
             metrics = prediction.place(job.predicted_in_training, job.metrics_out, job.predictions_out, job.figures_out)

@@ -105,6 +105,7 @@ def predict_at_end(
         )
         return
     made = {
+        "files": sorted(path.name for path in folder.iterdir()),
         "piece": entry.piece,
         "piece_started_at": entry.started_at,
         "threads": context.threads,
@@ -116,18 +117,21 @@ def predict_at_end(
     log.info("run %s: predicted at the end of training, test metrics %s", context.run_id, _numbers(metrics))
 
 
-def made_for(folder: Path, train_record: dict[str, Any]) -> dict[str, Any] | None:
-    """What `folder` (the train job's prediction) says of itself, where it is whole and was made by
-    the piece that finished the run its record describes; None otherwise."""
+def made_for(folder: Path, train_record: dict[str, Any], predictions: bool = False) -> dict[str, Any] | None:
+    """What `folder` (the train job's prediction) says of itself, where it holds every file it names
+    (`predictions`: predictions.csv among them) and was made by the piece that finished the run its
+    record describes; None otherwise."""
     made_file = folder / MADE
     if not made_file.is_file():
         return None
     made = read_json(made_file)
-    pieces = train_record.get("pieces") or [{}]
-    last = pieces[-1]
+    last = (train_record.get("pieces") or [{}])[-1]
     if (made.get("piece"), made.get("piece_started_at")) != (last.get("piece"), last.get("started_at")):
         return None
-    return made
+    files = made.get("files", [])
+    if METRICS not in files or (predictions and PREDICTIONS not in files):
+        return None
+    return made if all((folder / name).exists() for name in files) else None
 
 
 def place(folder: Path, metrics_out: Path, predictions_out: Path | None, figures_out: Path) -> dict[str, Any]:

@@ -118,12 +118,12 @@ def _read_valid_config(
     return task, Plan.from_config(config, task.CHECKPOINT_MARKER), sources, data_fingerprint
 
 
-def predict_here_what_needs_no_job(workflow: Any) -> None:
+def predict_here_what_needs_no_job(workflow: Any, writes_predictions: bool) -> None:
     """A predict job that has nothing to predict runs in the workflow's own Snakemake, not as a
     cluster job asking for a GPU: that of a run that failed or diverged, which has no model to
     predict with (scratchflow.jobs.no_prediction), and that of a run whose train job predicted as it
-    ended, which moves that prediction into place (scratchflow.prediction). Such a run costs no job
-    but its training's."""
+    ended, which moves that prediction into place (scratchflow.prediction; `writes_predictions`: the
+    task's, whose predictions.csv it must then hold). Such a run costs no job but its training's."""
     known: dict[str, bool] = {}  # a run's answer, once its record says (Snakemake asks many times)
 
     def needs_no_job(run_id: str) -> bool:
@@ -134,7 +134,7 @@ def predict_here_what_needs_no_job(workflow: Any) -> None:
             trained = read_json(Path(paths.record))
             known[run_id] = (
                 trained.get("outcome", FINISHED) != FINISHED
-                or made_for(Path(paths.predicted_in_training), trained) is not None
+                or made_for(Path(paths.predicted_in_training), trained, writes_predictions) is not None
             )
         return known[run_id]
 
