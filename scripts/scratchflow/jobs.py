@@ -187,7 +187,7 @@ class TrainJob:
     shape: Shape = field(default_factory=Shape)
     # How long before the time limit the job's --signal asks Slurm to warn it (its slurm_extra).
     warning_lead_seconds: int | None = None
-    # Where the run's prediction goes, made as the run ends in one process (scratchflow.prediction);
+    # Where the run's prediction goes, made as the run ends (scratchflow.prediction);
     # None: its predict job predicts.
     prediction_at_end: Path | None = None
 

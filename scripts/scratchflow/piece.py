@@ -5,8 +5,8 @@ every write to the run's folders goes) and its entry in the run's ledger (scratc
 scratch folder and the stop file; verifies the newest checkpoint (scratchflow.checkpoints); prepares
 the node (scratchflow.training_process.prepare_node: stage the data in, then restore the newest
 checkpoint); trains (scratchflow.distributed.train: in this process, or in the processes it
-launches); syncs the trained model back; and, where it trained in this process, predicts the test
-split with it (scratchflow.prediction). It returns how the piece ended, a `PieceOutcome`:
+launches); syncs the trained model back; and predicts the test split with it, in this process
+(scratchflow.prediction). It returns how the piece ended, a `PieceOutcome`:
 `Trained`, `Paused` (the stop signal, the phase it came in, the step the next piece resumes
 from), or `FinalFailure` (the task failed in a way a retry cannot fix: scratchflow.failures),
 recorded as such in the ledger; the job ends a paused piece with `finished`, whose
@@ -94,7 +94,7 @@ def _held_piece(spec: PieceSpec, timer: PhaseTimer) -> PieceOutcome | FinalFailu
         if isinstance(outcome, Trained) and spec.model_out is not None:
             with timer.phase("sync"):
                 spec.run_folder.publish_copy(outcome.output, spec.model_out)
-            if spec.prediction_at_end is not None and spec.shape.world_size == 1:
+            if spec.prediction_at_end is not None:
                 with timer.phase("predict"):
                     _predict_at_end(node, entry, outcome.output, spec.prediction_at_end)
             outcome = _terminated_while_syncing(scratch, outcome)

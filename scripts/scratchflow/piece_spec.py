@@ -70,7 +70,7 @@ class Staging:
 
 @dataclass(frozen=True)
 class PredictionAtEnd:
-    """Where a train job that ends its run in one process publishes its prediction of the test split
+    """Where a train job that ends its run publishes its prediction of the test split
     (scratchflow.prediction), and the workflow's folder, whose code the prediction's record names."""
 
     folder: Path

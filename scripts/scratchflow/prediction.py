@@ -1,14 +1,15 @@
 """A run's prediction of its test split, made by its train job as the run ends, or by its predict job.
 
-A train job that ends its run in one process has what predicting needs on its node already: the
-data staged, the trained model on scratch, the task's code imported. It predicts there
+A train job that ends its run has what predicting needs on its node already: the data staged, the
+trained model on scratch (rank 0's, of a run of several processes or nodes), and, for a run trained
+in this process, the task's code imported. It predicts there, in the job's own process
 (`predict_at_end`), and publishes the prediction beside the run through the run's gate, in
 `results/runs/<run_id>/predicted-in-training/` (`MADE` last: the folder is whole), tied to the
 piece that trained the model. The run's predict job, finding it for the model the run's record
 names (`made_for`), runs in the workflow's own Snakemake, not as a cluster job, and moves it into
-place (`place`): one GPU job and its wait in the queue less per run. Where it finds none (a run
-trained in several processes, a stop or a failure while predicting, `--forcerun predict`, a changed
-predict), it predicts in a job of its own, as before.
+place (`place`): one GPU job and its wait in the queue less per run. Where it finds none (a stop or a
+failure while predicting, `--forcerun predict`, a changed predict), it predicts in a job of its
+own, as before.
 """
 
 from __future__ import annotations
