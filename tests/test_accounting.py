@@ -204,6 +204,34 @@ def test_a_prediction_the_train_job_made_costs_its_piece_and_no_job_of_its_own()
     assert cost.by_run["r"].cpu_hours == pytest.approx(4.0)
 
 
+def test_a_packed_predict_job_that_moved_its_runs_predictions_into_place_is_still_a_job_they_share():
+    """Two packed runs trained in job 5 (an hour on 1 GPU, half each) and predicted there; their packed
+    predict job, job 6 (100 s), moved both predictions into place: its time is theirs, shared."""
+
+    def ask(*command: str) -> str:
+        if command[0] == "scontrol":
+            return "AccountingStorageTRES = cpu,mem,gres/gpu\nAcctGatherEnergyType = acct_gather_energy/none\n"
+        return sacct_lines(
+            ("5", "COMPLETED", T0, T0 + 3600, "cpu=1,gres/gpu=1,mem=8G,node=1", ""),
+            ("6", "COMPLETED", T0 + 3600, T0 + 3700, "cpu=1,gres/gpu=1,mem=8G,node=1", ""),
+        )
+
+    def moved(end: float) -> dict:
+        return {
+            "environment": {"slurm_job_id": "6", "finished_at": stamp(end)},
+            "timings_seconds": {"place": 1.0},
+            "predicted_in_training": {"piece": 1},
+        }
+
+    pieces = {
+        "a": [piece(1, "5", T0 + 1, T0 + 1800, "finished")],
+        "b": [piece(1, "5", T0 + 1800, T0 + 3599, "finished")],
+    }
+    cost = grid_cost(pieces, {"a": (moved(T0 + 3650), 1), "b": (moved(T0 + 3651), 1)}, ask=ask)
+    assert cost.total.gpu_hours == pytest.approx(3700 / 3600), "every GPU-second sacct has, shared out"
+    assert cost.by_run["a"].gpu_hours == pytest.approx(cost.by_run["b"].gpu_hours, rel=1e-3)
+
+
 def test_a_cost_unknown_in_one_part_is_unknown_in_the_sum_and_described_without_slurm():
     assert (Cost(gpu_hours=None) + Cost(gpu_hours=1.0)).gpu_hours is None
     line = described(Cost(gpu_hours=None, lost_gpu_hours=None, cpu_hours=2.0, lost_cpu_hours=0.5), None)

@@ -187,10 +187,14 @@ def training_uses(run_id: str, listed: list[dict[str, Any]]) -> list[Use]:
     return uses
 
 
-def predicted_in_its_own_job(predict_record: dict[str, Any]) -> bool:
-    """Whether a run's predict job predicted: not where its train job did (`predicted_in_training`:
-    that is in the piece's time), nor for a run with no model (`outcome`); both of those ran in the
-    workflow's own Snakemake, no cluster job, and cost nothing of the grid's."""
+def held_resources(predict_record: dict[str, Any]) -> bool:
+    """Whether a run's predict job held resources of its own: a Slurm job (a packed one, which may
+    only have moved its runs' predictions into place, too), or, without Slurm, one that predicted.
+    Not one that ran in the workflow's own Snakemake to move the train job's prediction into place
+    (`predicted_in_training`: that prediction is in the piece's time) or to say a run has no model
+    (`outcome`): such a one costs nothing of the grid's."""
+    if predict_record["environment"].get("slurm_job_id"):
+        return True
     return "predicted_in_training" not in predict_record and "outcome" not in predict_record
 
 
@@ -384,14 +388,14 @@ def grid_cost(
     now: float | None = None,
 ) -> GridCost:
     """`pieces`: each run's training pieces (its record's, or its last rung record's); `predictions`:
-    each run's predict record and the threads it ran with (`predicted_in_its_own_job`: only such a
-    one costs anything beyond the run's pieces); `last_rung`: a halving search's last
-    rung, where the pieces of the run's own training (after the decisions) go."""
+    each run's predict record and the threads it ran with (those that `held_resources`); `last_rung`:
+    a halving search's last rung, where the pieces of the run's own training (after the decisions)
+    go."""
     uses = [use for run_id, listed in pieces.items() for use in training_uses(run_id, listed)]
     uses += [
         predict_use(run_id, record, threads)
         for run_id, (record, threads) in predictions.items()
-        if predicted_in_its_own_job(record)
+        if held_resources(record)
     ]
     accounting = slurm_accounting([use.job_id for use in uses if use.job_id], ask)
     jobs, site = accounting if accounting else ({}, None)
