@@ -737,7 +737,9 @@ def test_the_oscer_profile_trains_on_two_nodes_of_two_gpus_with_four_processes(s
     assert list((workdir / "logs" / "slurm").glob("efficiency_report_*.csv")), "the plugin's efficiency report"
     workflow_run = re.search(r"--job-name (\S+)", train_line).group(1)
     jobs = slurm.run("sacct", "-X", "-n", "--parsable2", "--format=State", f"--name={workflow_run}").stdout
-    assert jobs.split() == ["COMPLETED"] * 3
+    # The archive's job and the train job, whose process predicted once the four ranks had ended.
+    assert jobs.split() == ["COMPLETED"] * 2
+    assert json.loads((run / "predict_record.json").read_text())["predicted_in_training"]["piece"] == piece["piece"]
 
 
 def test_clients_outside_the_cluster_find_no_configuration_of_it_and_fail_at_once(slurm):
