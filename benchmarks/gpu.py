@@ -59,8 +59,9 @@ INTERVALS = {
 }
 PARTS = ("precision", "resume", "throughput", "checkpoints")
 DETERMINISTIC = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "SCRATCHFLOW_BENCH_DETERMINISTIC": "1"}
-# The dataset's archive, made once (not timed): every job stages it in.
-ARCHIVE_FOLDER = Path(tempfile.gettempdir()) / "scratchflow-gpu-archive"
+# The dataset's archive, made once (not timed): every job stages it in. This run's own (two runs at
+# once, a `make check` beside the suite, removed each other's).
+ARCHIVE_FOLDER = Path(tempfile.gettempdir()) / f"scratchflow-gpu-archive-{os.getpid()}"
 ARCHIVE, MANIFEST = ARCHIVE_FOLDER / "bbc-news.tar", ARCHIVE_FOLDER / "manifest.json"
 
 
