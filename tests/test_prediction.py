@@ -7,10 +7,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
+from conftest import REPO
 from scratchflow import prediction
 from scratchflow.jobs import PredictJob, predict_job, train_job
 from scratchflow.piece import TrainingStopped
@@ -65,6 +69,22 @@ def test_the_train_jobs_prediction_is_moved_into_place_by_the_predict_job(job):
     assert record["predicted_in_training"]["piece"] == 1 and "stage" not in record["timings_seconds"]
     assert not job.prediction_at_end.exists(), "moved out, and its folder gone"
     assert predict.curves_out.is_file()
+
+
+def test_a_predict_job_that_moves_the_prediction_into_place_loads_no_pandas_nor_torch(job):
+    """Moving the train job's prediction into place and drawing the curves is all that job does:
+    it imports neither pandas (0.5 s of CPU, once spent on a log line) nor torch nor transformers."""
+    train_job(job)
+    predict = its_predict_job(job)
+    code = "import pickle, sys\nfrom scratchflow.jobs import predict_job\n"
+    code += "predict_job(pickle.loads(sys.stdin.buffer.read()))\nprint(*sorted(sys.modules))"
+    scripts = str(REPO / "scripts")
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [scripts, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(predict), capture_output=True, env=environ)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert json.loads(predict.metrics_out.read_text()) == {"accuracy": 0.5}
+    loaded = {name.split(".")[0] for name in done.stdout.decode().split()}
+    assert not loaded & {"pandas", "torch", "transformers"}
 
 
 def test_a_prediction_made_for_another_piece_is_not_taken_the_predict_job_predicts(job):

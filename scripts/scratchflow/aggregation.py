@@ -17,6 +17,7 @@ from scratchflow.figures import pyplot, save_png
 from scratchflow.files import read_json
 from scratchflow.plan import REPLICATE_KEY
 from scratchflow.provenance import SHORT, TRAINED_BY, trained_by
+from scratchflow.tasks import numbers
 
 # A plot stays readable up to about this many bars; larger grids show their best settings.
 MOST_SETTINGS_PLOTTED = 40
@@ -24,15 +25,6 @@ MOST_SETTINGS_PLOTTED = 40
 
 class UnknownMetric(ValueError):
     """The metric to compare runs by is reported by no run."""
-
-
-def numbers(metrics: dict[str, Any]) -> dict[str, float]:
-    """The flat numeric entries of a metrics file (per-class tables and matrices left out)."""
-    return {
-        name: value
-        for name, value in metrics.items()
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    }
 
 
 class NothingToCompare(RuntimeError):

@@ -37,7 +37,7 @@ from scratchflow.schedule import CheckpointInterval
 from scratchflow.snakemake_adapter import mark_job_end
 from scratchflow.software import describe_failure
 from scratchflow.staging import archive_dataset, copy_whole, scratch_directory, stage_in
-from scratchflow.tasks import PredictContext, load_task, loaded_file
+from scratchflow.tasks import PredictContext, load_task, loaded_file, numbers
 from scratchflow.timing import PhaseTimer
 
 if TYPE_CHECKING:
@@ -432,8 +432,6 @@ def predict_job(job: PredictJob) -> None:
     (scratchflow.prediction); otherwise the data and the trained model staged in, predicted, and the
     predictions and metrics synced back. A run that failed or diverged has no model: its outputs say
     so, at once (`no_prediction`)."""
-    from scratchflow import aggregation
-
     trained = read_json(job.train_record)
     if trained.get("outcome", FINISHED) != FINISHED:
         no_prediction(job, trained["outcome"])
@@ -464,7 +462,7 @@ def predict_job(job: PredictJob) -> None:
         },
         job.record_out,
     )
-    log.info("run %s: test metrics %s", job.run_id, aggregation.numbers(metrics))
+    log.info("run %s: test metrics %s", job.run_id, numbers(metrics))
 
 
 def predict_in_this_job(job: PredictJob, timer: PhaseTimer) -> dict[str, Any]:
@@ -525,13 +523,11 @@ def no_prediction(job: PredictJob, outcome: str) -> None:
 def log_whole_run_to_wandb(job: PredictJob, run_folder: Path, curves: tracking.Curves, metrics: dict) -> None:
     """The W&B offline run `<run_id>`: the run's parameters, its curves as TensorBoard holds them
     (joined across pieces, repeated steps dropped) and its test metrics as the run's summary."""
-    from scratchflow import aggregation
-
     environment = tracking.wandb_environment(run_folder, job.run_id, piece=None)
     tracking.remove_wandb_runs(run_folder, job.run_id)  # a rerun of predict replaces the whole run
     with tracking.wandb_run(environment, {"run_id": job.run_id, **job.identity["training"]}) as run:
         tracking.log_curves(run, curves)
-        run.summary.update({f"test_{name}": value for name, value in aggregation.numbers(metrics).items()})
+        run.summary.update({f"test_{name}": value for name, value in numbers(metrics).items()})
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from scratchflow.files import read_json, remove_whole, write_json_atomically
 from scratchflow.lease import RunFolder
 from scratchflow.ledger import PieceRecord
 from scratchflow.record import environment_record
-from scratchflow.tasks import PredictContext, check_predicted, load_task
+from scratchflow.tasks import PredictContext, check_predicted, load_task, numbers
 from scratchflow.timing import PhaseTimer
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def predict_at_end(
     }
     write_json_atomically(made, folder / MADE, durable=False)
     run_folder.publish_copy(folder, destination)
-    log.info("run %s: predicted at the end of training, test metrics %s", context.run_id, _numbers(metrics))
+    log.info("run %s: predicted at the end of training, test metrics %s", context.run_id, numbers(metrics))
 
 
 def made_for(folder: Path, train_record: dict[str, Any], predictions: bool = False) -> dict[str, Any] | None:
@@ -166,7 +166,3 @@ def _free_accelerator_memory() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def _numbers(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in metrics.items() if isinstance(value, int | float)}

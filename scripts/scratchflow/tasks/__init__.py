@@ -19,6 +19,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import math
 import os
 import pkgutil
 import re
@@ -339,6 +340,11 @@ def kind_of(value: Any) -> str:
 
 def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    """The flat numeric entries of a metrics file (per-class tables and matrices left out)."""
+    return {name: value for name, value in metrics.items() if is_number(value) and math.isfinite(value)}
 
 
 class Task(Protocol):
