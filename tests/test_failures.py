@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import sys
@@ -19,6 +20,8 @@ from scratchflow.failures import (
     where_in_output,
 )
 from scratchflow.files import NoSpace
+from scratchflow.jobs import RunFailed, RunOutputs
+from scratchflow.tasks import Trained, WrongTrained, check_trained
 from scratchflow.tasks.command import CommandFailed
 
 
@@ -120,3 +123,80 @@ def test_a_programs_gpu_out_of_memory_is_retried_once_too():
     out_of_memory = CommandFailed(f"{said}; its last lines:\n...", 1)
     assert final_failure(out_of_memory, None, "killed by SIGTERM") is None
     assert final_failure(out_of_memory, None, f"CommandFailed: {said}") == FinalFailure(f"CommandFailed: {said}", None)
+
+
+def test_what_train_returns_is_taken_with_its_folder_as_a_string_and_refused_in_one_line_otherwise(tmp_path):
+    """`Trained.output` given as a string (a path is what a lab's code often has) is taken as a Path;
+    what the protocol does not take is one line naming the task, what it returned and where its
+    train is, a failure a retry cannot fix; None is a stop only where one was asked."""
+    task = tmp_path / "lab_task.py"
+    task.write_text("def train(context):\n    return context\n")
+    namespace: dict = {}
+    exec(compile(task.read_text(), str(task), "exec"), namespace)
+    train, folder = namespace["train"], tmp_path / "output"
+    folder.mkdir()
+    taken = check_trained("ourlab.task", train, Trained(output=str(folder), metrics={"loss": 0.5}), stop_asked=False)
+    assert taken == Trained(output=folder, metrics={"loss": 0.5})
+    assert check_trained("ourlab.task", train, None, stop_asked=True) is None
+    wrong = {
+        "a dict, not a Trained(output, metrics)": {"output": folder},
+        "an output that is an int": Trained(output=3, metrics={}),
+        f"an output, {tmp_path / 'nowhere'}, that is no folder": Trained(output=tmp_path / "nowhere", metrics={}),
+        "metrics that are a list": Trained(output=folder, metrics=[0.5]),
+        "metrics that are not JSON-serializable": Trained(output=folder, metrics={"loss": object()}),
+        "None, which means stopped, though no stop was asked": None,
+    }
+    for said, returned in wrong.items():
+        with pytest.raises(WrongTrained) as refused:
+            check_trained("ourlab.task", train, returned, stop_asked=False)
+        assert str(refused.value).startswith(f"task ourlab.task: train returned {said}"), str(refused.value)
+        failure = final_failure(refused.value, task, None)
+        assert failure is not None and failure.where == f"{task}:1 (in train)", "final: a retry cannot fix it"
+        assert failure.cause.startswith("WrongTrained: task ourlab.task: train returned") and "\n" not in failure.cause
+
+
+def test_a_train_that_returns_what_the_protocol_does_not_take_fails_its_run_in_its_one_job(tmp_path, monkeypatch):
+    """A whole train job in this process (the command task), its train returning the folder it trained
+    into as a dict: the job ends, its run recorded `failed` with one line that names the task's train,
+    and nothing of scratchflow's own raised (before, a string given as the folder failed in
+    scratchflow's copy back, and every retry trained again and failed the same way)."""
+    from scratchflow.jobs import train_job
+    from scratchflow.tasks import command
+    from test_run_folder import a_train_job
+
+    for variable in ("SCRATCHFLOW_STOP_SIGNAL", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # the job sets them
+        monkeypatch.setenv(variable, "")
+    monkeypatch.chdir(tmp_path)
+    job = a_train_job(tmp_path)
+    job.log.parent.mkdir(parents=True)
+    real_train = command.train
+
+    def as_a_string(context):
+        trained = real_train(context)
+        return Trained(output=str(trained.output), metrics=trained.metrics)
+
+    monkeypatch.setattr(command, "train", as_a_string)
+    train_job(job)
+    assert json.loads(job.ends_with.record.read_text())["outcome"] == "finished"
+    assert job.ends_with.model.is_dir()
+
+    def as_a_dict(context):
+        return {"output": real_train(context).output}
+
+    monkeypatch.setattr(command, "train", as_a_dict)
+    run = tmp_path / "results" / "runs" / "r2"
+    again = dataclasses.replace(
+        job,
+        run_id="r2",
+        shared_folder=tmp_path / "checkpoints" / "r2",
+        ends_with=RunOutputs(run / "model", run / "params.json", run / "record.json"),
+        tracking_dir=run / "tensorboard",
+        prediction_at_end=run / "predicted-in-training",
+    )
+    with pytest.raises(RunFailed, match="a retry cannot fix it: WrongTrained: task command: train returned a dict"):
+        train_job(again)  # the job's context ends it as a success: its outputs say the run failed
+    record = json.loads(again.ends_with.record.read_text())
+    assert record["outcome"] == FAILED, record
+    (piece,) = record["pieces"]
+    assert piece["cause"].startswith("WrongTrained: task command: train returned a dict, not a Trained"), piece
+    assert piece["where"].endswith("(in as_a_dict)"), piece

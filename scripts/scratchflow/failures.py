@@ -51,6 +51,15 @@ class Diverged(Exception):
         self.step, self.detail = step, detail
 
 
+class ProtocolBroken(TypeError):
+    """A task returned what the task protocol does not take (scratchflow.tasks): its own bug, which a
+    retry cannot fix. `where`: the task's function that returned it, as file:line (in name)."""
+
+    def __init__(self, message: str, where: str | None) -> None:
+        super().__init__(message)
+        self.where = where
+
+
 @dataclass(frozen=True)
 class FinalFailure:
     """A failure a retry cannot fix: its cause in one line, and the file and line of the lab's code
@@ -70,6 +79,8 @@ def final_failure(error: BaseException, task_file: Path | None, last_outcome: st
         return None
     if isinstance(error, Diverged):
         return FinalFailure(f"diverged {error}", None, DIVERGED, error.step)
+    if isinstance(error, ProtocolBroken):  # raised by scratchflow, about what the task's code returned
+        return FinalFailure(describe_failure(error).splitlines()[0], error.where)
     cause = describe_failure(error).splitlines()[0].removesuffix("; its last lines:")  # a program's tail follows
     exit_status = getattr(error, "exit_status", None)
     if OUT_OF_MEMORY in cause and OUT_OF_MEMORY not in (last_outcome or ""):

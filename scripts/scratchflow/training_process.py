@@ -45,7 +45,7 @@ from scratchflow.record import plain
 from scratchflow.schedule import CheckpointSchedule
 from scratchflow.signals import STOP_FILE_NAME
 from scratchflow.staging import StagingError, stage_in
-from scratchflow.tasks import TrainContext, Trained, load_task
+from scratchflow.tasks import TrainContext, Trained, check_trained, load_task
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +147,12 @@ class TrainingProcess:
                 if self.me.rank == 0:  # superseded, the curves there are the newer piece's
                     with self.spec.run_folder.publishing() as publication:
                         self._publish_curves(publication, ending=True)
+        trained = check_trained(self.spec.task, self.task.train, trained, stop_asked=self.received is not None)
         if trained is not None:
             # The task saves a checkpoint after its last step: the newest one is where it ended.
             steps = {"global_steps": self.saved_step, "resumed_from_step": restored_step}
             return dataclasses.replace(trained, metrics={**trained.metrics, **steps})
-        if self.received is None:
-            raise RuntimeError(f"task {self.spec.task}'s train returned None, which means stopped, unasked")
+        assert self.received is not None
         return Paused(self.received, "training", self.spec.store.newest_step())
 
     def _receive(self, number: int, _frame: Any) -> None:

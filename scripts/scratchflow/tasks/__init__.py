@@ -16,6 +16,7 @@ scratchflow's).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -34,7 +35,7 @@ import yaml
 
 # What a task raises when its training diverged: `from scratchflow.tasks import Diverged`.
 from scratchflow.failures import Diverged as Diverged
-from scratchflow.failures import raised_at
+from scratchflow.failures import ProtocolBroken, raised_at
 
 if TYPE_CHECKING:
     from scratchflow.piece_spec import PieceSpec
@@ -248,6 +249,43 @@ FIGURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 class WrongPredicted(TypeError):
     """A task's `predict` returned what the protocol does not take (`check_predicted`)."""
+
+
+class WrongTrained(ProtocolBroken):
+    """A task's `train` returned what the protocol does not take (`check_trained`): the run fails
+    in its one job, as for any error of the task's own."""
+
+
+def check_trained(task: str, train: Any, trained: Any, stop_asked: bool) -> Trained | None:
+    """What the task's `train` returned, as the piece takes it: a `Trained` whose `output` (a path or
+    a string) is the folder on scratch that holds what it trained, given back as a Path, and whose
+    metrics are a JSON-serializable dict; or None, stopped, where a stop was asked. WrongTrained:
+    one line naming the task and what it returned, and where `train` is."""
+    problem = trained_problem(trained, stop_asked)
+    if problem:
+        code = getattr(train, "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno} (in {code.co_name})" if code else None
+        raise WrongTrained(f"task {task}: train returned {problem}", where)
+    return None if trained is None else dataclasses.replace(trained, output=Path(trained.output))
+
+
+def trained_problem(trained: Any, stop_asked: bool) -> str | None:
+    """What is wrong with what `train` returned, completing "train returned ..." (None: nothing)."""
+    if trained is None:
+        return None if stop_asked else "None, which means stopped, though no stop was asked"
+    if not isinstance(trained, Trained):
+        return f"{kind_of(trained)}, not a Trained(output, metrics) (from scratchflow.tasks import Trained)"
+    if not isinstance(trained.output, str | os.PathLike):
+        return f"an output that is {kind_of(trained.output)}, not the path of the folder on scratch it trained into"
+    if not Path(trained.output).is_dir():
+        return f"an output, {trained.output}, that is no folder: give the folder on scratch it trained into"
+    if not isinstance(trained.metrics, dict):
+        return f"metrics that are {kind_of(trained.metrics)}, not a dict of name -> value"
+    try:
+        json.dumps(trained.metrics)
+    except (TypeError, ValueError) as error:
+        return f"metrics that are not JSON-serializable ({error})"
+    return None
 
 
 def check_predicted(task: str, predicted: Any) -> Predicted:
