@@ -138,6 +138,8 @@ def test_what_train_returns_is_taken_with_its_folder_as_a_string_and_refused_in_
     taken = check_trained("ourlab.task", train, Trained(output=str(folder), metrics={"loss": 0.5}), stop_asked=False)
     assert taken == Trained(output=folder, metrics={"loss": 0.5})
     assert check_trained("ourlab.task", train, None, stop_asked=True) is None
+    elsewhere = Trained(output=tmp_path / "on-another-node", metrics={})  # a rank's that is not kept
+    assert check_trained("ourlab.task", train, elsewhere, stop_asked=False, kept=False) == elsewhere
     wrong = {
         "a dict, not a Trained(output, metrics)": {"output": folder},
         "an output that is an int": Trained(output=3, metrics={}),

@@ -147,7 +147,8 @@ class TrainingProcess:
                 if self.me.rank == 0:  # superseded, the curves there are the newer piece's
                     with self.spec.run_folder.publishing() as publication:
                         self._publish_curves(publication, ending=True)
-        trained = check_trained(self.spec.task, self.task.train, trained, stop_asked=self.received is not None)
+        stop_asked, kept = self.received is not None, self.me.rank == 0  # only rank 0's output is synced back
+        trained = check_trained(self.spec.task, self.task.train, trained, stop_asked, kept)
         if trained is not None:
             # The task saves a checkpoint after its last step: the newest one is where it ended.
             steps = {"global_steps": self.saved_step, "resumed_from_step": restored_step}

@@ -256,12 +256,13 @@ class WrongTrained(ProtocolBroken):
     in its one job, as for any error of the task's own."""
 
 
-def check_trained(task: str, train: Any, trained: Any, stop_asked: bool) -> Trained | None:
+def check_trained(task: str, train: Any, trained: Any, stop_asked: bool, kept: bool = True) -> Trained | None:
     """What the task's `train` returned, as the piece takes it: a `Trained` whose `output` (a path or
-    a string) is the folder on scratch that holds what it trained, given back as a Path, and whose
+    a string) is the folder on scratch that holds what it trained (where its output is the one `kept`:
+    rank 0's, of several processes; the others' need not be there), given back as a Path, and whose
     metrics are a JSON-serializable dict; or None, stopped, where a stop was asked. WrongTrained:
     one line naming the task and what it returned, and where `train` is."""
-    problem = trained_problem(trained, stop_asked)
+    problem = trained_problem(trained, stop_asked, kept)
     if problem:
         code = getattr(train, "__code__", None)
         where = f"{code.co_filename}:{code.co_firstlineno} (in {code.co_name})" if code else None
@@ -269,7 +270,7 @@ def check_trained(task: str, train: Any, trained: Any, stop_asked: bool) -> Trai
     return None if trained is None else dataclasses.replace(trained, output=Path(trained.output))
 
 
-def trained_problem(trained: Any, stop_asked: bool) -> str | None:
+def trained_problem(trained: Any, stop_asked: bool, kept: bool = True) -> str | None:
     """What is wrong with what `train` returned, completing "train returned ..." (None: nothing)."""
     if trained is None:
         return None if stop_asked else "None, which means stopped, though no stop was asked"
@@ -277,7 +278,7 @@ def trained_problem(trained: Any, stop_asked: bool) -> str | None:
         return f"{kind_of(trained)}, not a Trained(output, metrics) (from scratchflow.tasks import Trained)"
     if not isinstance(trained.output, str | os.PathLike):
         return f"an output that is {kind_of(trained.output)}, not the path of the folder on scratch it trained into"
-    if not Path(trained.output).is_dir():
+    if kept and not Path(trained.output).is_dir():
         return f"an output, {trained.output}, that is no folder: give the folder on scratch it trained into"
     if not isinstance(trained.metrics, dict):
         return f"metrics that are {kind_of(trained.metrics)}, not a dict of name -> value"
