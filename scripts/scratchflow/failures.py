@@ -79,9 +79,9 @@ def final_failure(error: BaseException, task_file: Path | None, last_outcome: st
         return None
     if isinstance(error, Diverged):
         return FinalFailure(f"diverged {error}", None, DIVERGED, error.step)
-    if isinstance(error, ProtocolBroken):  # raised by scratchflow, about what the task's code returned
-        return FinalFailure(describe_failure(error).splitlines()[0], error.where)
     cause = describe_failure(error).splitlines()[0].removesuffix("; its last lines:")  # a program's tail follows
+    if isinstance(error, ProtocolBroken):  # raised by scratchflow, about what the task's code returned
+        return FinalFailure(cause, error.where)
     exit_status = getattr(error, "exit_status", None)
     if OUT_OF_MEMORY in cause and OUT_OF_MEMORY not in (last_outcome or ""):
         return None  # a retry may land on a larger GPU; twice in a row, it will not
