@@ -47,6 +47,7 @@ def test_stage_in_of_an_archive_in_parts_runs_near_extracting_the_parts_at_once(
 
 def test_the_status_of_a_grid_of_1000_runs_costs_little_beyond_reading_its_files(tmp_path):
     figures = benchmark("status.py", "--runs", "1000", "--repeats", "2", tmp_path=tmp_path)["1000"]
-    # Measured: 0.19 s against a 0.07 s floor, most of the difference importing the package; 1.4 s
-    # when it still imported pandas and a container build ran beside it.
+    # Measured: 0.38 s against a 0.075 s floor (2026-11-30), the fixed 0.13 s importing the package;
+    # 1.4 s when it still imported pandas and a container build ran beside it, 0.79 s against 0.075
+    # (CI failed) when each run's pieces resolved their type annotations anew.
     assert figures["status_s"] < 10 * figures["floor_s"]

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,11 @@ class RunPaths:
     predict_benchmark: str = "results/benchmarks/predict/{run_id}.tsv"
 
     def of(self, run_id: str) -> RunPaths:
-        return RunPaths(**{name: template.format(run_id=run_id) for name, template in asdict(self).items()})
+        return RunPaths(*(getattr(self, name).format(run_id=run_id) for name in _RUN_PATH_NAMES))
 
 
 RUN_PATHS = RunPaths()
+_RUN_PATH_NAMES = tuple(RunPaths.__dataclass_fields__)
 # Beside a run's record: a note for each time its task failed in a way a retry cannot fix
 # (scratchflow.failures), numbered from 1 and kept. The newest is an input of the run's train job
 # (`newest_failure`): a new one makes Snakemake train the run again, once.

@@ -7,6 +7,7 @@ and where a grid's runs differ in it, scratchflow.provenance's."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 import platform
@@ -61,9 +62,15 @@ def _as(kind: Any, data: Any) -> Any:
     if kind is Path:
         return Path(data)
     if isinstance(kind, type) and is_dataclass(kind):
-        hints = typing.get_type_hints(kind)
+        hints = _field_types(kind)
         return kind(**{name: _as(hints[name], item) for name, item in data.items() if name in hints})
     return data
+
+
+@functools.cache
+def _field_types(kind: type) -> dict[str, Any]:
+    # Resolving a dataclass's annotations is most of reading a record: status reads thousands.
+    return typing.get_type_hints(kind)
 
 
 def git_state(directory: Path) -> dict[str, Any]:
