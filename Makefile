@@ -84,7 +84,7 @@ $(VENV)/bin/python:
 DEMO_PACKAGES := --no-deps --constraint constraints.txt --requirement requirements-demo.txt
 
 # The Slurm plugin's efficiency report imported only where a run writes it, not by every Snakemake,
-# a job step's included (0.5 s of CPU each: envs/site-packages/snakemake_slurm_report_on_use.py).
+# a job step's included (0.4 s of CPU each: envs/site-packages/snakemake_slurm_report_on_use.py).
 REPORT_ON_USE := $(wildcard envs/site-packages/snakemake_slurm_report_on_use.*)
 INSTALL_REPORT_ON_USE = cp $(REPORT_ON_USE) "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 

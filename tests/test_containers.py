@@ -200,7 +200,7 @@ print(before, "pandas" in sys.modules, other.__module__, plugin.efficiency_repor
 
 def test_snakemake_in_the_set_ups_venv_imports_the_slurm_plugins_report_and_pandas_only_when_used():
     """The venv the set-up builds (the tests run in it) has every Snakemake import the Slurm plugin's
-    efficiency report, and with it pandas (0.5 s of CPU), only when it is used (envs/site-packages/):
+    efficiency report, and with it pandas (0.4 s of CPU), only when it is used (envs/site-packages/):
     a Snakemake starts without pandas, and the first name asked of the report module is the real
     module's, which replaces the stand-in (the report itself is written by the Slurm lifecycle tests)."""
     result = subprocess.run([sys.executable, "-c", SNAKEMAKE_MODULES], capture_output=True, text=True, check=True)
