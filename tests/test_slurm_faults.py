@@ -164,7 +164,8 @@ def wait_until(condition, workflow: subprocess.Popen, workdir: Path, what: str, 
 
 
 def slurm_now(workflow: subprocess.Popen) -> str:
-    """squeue and sinfo, asked the way the workflow asks (its namespace, its SLURM_CONF)."""
+    """squeue and sinfo, asked the way the workflow asks (its namespace, its SLURM_CONF), and the
+    last errors the daemons logged (why a node was drained, say)."""
     namespace = next((part for part in workflow.args if str(part).startswith("--net=")), None)
     inside = ["nsenter", namespace] if namespace else []
     try:
@@ -175,7 +176,15 @@ def slurm_now(workflow: subprocess.Popen) -> str:
     shown = []
     for command in (["squeue", "-o", "%i %T %r %N %k"], ["sinfo", "-N", "-o", "%N %T %E"]):
         done = subprocess.run([*inside, *command], capture_output=True, text=True, env=env)
-        shown.append(done.stdout + done.stderr)
+        lines = (done.stdout + done.stderr).splitlines()
+        shown.append("\n".join(dict.fromkeys(lines)))  # sinfo -N lists a node once per partition
+    logs = Path(env.get("SLURM_CONF", "/nonexistent")).parent.parent / "log"  # LocalSlurm's root/etc, root/log
+    for log in sorted(logs.glob("slurm*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        # Not the MPI plugins every slurmd fails to load at its start (no PMIx on this machine).
+        errors = [line for line in lines if "error" in line.lower() and "pmix" not in line and "MPI:" not in line]
+        if errors:
+            shown.append(f"{log.name}, its last errors:\n" + "\n".join(errors[-8:]))
     return "\n".join(shown)
 
 
@@ -507,15 +516,8 @@ def test_a_restarted_controller_a_requeued_job_a_killed_snakemake_and_a_failing_
     # Slurm 22.05 keeps the GPU of a job it recovered across the restart allocated after that job
     # ended (GresUsed on an idle node) until it reads its configuration again. Not scratchflow's to fix.
     slurm.run("scontrol", "reconfigure")
-    # Slurm holds a requeued job back for two minutes (BeginTime); let it start as soon as it may.
-    wait_until(
-        lambda: slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "PENDING",
-        workflow,
-        tmp_path,
-        "the requeued job to be pending",
-        timeout=120,
-    )
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    wait_until(lambda: pending_again(slurm, job), workflow, tmp_path, "the requeued job to be pending", timeout=120)
+    start_now_if_held(slurm, job)
     wait_until(lambda: len(live_pieces(tmp_path)) == 2, workflow, tmp_path, "the requeued job's start")
     requeued = stopped_at(live_pieces(tmp_path)[0], "SIGTERM", tmp_path)
     assert requeued > restarted_at, "the job trained on through the outage"
@@ -611,7 +613,7 @@ def test_a_training_preempted_by_a_higher_tier_job_is_requeued_and_resumes_to_th
     job = preempt_the_training(slurm, workflow, tmp_path)
     status = grid_status(slurm, tmp_path)
     assert "stopped on SIGTERM at step" in status and "(preempted: Slurm requeued its job)" in status, status
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
+    start_now_if_held(slurm, job)
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
     preempted, resumed = pieces_of(tmp_path)
@@ -645,7 +647,7 @@ def test_a_preemption_with_no_grace_time_to_save_in_resumes_from_the_checkpoint_
     assert [path.name for path in checkpoints.glob(".checkpoint-*.partial*")], "the SIGKILL cut a copy"
     status = grid_status(slurm, tmp_path)
     assert "was killed (preempted: Slurm requeued its job)" in status, status
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
+    start_now_if_held(slurm, job)
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
 
@@ -678,11 +680,11 @@ def test_a_job_preempted_while_staging_in_and_again_while_syncing_back_loses_not
     wait_until(lambda: slowed_copy_running(flag, SLOWING[1]), workflow, tmp_path, "tar's slowed extraction")
     flag.write_text("*results/runs/*/.model.partial*")  # from now on, the sync back is slowed
     job = preempt_the_training(slurm, workflow, tmp_path)
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not the two minutes Slurm holds it
+    start_now_if_held(slurm, job)
     wait_until(lambda: slowed_copy_running(flag, SLOWING[0]), workflow, tmp_path, "rsync's slowed sync back")
     flag.unlink()  # the copy made again runs at full speed
     preempt_the_training(slurm, workflow, tmp_path)
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    start_now_if_held(slurm, job)
     returncode, output = finish(workflow, tmp_path)
     assert returncode == 0, output[-6000:]
 
@@ -993,15 +995,24 @@ def requeued_off(slurm, job: str, nodes_before: str) -> bool:
 
 
 def start_now_if_held(slurm, job: str) -> None:
-    """A requeued job that waits is started now, not in the two minutes Slurm may hold it, once
-    nothing of its earlier run is left on the nodes that live (the hold lets a real cluster's
-    nodes finish that; a job started at once beside its own dying run is no cluster's case)."""
+    """A requeued job that waits is started now, not in the two minutes Slurm holds it, once what
+    that hold is for is done (slurmctld's job_mgr.c): nothing of its earlier run is left on the
+    nodes that live, its slurmstepd included, and the new launch credential is dated after the
+    old one's revoke, to the second. Started within that second on the node it ran on, the node's
+    slurmd takes the new launch for the killed one's: CI once saw that job's launch fail, the job
+    held and the node drained ("Prolog error"), which stalled the tests beside it."""
     if not pending_again(slurm, job):  # Slurm started it again at once
         return
     deadline = time.monotonic() + 120
-    while job_processes(".", job) and time.monotonic() < deadline:
+    while (job_processes(".", job) or job_steps_on_nodes(job)) and time.monotonic() < deadline:
         time.sleep(0.5)
+    time.sleep(1.05 - time.time() % 1)  # into the next second: every revoke of the old run is before it
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+
+
+def job_steps_on_nodes(job: str) -> bool:
+    """Whether a slurmstepd of `job` runs on any node (its title: `slurmstepd: [<job>.<step>]`)."""
+    return subprocess.run(["pgrep", "-f", rf"^slurmstepd: \[{job}\."], capture_output=True).returncode == 0
 
 
 def ended_at(piece: dict) -> float:
