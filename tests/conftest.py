@@ -130,11 +130,28 @@ def workflow_config(data: Path, model: Path, scratch: Path, **overrides) -> dict
     return config
 
 
-def write_config(workdir: Path, config: dict) -> Path:
+def write_config(workdir: Path, config: dict, prefetched: bool = True) -> Path:
+    """`config` as the workflow's config in `workdir`. `prefetched`: a model from a local folder (the
+    suite's tiny models) is already in models/<name>, as the workflow's prefetch_model job would
+    leave it (a copy), for the tests that do not test that job: each costs about 4 s of CPU, most of
+    it the task's check importing transformers and torch, and about 50 workflows would run one. The
+    lifecycle tests, and those of what a refused config leaves, run it (prefetched=False)."""
     path = workdir / "config" / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+    if prefetched:
+        place_model_as_prefetched(workdir, config.get("model"))
     return path
+
+
+def place_model_as_prefetched(workdir: Path, model: dict | None) -> None:
+    """A local model folder copied to models/<name> as prefetch_model copies it, its files new (so
+    newer than their source, as Snakemake asks of an output), unless something is there already."""
+    if not model or not model.get("source") or not Path(model["source"]).is_dir():
+        return  # no model, or one from a package or the hub: its job runs
+    destination = workdir / "models" / model["name"]
+    if not destination.exists():
+        shutil.copytree(model["source"], destination, copy_function=shutil.copyfile)
 
 
 def snakemake_command(*args: str) -> list[str]:
@@ -952,7 +969,9 @@ def git(folder: Path, *args: str) -> str:
     ).stdout.strip()
 
 
-def lab_pipeline(folder: Path, cluster: str, config: dict, source: Path = REPO, tag: str = "HEAD") -> Path:
+def lab_pipeline(
+    folder: Path, cluster: str, config: dict, source: Path = REPO, tag: str = "HEAD", prefetched: bool = True
+) -> Path:
     """A lab's pipeline as scripts/new_pipeline.py makes it (scratchflow from `source` at `tag`), with
     `config` and the lab's own code, committed: for a command task, its program (the command example,
     or the Trainer script where the command launches one) as the repository's train.py, run from
@@ -978,7 +997,7 @@ def lab_pipeline(folder: Path, cluster: str, config: dict, source: Path = REPO, 
         schema = REPO / "scripts" / "scratchflow" / "tasks" / "text_classification.schema.yaml"
         shutil.copy(schema, folder / "ourlab" / "texts.schema.yaml")
         config = {**config, "task": LAB_TASK}
-    write_config(folder, config)
+    write_config(folder, config, prefetched)
     git(folder, "add", "--all")
     git(folder, "commit", "--quiet", "--message", "Our pipeline")
     return folder

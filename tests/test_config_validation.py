@@ -473,7 +473,7 @@ def test_invalid_config_fails_before_anything_runs(case, tmp_path, bbc_subset, t
     mutate, expected, *env = CASES[case]
     config = copy.deepcopy(workflow_config(bbc_subset, tiny_model, tmp_path / "scratch"))
     mutate(config, tmp_path)
-    write_config(tmp_path, config)
+    write_config(tmp_path, config, prefetched=False)
     if case in RUN_AS_THE_README_SAYS:
         result = run_workflow(tmp_path, check=False, env=env[0] if env else None)
         output = result.stdout

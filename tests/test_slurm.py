@@ -204,7 +204,7 @@ def narval_lab_submitted(
     package, which its requirements.txt adds; its login environment, built as the docs say; its
     `make test` with the lab's package missing from the wheelhouse, then as it is; and its `make
     submit`, started: (the submission, the tests' outputs by wheelhouse)."""
-    lab_pipeline(lab, "narval", config)
+    lab_pipeline(lab, "narval", config, prefetched=False)
     task = lab / "ourlab" / "texts.py"
     task.write_text(task.read_text() + f"import {LAB_PACKAGE[0]}  # our own package, from our requirements.txt\n")
     with (lab / "requirements.txt").open("a") as requirements:
@@ -274,7 +274,7 @@ def profile_lifecycles(request, slurm, tmp_path_factory, bbc_subset, tiny_model,
                 env["SCRATCHFLOW_CPU_IMAGE"] = str(request.getfixturevalue("scratchflow_cpu_image"))
             if profile == "edinburgh":
                 Path(f"/disk/scratch/{USER}").mkdir(parents=True, exist_ok=True)  # the nodes' local disk
-            write_config(workdir, configs[profile])
+            write_config(workdir, configs[profile], prefetched=False)
             started[profile] = (workdir, start_on_slurm(slurm, workdir, profile, env), None)
         finished = {}
         for profile, (workdir, workflow, tested) in started.items():
@@ -492,7 +492,7 @@ def test_a_profile_resource_error_stops_before_any_submission(case, slurm, tmp_p
     train, cluster, error = PROFILE_ERRORS[case]
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     config["cluster"] = cluster
-    write_config(tmp_path, config)
+    write_config(tmp_path, config, prefetched=False)
     profile = profile_with("edinburgh", tmp_path / "profile", {"train": train})
     result = run_on_slurm(slurm, tmp_path, str(profile), {})
     assert result.returncode != 0
@@ -532,7 +532,7 @@ def test_the_preflight_lists_every_request_the_live_cluster_would_refuse_before_
     set_resources, expected = PREFLIGHT_MISTAKES[cluster]
     config = workflow_config(bbc_subset, tiny_model, scratch=None, grid={"seed": [0]})
     del config["cluster"]
-    write_config(tmp_path, config)
+    write_config(tmp_path, config, prefetched=False)
     profile = profile_with(cluster, tmp_path / "profile", set_resources)
     result = run_on_slurm(slurm, tmp_path, str(profile), {})
     assert result.returncode != 0

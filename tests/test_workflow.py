@@ -62,7 +62,7 @@ def finished(tmp_path_factory, bbc_subset, tiny_model):
     # once (one archive elsewhere).
     shape = recipe("tracked-parts-zstd.yaml")["dataset"]
     config["dataset"].update(compression=shape["compression"], archive_parts=shape["archive_parts"])
-    write_config(workdir, config)
+    write_config(workdir, config, prefetched=False)
     # No network namespace: proves that no step needs the internet (compute nodes may have none).
     result = run_workflow(workdir, offline=True)
     return workdir, scratch, result
