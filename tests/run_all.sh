@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole suite (`make test`, and so CI), in five pytest runs:
+# The whole suite (`make test`, and so CI), in six pytest runs:
 # - the Slurm tests and every other test side by side. The Slurm tests run three at a time on one
 #   test cluster (pytest-xdist workers; each finds its own jobs by their working directory, and the
 #   few that change the cluster for every job run alone, last: conftest.using_the_cluster), since
@@ -15,7 +15,8 @@
 # - once the others or the Slurm tests end, another core is free: `once_a_side_ends` (the
 #   two-process tests, about 2½ minutes that would otherwise run last in the others' lane, on one
 #   core while the other had nothing left to do, and a lab's Trainer and plain-PyTorch scripts',
-#   about 3 minutes, their reference trained by the others first) runs beside what is left;
+#   about 3 minutes, their reference trained by the others first) runs beside what is left, a
+#   pytest run per file: run as one, it was the suite's last minute and a half on one core;
 # - then the benchmarks' ratio tests, alone: a ratio of two timings taken while other tests come and
 #   go beside them says nothing (rsync 0.36 s against stage-in 0.89 s beside an image build).
 # Options (not test paths) go to every one.
@@ -38,8 +39,8 @@ SCRATCHFLOW_TEST_SHARED=$(mktemp -d /tmp/scratchflow-tests-XXXXXX)
 export SCRATCHFLOW_TEST_SHARED
 others_log=$SCRATCHFLOW_TEST_SHARED/others.log
 late_log=$SCRATCHFLOW_TEST_SHARED/once-a-core-frees.log
-last_log=$SCRATCHFLOW_TEST_SHARED/once-a-side-ends.log
-trap 'kill "$others" "$late" "$last" 2>/dev/null; rm -rf "$SCRATCHFLOW_TEST_SHARED"' EXIT
+last=()
+trap 'kill "$others" "$late" "${last[@]}" 2>/dev/null; rm -rf "$SCRATCHFLOW_TEST_SHARED"' EXIT
 
 # The references both compare with are trained first, by the others (conftest.shared_references_first).
 SCRATCHFLOW_TEST_TRAINS_REFERENCES=1 "$python" -m pytest \
@@ -62,8 +63,10 @@ slurm_ending=$SCRATCHFLOW_TEST_SHARED/slurm-tests-ending
 slurm_ended=$SCRATCHFLOW_TEST_SHARED/slurm-tests-ended
 start_once "$slurm_ending" "$late_log" "${once_a_core_frees[@]}" "$@"
 late=$!
-start_once "$slurm_ended" "$last_log" "${once_a_side_ends[@]}" "$@"
-last=$!
+for tests in "${once_a_side_ends[@]}"; do
+    start_once "$slurm_ended" "$SCRATCHFLOW_TEST_SHARED/once-a-side-ends-$(basename "$tests").log" "$tests" "$@"
+    last+=($!)
+done
 "$python" -m pytest -n "$slurm_workers" --dist loadgroup --no-loadscope-reorder "${slurm_tests[@]}" "$@"
 slurm_status=$?
 touch "$slurm_ending" "$slurm_ended"
@@ -76,8 +79,10 @@ wait "$others"
 others_status=$?
 wait "$late"
 late_status=$?
-wait "$last"
-last_status=$?
+last_status=0
+for pid in "${last[@]}"; do
+    wait "$pid" || last_status=1
+done
 echo
 echo "=== every other test (all but ${slurm_tests[*]}, ${alone[*]}, ${once_a_core_frees[*]} and ${once_a_side_ends[*]}), beside the Slurm tests above ==="
 cat "$others_log"
@@ -85,9 +90,11 @@ echo
 echo "=== ${once_a_core_frees[*]}, from the first of: the others' end, the Slurm tests' end or last tests ==="
 cat "$late_log"
 echo
-echo "=== ${once_a_side_ends[*]}, from the first of: the others' end, the Slurm tests' end ==="
-cat "$last_log"
-echo
+for tests in "${once_a_side_ends[@]}"; do
+    echo "=== $tests, from the first of: the others' end, the Slurm tests' end ==="
+    cat "$SCRATCHFLOW_TEST_SHARED/once-a-side-ends-$(basename "$tests").log"
+    echo
+done
 echo "=== the benchmarks' ratio tests, alone ==="
 "$python" -m pytest "${alone[@]}" "$@"
 alone_status=$?
