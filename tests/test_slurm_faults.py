@@ -180,9 +180,9 @@ def slurm_now(workflow: subprocess.Popen) -> str:
         shown.append("\n".join(dict.fromkeys(lines)))  # sinfo -N lists a node once per partition
     logs = Path(env.get("SLURM_CONF", "/nonexistent")).parent.parent / "log"  # LocalSlurm's root/etc, root/log
     for log in sorted(logs.glob("slurm*.log")):
-        lines = log.read_text(errors="replace").splitlines()
+        logged = log.read_text(errors="replace").splitlines()
         # Not the MPI plugins every slurmd fails to load at its start (no PMIx on this machine).
-        errors = [line for line in lines if "error" in line.lower() and "pmix" not in line and "MPI:" not in line]
+        errors = [line for line in logged if "error" in line.lower() and "pmix" not in line and "MPI:" not in line]
         if errors:
             shown.append(f"{log.name}, its last errors:\n" + "\n".join(errors[-8:]))
     return "\n".join(shown)
