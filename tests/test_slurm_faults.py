@@ -998,9 +998,8 @@ def start_now_if_held(slurm, job: str) -> None:
     """A requeued job that waits is started now, not in the two minutes Slurm holds it, once what
     that hold is for is done (slurmctld's job_mgr.c): nothing of its earlier run is left on the
     nodes that live, its slurmstepd included, and the new launch credential is dated after the
-    old one's revoke, to the second. Started within that second on the node it ran on, the node's
-    slurmd takes the new launch for the killed one's: CI once saw that job's launch fail, the job
-    held and the node drained ("Prolog error"), which stalled the tests beside it."""
+    old one's revoke, to the second. Started at once instead, CI once saw such a job's launch fail
+    (the job held, its node drained: "Prolog error"), which stalled the tests beside it."""
     if not pending_again(slurm, job):  # Slurm started it again at once
         return
     deadline = time.monotonic() + 120
