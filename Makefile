@@ -88,21 +88,27 @@ DEMO_PACKAGES := --no-deps --constraint constraints.txt --requirement requiremen
 REPORT_ON_USE := $(wildcard envs/site-packages/snakemake_slurm_report_on_use.*)
 INSTALL_REPORT_ON_USE = cp $(REPORT_ON_USE) "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 
-# pip compiles what it installs (its default; about 30 s more here). Not left to the first import:
-# where PYTHONDONTWRITEBYTECODE is set (this machine, and every job that inherits its environment)
-# nothing compiled is kept, and every process compiled torch and transformers again: 10.9 s of CPU
-# to import transformers' model and Trainer code instead of 5.0 s (benchmarks/README.md, section 16).
+# What pip installed, compiled. Not left to the first import: where PYTHONDONTWRITEBYTECODE is set
+# (this machine, and every job that inherits its environment) nothing compiled is kept, and every
+# process compiled torch and transformers again: 10.9 s of CPU to import transformers' model and
+# Trainer code instead of 5.0 s (benchmarks/README.md, section 16). Not by pip (its default), which
+# compiles on one core: 48 of the 65 s the dev install took here, against 25 s on both. A file that
+# does not compile (torch's tests of Python 3.12 syntax) is left as pip leaves it.
+COMPILE_INSTALLED = $(PYTHON) -m compileall -qq -j 0 "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+
 # The tested versions (constraints.txt) of what the requirements files ask for.
 $(VENV)/.installed-runtime: requirements.txt requirements-demo.txt constraints.txt $(REPORT_ON_USE) | $(VENV)/bin/python
-	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements.txt
-	$(PYTHON) -m pip install --quiet $(DEMO_PACKAGES)
+	$(PYTHON) -m pip install --quiet --no-compile --constraint constraints.txt --requirement requirements.txt
+	$(PYTHON) -m pip install --quiet --no-compile $(DEMO_PACKAGES)
 	$(INSTALL_REPORT_ON_USE)
+	$(COMPILE_INSTALLED)
 	touch $@
 
 $(VENV)/.installed-dev: requirements.txt requirements-demo.txt requirements-dev.txt requirements-wandb.txt constraints.txt $(REPORT_ON_USE) | $(VENV)/bin/python
-	$(PYTHON) -m pip install --quiet --constraint constraints.txt --requirement requirements-dev.txt
-	$(PYTHON) -m pip install --quiet $(DEMO_PACKAGES)
+	$(PYTHON) -m pip install --quiet --no-compile --constraint constraints.txt --requirement requirements-dev.txt
+	$(PYTHON) -m pip install --quiet --no-compile $(DEMO_PACKAGES)
 	$(INSTALL_REPORT_ON_USE)
+	$(COMPILE_INSTALLED)
 	touch $@ $(VENV)/.installed-runtime
 
 clean:  ## Remove everything the workflow wrote here (not the venv).
