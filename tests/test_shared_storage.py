@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from scratchflow import lease, training_process
+import yaml
+from conftest import run_workflow, workflow_config, workflow_env, write_config
+from scratchflow import dataset, lease, training_process
 from scratchflow.checkpoints import CheckpointStore
 from scratchflow.lease import RunFolder
 from scratchflow.ledger import RunLedger
@@ -159,3 +163,43 @@ def test_the_piece_keeps_the_newest_checkpoints_on_scratch_so_a_task_need_not_pr
         "checkpoint-50",
     ]
     assert spec.store.newest_step() == 40
+
+
+@pytest.mark.slow
+def test_a_jobs_own_snakemake_lists_no_file_of_the_dataset_that_the_workflows_start_listed(
+    tmp_path, bbc_subset, tiny_model, monkeypatch
+):
+    """Every Slurm job runs Snakemake twice (the batch step's, the job step's), and each builds the
+    archive job's parameters with its job's, the data's fingerprint among them: each listed and
+    stat-ed every file of the dataset: 611 calls to the shared filesystem's metadata server for
+    these 300 articles, in each (two a file), every job. The workflow's start
+    lists the data once and hands its fingerprint on; a job's Snakemake handed another dataset's
+    lists its own."""
+    write_config(tmp_path, workflow_config(bbc_subset, tiny_model, tmp_path / "scratch", grid={"seed": [0]}))
+    planned = run_workflow(tmp_path, "--dry-run")
+    run_id = re.search(r"run_id=([0-9a-f]{10})", planned.stdout).group(1)
+    config = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
+    sources = dataset.data_sources(config["dataset"])
+    monkeypatch.delenv(dataset.DATA_FINGERPRINT_VARIABLE, raising=False)
+    dataset.shared_fingerprint(sources, main_process=True)  # what the workflow's start hands on
+    handed_on = os.environ[dataset.DATA_FINGERPRINT_VARIABLE]
+    another = json.dumps(json.loads(handed_on) | {"locations": {"all": str(tmp_path)}})
+    assert calls_under(bbc_subset, job_step_traced(tmp_path, run_id, handed_on)) == 0
+    assert calls_under(bbc_subset, job_step_traced(tmp_path, run_id, another)) >= 300
+
+
+def job_step_traced(workdir: Path, run_id: str, handed_on: str) -> list[str]:
+    """The file calls (strace) of a train job's own Snakemake for `run_id`, as the Slurm plugin's
+    job step starts it (planning only), with `handed_on` from the workflow's start."""
+    traced = workdir / "job-step.strace"
+    command = ["strace", "-f", "-qq", "-e", "trace=%file,getdents64", "-o", str(traced), sys.executable, "-m"]
+    command += ["snakemake", "--snakefile", str(REPO / "Snakefile"), "--target-jobs", f"train:run_id={run_id}"]
+    command += ["--allowed-rules", "train", "--mode", "remote", "--cores", "1", "--nolock", "--dry-run"]
+    env = workflow_env() | {dataset.DATA_FINGERPRINT_VARIABLE: handed_on}
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return traced.read_text().splitlines()
+
+
+def calls_under(folder: Path, calls: list[str]) -> int:
+    return sum(f'"{folder}/' in call for call in calls)

