@@ -86,7 +86,9 @@ DEMO_PACKAGES := --no-deps --constraint constraints.txt --requirement requiremen
 # The Slurm plugin's efficiency report imported only where a run writes it, not by every Snakemake,
 # a job step's included (0.4 s of CPU each: envs/site-packages/snakemake_slurm_report_on_use.py).
 REPORT_ON_USE := $(wildcard envs/site-packages/snakemake_slurm_report_on_use.*)
-INSTALL_REPORT_ON_USE = cp $(REPORT_ON_USE) "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+# The venv's site-packages, as a shell word (the venv exists when a recipe runs, not when make reads this).
+SITE_PACKAGES = "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+INSTALL_REPORT_ON_USE = cp $(REPORT_ON_USE) $(SITE_PACKAGES)
 
 # What pip installed, compiled. Not left to the first import: where PYTHONDONTWRITEBYTECODE is set
 # (this machine, and every job that inherits its environment) nothing compiled is kept, and every
@@ -94,7 +96,7 @@ INSTALL_REPORT_ON_USE = cp $(REPORT_ON_USE) "$$($(PYTHON) -c 'import sysconfig; 
 # Trainer code instead of 5.0 s (benchmarks/README.md, section 16). Not by pip (its default), which
 # compiles on one core: 48 of the 65 s the dev install took here, against 25 s on both. A file that
 # does not compile (torch's tests of Python 3.12 syntax) is left as pip leaves it.
-COMPILE_INSTALLED = $(PYTHON) -m compileall -qq -j 0 "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+COMPILE_INSTALLED = $(PYTHON) -m compileall -qq -j 0 $(SITE_PACKAGES) || true
 
 # The tested versions (constraints.txt) of what the requirements files ask for.
 $(VENV)/.installed-runtime: requirements.txt requirements-demo.txt constraints.txt $(REPORT_ON_USE) | $(VENV)/bin/python

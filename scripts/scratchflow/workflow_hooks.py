@@ -91,8 +91,8 @@ def _read_valid_config(
     module, the plan, the data's files (name -> path) and their fingerprint (names, sizes and times,
     listed once per workflow, where it starts: the data check and the archive rule's rebuild
     trigger both use it; its jobs' Snakemakes are handed it). The data itself is read once per
-    version of it, by the main process only. `job_rules`: in a job's
-    own Snakemake, the rules of the jobs it runs. A lab's own tasks are found beside its Snakefile
+    version of it, by the main process only. `job_rules`: in a job's own Snakemake, the rules of
+    the jobs it runs. A lab's own tasks are found beside its Snakefile
     (`workflow.basedir`, the host's when scratchflow is its module)."""
     snakemake_adapter.refuse_renamed_rules(workflow)
     workflow_dir, main_process = Path(workflow.basedir), workflow.is_main_process
